@@ -1,0 +1,13 @@
+"""Built-in actions. Each backend module exposes ``ACTIONS``; :func:`default_registry` collects them."""
+
+from __future__ import annotations
+
+from app.actions.registry import ActionRegistry
+
+
+def default_registry() -> ActionRegistry:
+    """Every built-in action, in a fresh registry."""
+    from app.actions import grafana, notify, prometheus
+
+    modules = [grafana, notify, prometheus]
+    return ActionRegistry(action for module in modules for action in module.ACTIONS)

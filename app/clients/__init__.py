@@ -1,0 +1,62 @@
+"""Thin wrappers that own third-party libraries (requests, paramiko, kubernetes, smtplib).
+
+They always pass timeouts and translate library errors into :mod:`app.errors` once; nothing above this package sees a
+third-party exception type. :class:`Clients` builds each wrapper lazily from settings; tests inject their own.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from app.config import Settings
+
+
+class Clients:
+    """Lazily built backend clients, shared by the actions of one app. Pass instances to override (tests)."""
+
+    def __init__(self, settings: Settings, **overrides: Any):
+        self._settings = settings
+        self._instances: dict[str, Any] = dict(overrides)
+        self._lock = threading.Lock()
+
+    def _get(self, name: str, build: Callable[[Settings], Any]) -> Any:
+        with self._lock:
+            if name not in self._instances:
+                self._instances[name] = build(self._settings)
+            return self._instances[name]
+
+    @property
+    def prometheus(self) -> Any:
+        from app.clients.prometheus import PrometheusClient
+
+        return self._get("prometheus", PrometheusClient.from_settings)
+
+    @property
+    def grafana(self) -> Any:
+        from app.clients.grafana import GrafanaClient
+
+        return self._get("grafana", GrafanaClient.from_settings)
+
+    @property
+    def http(self) -> Any:
+        from app.clients.http import HttpPoster
+
+        return self._get("http", HttpPoster.from_settings)
+
+    @property
+    def mail(self) -> Any:
+        from app.clients.mail import Mailer
+
+        return self._get("mail", Mailer.from_settings)
+
+    def close(self) -> None:
+        """Release connections (SSH sessions, HTTP pools)."""
+        with self._lock:
+            for instance in self._instances.values():
+                close = getattr(instance, "close", None)
+                if callable(close):
+                    close()
+            self._instances.clear()

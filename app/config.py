@@ -1,0 +1,229 @@
+"""Settings: a YAML file plus ``NIGHTSHIFT_*`` environment overrides. The only module that reads the environment.
+
+Secrets are never values in the file: settings name files (``*_file``) and :func:`read_secret` reads them when a
+client is built, so a secret never lands in a log, the ledger or ``repr(settings)``.
+
+Environment overrides: ``NIGHTSHIFT_STORE_URL=...`` sets a top-level field, ``NIGHTSHIFT_SLURM__HOST=...`` a field of a
+section (double underscore). ``NIGHTSHIFT_CONFIG`` names the YAML file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.errors import ConfigError
+
+ENV_PREFIX = "NIGHTSHIFT_"
+
+
+@dataclass
+class WebhookSettings:
+    """Authentication and limits of ``POST /api/v1/alerts``."""
+
+    token_file: str | None = None  # bearer token (Alertmanager http_config.authorization.credentials_file)
+    basic_user: str | None = None
+    basic_password_file: str | None = None
+    auth_disabled: bool = False  # must be set explicitly to accept unauthenticated webhooks
+    max_body_bytes: int = 1_048_576
+    max_alerts_per_payload: int = 1000
+
+
+@dataclass
+class GuardSettings:
+    """Defaults of the guard chain; playbooks set budget, cooldown and recheck themselves."""
+
+    kill_switch: bool = False
+    blast_radius_max_nodes: int = 3  # distinct nodes acted on (non return-to-service) within the window
+    blast_radius_window_seconds: int = 3600
+    default_backoff_seconds: int = 600
+    defer_seconds: int = 30  # how long a deferred incident waits before the chain runs again
+
+
+@dataclass
+class PrometheusSettings:
+    url: str | None = None
+    bearer_token_file: str | None = None
+    timeout_seconds: float = 5.0
+
+
+@dataclass
+class GrafanaSettings:
+    url: str | None = None
+    token_file: str | None = None  # service-account token
+    dashboard_uid: str | None = None  # None: organisation annotations, shown by tag queries
+    timeout_seconds: float = 5.0
+
+
+@dataclass
+class NotifySettings:
+    """Where the engine sends incident summaries (open/close); playbook steps may notify elsewhere."""
+
+    webhook_url: str | None = None
+    webhook_url_file: str | None = None  # Slack webhook URLs are secrets
+    smtp_host: str | None = None
+    smtp_port: int = 25
+    smtp_starttls: bool = False
+    smtp_user: str | None = None
+    smtp_password_file: str | None = None
+    email_from: str = "nightshift@localhost"
+    email_to: list[str] = field(default_factory=list)
+    timeout_seconds: float = 10.0
+
+
+@dataclass
+class SlurmSettings:
+    """SSH access to a Slurm login/controller node."""
+
+    host: str | None = None
+    port: int = 22
+    user: str = "root"
+    key_file: str | None = None
+    use_agent: bool = False
+    known_hosts_file: str | None = None  # default ~/.ssh/known_hosts; unknown host keys are always rejected
+    connect_timeout_seconds: float = 10.0
+    command_timeout_seconds: float = 60.0
+    login_shell: bool = True  # run commands under `bash -lc` so the login environment (SLURM_CONF...) applies
+
+
+@dataclass
+class KubernetesSettings:
+    kubeconfig: str | None = None  # None: in-cluster config, else the default kubeconfig
+    context: str | None = None
+    request_timeout_seconds: float = 10.0
+    eviction_api_version: str | None = None  # None: let the server pick (works on 1.20 and >= 1.22)
+
+
+@dataclass
+class CheckpointSettings:
+    allowed_roots: list[str] = field(default_factory=list)
+
+
+@dataclass
+class WorkerSettings:
+    poll_seconds: float = 1.0
+    lease_seconds: int = 120
+    step_retry_limit: int = 5
+
+
+@dataclass
+class Settings:
+    """Everything configurable. Build with :func:`load_settings`; tests build it directly."""
+
+    data_dir: str = "var"
+    store_url: str | None = None  # default: SQLite (WAL) in data_dir
+    playbook_paths: list[str] = field(default_factory=lambda: ["playbooks"])
+    permissions_file: str | None = None  # None: nothing whitelisted, advisory mode
+    operator_token_file: str | None = None  # protects pause/resume/approve
+    external_url: str = "http://127.0.0.1:8080"
+    embedded_worker: bool = True  # `nightshift serve` runs a worker thread in each gunicorn worker
+    webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    guards: GuardSettings = field(default_factory=GuardSettings)
+    prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
+    grafana: GrafanaSettings = field(default_factory=GrafanaSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
+    slurm: SlurmSettings = field(default_factory=SlurmSettings)
+    kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
+    checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    worker: WorkerSettings = field(default_factory=WorkerSettings)
+
+    @property
+    def resolved_store_url(self) -> str:
+        if self.store_url:
+            return self.store_url
+        return f"sqlite:///{Path(self.data_dir).resolve() / 'nightshift.db'}"
+
+
+def read_secret(path: str | None, what: str) -> str | None:
+    """The stripped content of a secret file, or None when no file is configured."""
+    if not path:
+        return None
+    try:
+        value = Path(path).read_text().strip()
+    except OSError as exc:
+        raise ConfigError(f"{what}: cannot read secret file {path}: {exc.strerror}") from None
+    if not value:
+        raise ConfigError(f"{what}: secret file {path} is empty")
+    return value
+
+
+def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+    """Settings from ``path`` (or ``$NIGHTSHIFT_CONFIG``), then environment overrides."""
+    env = os.environ if env is None else env
+    path = path or env.get(f"{ENV_PREFIX}CONFIG")
+    data: dict[str, Any] = {}
+    if path:
+        try:
+            loaded = yaml.safe_load(Path(path).read_text())
+        except OSError as exc:
+            raise ConfigError(f"{path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(f"{path}: settings must be a mapping")
+        data = loaded or {}
+    for key, value in env.items():
+        if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
+            continue
+        parts = key[len(ENV_PREFIX) :].lower().split("__")
+        target = data
+        for part in parts[:-1]:
+            target = target.setdefault(part, {})
+        target[parts[-1]] = value
+    return _build(Settings, data, where=str(path or "settings"))
+
+
+def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ConfigError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
+    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(hint: Any, value: Any, where: str) -> Any:
+    if dataclasses.is_dataclass(hint):
+        return _build(hint, value, where)
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        if value is None:
+            return None
+        inner = next(a for a in args if a is not type(None))
+        return _coerce(inner, value, where)
+    origin = typing.get_origin(hint)
+    if origin is list:
+        if isinstance(value, str):
+            value = [item.strip() for item in value.split(",") if item.strip()]
+        if not isinstance(value, list):
+            raise ConfigError(f"{where}: expected a list")
+        return [_coerce(args[0], item, where) for item in value]
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        if str(value).lower() in ("1", "true", "yes", "on"):
+            return True
+        if str(value).lower() in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{where}: expected a boolean, got {value!r}")
+    if hint in (int, float):
+        try:
+            return hint(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}") from None
+    if hint is str:
+        if isinstance(value, dict | list):
+            raise ConfigError(f"{where}: expected a string")
+        return str(value)
+    return value
