@@ -1,0 +1,96 @@
+"""Nightshift: Alertmanager webhooks in, audited and guarded remediation out.
+
+``create_app`` is the only place where things are wired; importing this package does nothing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+    from app.actions.registry import ActionRegistry
+    from app.clients import Clients
+    from app.clock import Clock
+    from app.config import Settings
+    from app.engine import Engine
+    from app.metrics import Metrics
+    from app.store import Store
+    from app.web.auth import WebhookAuth
+
+
+@dataclass
+class Services:
+    """What the web layer and the worker thread use; lives in ``app.extensions["nightshift"]``."""
+
+    settings: Settings
+    store: Store
+    engine: Engine
+    metrics: Metrics
+    webhook_auth: WebhookAuth
+    operator_token: str | None
+
+
+def build_engine(
+    settings: Settings,
+    *,
+    clock: Clock | None = None,
+    clients: Clients | None = None,
+    registry: ActionRegistry | None = None,
+    metrics: Metrics | None = None,
+) -> Engine:
+    """Store, playbooks, permissions, clients and metrics wired into an engine (used by the app and the CLI)."""
+    from app.actions import default_registry
+    from app.clients import Clients
+    from app.clock import SystemClock
+    from app.diagnosis import diagnose
+    from app.engine import Engine, EngineDeps
+    from app.metrics import Metrics
+    from app.permissions import load_permissions
+    from app.playbooks import load_playbooks
+    from app.store import Store
+
+    clock = clock or SystemClock()
+    registry = registry or default_registry()
+    store = Store.from_url(settings.resolved_store_url, clock)
+    store.create_schema()
+    deps = EngineDeps(
+        settings=settings,
+        store=store,
+        playbooks=load_playbooks(settings.playbook_paths, registry),
+        registry=registry,
+        permissions=load_permissions(settings.permissions_file, registry),
+        clients=clients or Clients(settings),
+        clock=clock,
+        metrics=metrics or Metrics(),
+        diagnose=diagnose,
+    )
+    return Engine(deps)
+
+
+def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
+    """The Flask app. ``wiring`` overrides clock, clients, registry or metrics (tests)."""
+    from flask import Flask
+
+    from app import web
+    from app.config import load_settings, read_secret
+    from app.web.auth import WebhookAuth
+
+    settings = settings or load_settings()
+    webhook_auth = WebhookAuth.from_settings(settings)
+    operator_token = read_secret(settings.operator_token_file, "operator_token_file")
+    engine = build_engine(settings, **wiring)  # type: ignore[arg-type]
+    app = Flask(__name__)
+    app.config["MAX_CONTENT_LENGTH"] = settings.webhook.max_body_bytes
+    app.extensions["nightshift"] = Services(
+        settings=settings,
+        store=engine.deps.store,
+        engine=engine,
+        metrics=engine.deps.metrics,
+        webhook_auth=webhook_auth,
+        operator_token=operator_token,
+    )
+    web.register(app)
+    return app

@@ -1,0 +1,226 @@
+"""``nightshift``: serve | worker | lint | explain | replay | export."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import click
+
+from app.errors import ConfigError, NightshiftError, PayloadError
+
+config_option = click.option("--config", "-c", "config", type=click.Path(dir_okay=False), default=None,
+                             help="Settings YAML (default: $NIGHTSHIFT_CONFIG).")
+
+
+def _settings(config: str | None):
+    from app.config import load_settings
+
+    return load_settings(config)
+
+
+def main() -> None:
+    logging.basicConfig(level=os.environ.get("NIGHTSHIFT_LOG_LEVEL", "INFO"),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cli(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except NightshiftError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+
+
+@click.group()
+def cli() -> None:
+    """Nightshift keeps multi-day GPU training jobs alive: Alertmanager webhooks to guarded, audited remediation."""
+
+
+@cli.command()
+@config_option
+@click.option("--bind", default="127.0.0.1:8080", show_default=True)
+@click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
+@click.option("--threads", default=4, show_default=True, help="threads per gunicorn worker")
+def serve(config: str | None, bind: str, workers: int, threads: int) -> None:
+    """Run the webhook, API and UI under gunicorn, with a worker thread in each gunicorn worker."""
+    from gunicorn.app.base import BaseApplication
+
+    settings = _settings(config)
+    metrics_dir = Path(settings.data_dir) / "prometheus-multiproc"
+    shutil.rmtree(metrics_dir, ignore_errors=True)
+    metrics_dir.mkdir(parents=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
+    from app import create_app, gunicorn_conf
+
+    create_app(settings)  # fail fast in the master on bad settings, playbooks or store
+
+    class Server(BaseApplication):
+        def load_config(self) -> None:
+            options = {
+                "bind": bind, "workers": workers, "threads": threads, "worker_class": "gthread",
+                "timeout": 60, "graceful_timeout": 30, "accesslog": "-",
+                "post_worker_init": gunicorn_conf.post_worker_init, "worker_exit": gunicorn_conf.worker_exit,
+                "child_exit": gunicorn_conf.child_exit,
+            }
+            for key, value in options.items():
+                self.cfg.set(key, value)
+
+        def load(self) -> Any:
+            return create_app(settings)
+
+    Server().run()
+
+
+@cli.command()
+@config_option
+def worker(config: str | None) -> None:
+    """Run only the incident worker (no HTTP), e.g. as a separate deployment."""
+    from app import build_engine
+    from app.worker import run_worker
+
+    settings = _settings(config)
+    engine = build_engine(settings)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    run_worker(engine, stop, settings.worker.poll_seconds, kind="process")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--permissions", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Also check a permissions file.")
+def lint(paths: tuple[str, ...], permissions: str | None) -> None:
+    """Check playbook files; print file:line: message for every problem."""
+    from app.actions import default_registry
+    from app.permissions import load_permissions
+    from app.playbooks import PlaybookError, load_playbooks
+
+    registry = default_registry()
+    problems: list[str] = []
+    count = 0
+    try:
+        count = len(load_playbooks(list(paths), registry).playbooks)
+    except PlaybookError as exc:
+        problems.extend(exc.errors)
+    if permissions:
+        try:
+            load_permissions(permissions, registry)
+        except ConfigError as exc:
+            problems.extend(getattr(exc, "errors", [str(exc)]))
+    for problem in problems:
+        click.echo(problem)
+    if problems:
+        raise click.exceptions.Exit(1)
+    click.echo(f"ok: {count} playbook(s)")
+
+
+@cli.command()
+@config_option
+@click.argument("payload", type=click.Path(exists=True, dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def explain(config: str | None, payload: str, as_json: bool) -> None:
+    """Show the playbook, guard verdicts and steps a payload would get. Touches nothing: no store, no backend."""
+    from app.actions import default_registry
+    from app.alertmanager import parse_notification
+    from app.clients import Clients
+    from app.clock import SystemClock
+    from app.diagnosis import diagnose
+    from app.engine.deps import EngineDeps
+    from app.engine.explain import explain as explain_payload
+    from app.metrics import Metrics
+    from app.permissions import load_permissions
+    from app.playbooks import load_playbooks
+
+    settings = _settings(config)
+    registry = default_registry()
+    try:
+        notification = parse_notification(Path(payload).read_bytes())
+    except PayloadError as exc:
+        raise click.ClickException(f"{payload}: {exc}") from None
+    deps = EngineDeps(settings=settings, store=None, playbooks=load_playbooks(settings.playbook_paths, registry),  # type: ignore[arg-type]
+                      registry=registry, permissions=load_permissions(settings.permissions_file, registry),
+                      clients=Clients(settings), clock=SystemClock(), metrics=Metrics(), diagnose=diagnose)
+    report = explain_payload(deps, notification)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, default=str))
+        return
+    for entry in report:
+        _print_explained(entry)
+
+
+def _print_explained(entry: dict[str, Any]) -> None:
+    labels = entry["alert"]
+    click.echo(f"alert {labels.get('alertname')} [{entry['status']}] "
+               + " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname"))
+    if entry.get("note"):
+        click.echo(f"  {entry['note']}")
+    for pb in entry.get("playbooks", []):
+        click.echo(f"  playbook {pb['playbook']} ({pb['source']})")
+        click.echo(f"    target: {json.dumps(pb['target'], sort_keys=True)}")
+        d = pb["diagnosis"]
+        click.echo(f"    diagnosis: {d['category']} ({d['confidence']:.2f}) {d['summary']}")
+        for verdict in pb["guards"]:
+            click.echo(f"    guard {verdict['guard']}: {verdict['decision']}: {verdict['reason']}")
+        if pb["recheck"]:
+            click.echo(f"    recheck (live, before acting): {pb['recheck']}")
+        for step in pb["steps"]:
+            detail = step["command"] or step["reason"]
+            click.echo(f"    step {step['name']} [{step['status']}] {step['summary']}")
+            if detail:
+                click.echo(f"      {detail}")
+            if step["status"] == "would_run" and step["reason"]:
+                click.echo(f"      not run: {step['reason']}")
+        if pb["verify"]:
+            click.echo(f"    verify: {pb['verify']}")
+        click.echo(f"    => {pb['outcome']}")
+
+
+@cli.command()
+@config_option
+@click.argument("alert_id", type=int)
+def replay(config: str | None, alert_id: int) -> None:
+    """Re-feed a stored alert (by its id in the store) into the engine as a fresh notification."""
+    from app import build_engine
+    from app.alertmanager import Alert, Notification
+    from app.store import records
+
+    engine = build_engine(_settings(config))
+    with engine.deps.store.transaction() as conn:
+        row = records.get_alert(conn, alert_id)
+    if row is None:
+        raise click.ClickException(f"alert {alert_id} not found")
+    alert = Alert(status=row["status"], labels=row["labels"], annotations=row["annotations"],
+                  starts_at=row["starts_at"], ends_at=row["ends_at"], generator_url=row["generator_url"],
+                  fingerprint=row["fingerprint"])
+    notification = Notification(receiver=row["receiver"], status=row["status"], alerts=(alert,), group_labels={},
+                                common_labels={}, common_annotations={}, external_url="", version="4",
+                                group_key=f"replay:{alert_id}", truncated_alerts=0)
+    result = engine.ingest(notification)
+    click.echo(json.dumps({"opened": result.opened, "attached": result.attached, "closed": result.closed}))
+
+
+@cli.command()
+@config_option
+@click.option("--after-id", default=0, show_default=True, help="Only ledger rows after this id.")
+def export(config: str | None, after_id: int) -> None:
+    """Write the ledger as JSON lines to stdout."""
+    from app import build_engine
+    from app.store import records
+
+    engine = build_engine(_settings(config))
+    with engine.deps.store.transaction() as conn:
+        for row in records.iter_ledger(conn, after_id=after_id):
+            click.echo(json.dumps(row, default=str, sort_keys=True))

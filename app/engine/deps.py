@@ -1,0 +1,55 @@
+"""What the engine's parts share: the services wired by ``create_app`` (or by a test)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from app.actions.registry import ActionRegistry
+from app.clients import Clients
+from app.clock import Clock
+from app.config import Settings
+from app.metrics import Metrics
+from app.permissions import Permissions
+from app.playbooks import Playbook, PlaybookSet
+from app.store import Store
+
+
+@dataclass
+class EngineDeps:
+    settings: Settings
+    store: Store
+    playbooks: PlaybookSet
+    registry: ActionRegistry
+    permissions: Permissions
+    clients: Clients
+    clock: Clock
+    metrics: Metrics
+    diagnose: Callable[..., Any]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A playbook's rendered target: what the incident acts on, and its idempotency key."""
+
+    values: Mapping[str, str]
+    key: str
+    node: str | None
+    job: str | None
+    serialize_key: str | None
+
+
+def render_target(playbook: Playbook, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Target:
+    """Raises :class:`app.errors.ParamError` when a rendered target value fails its pattern."""
+    values = {name: value for name, value in playbook.render_target(labels, annotations).items() if value != ""}
+    key = json.dumps(values, sort_keys=True, separators=(",", ":"))
+    node = values.get("node")
+    job = values.get("job")
+    serialize_key = None
+    if playbook.serialize == "node" and node:
+        serialize_key = f"node:{node}"
+    elif playbook.serialize == "job" and job:
+        serialize_key = f"job:{job}"
+    return Target(values=values, key=key, node=node, job=job, serialize_key=serialize_key)

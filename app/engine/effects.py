@@ -1,0 +1,150 @@
+"""Side effects the engine owes around an incident: Grafana annotations, notifications, storm notices,
+credential health. None of them ever fails a remediation; each attempt is ledgered, and owed effects are retried on
+later ticks (``finalize_pending``) up to a bound."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.actions.notify import send_notification
+from app.engine.deps import EngineDeps
+from app.errors import BackendError, ConfigError
+from app.store import records
+
+# Outcomes worth a message to humans; "resolved" and "ignored" incidents did nothing and say nothing.
+NOTIFY_OUTCOMES = {"advisory", "recovered", "needs_human", "failed", "credential_error", "unverified", "blocked"}
+FINALIZE_TRIES = 5
+
+
+class Effects:
+    def __init__(self, deps: EngineDeps):
+        self.deps = deps
+
+    def _ledger(self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+        with self.deps.store.transaction() as conn:
+            records.record(conn, self.deps.clock.now(), kind, message, incident_id=incident_id, data=data)
+
+    # --- Grafana ----------------------------------------------------------------------------------------------
+
+    def _grafana_enabled(self) -> bool:
+        return bool(self.deps.settings.grafana.url)
+
+    def tags(self, inc: Mapping[str, Any]) -> list[str]:
+        tags = ["nightshift", f"playbook:{inc['playbook']}"]
+        if inc.get("node"):
+            tags.append(f"node:{inc['node']}")
+        if inc.get("job"):
+            tags.append(f"job:{inc['job']}")
+        if inc.get("outcome"):
+            tags.append(f"outcome:{inc['outcome']}")
+        return tags
+
+    def _text(self, inc: Mapping[str, Any]) -> str:
+        diagnosis = inc.get("diagnosis") or {}
+        parts = [f"Nightshift incident #{inc['id']}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"]
+        if diagnosis.get("summary"):
+            parts.append(f"Diagnosis: {diagnosis['summary']}")
+        if inc.get("outcome"):
+            parts.append(f"Outcome: {inc['outcome']} ({inc.get('reason', '')})")
+        return "\n".join(parts)
+
+    def open_annotation(self, inc: dict[str, Any]) -> None:
+        """Start the incident's Grafana region (once; retried on later ticks when Grafana was down)."""
+        if not self._grafana_enabled() or inc.get("annotation_id"):
+            return
+        try:
+            annotation_id = self.deps.clients.grafana.create_annotation(
+                text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"]
+            )
+        except (BackendError, ConfigError) as exc:
+            self._ledger(inc["id"], "annotation_error", f"creating the Grafana annotation failed: {exc}")
+            return
+        with self.deps.store.transaction() as conn:
+            records.update_incident(conn, inc["id"], annotation_id=annotation_id)
+            records.record(conn, self.deps.clock.now(), "annotation", f"Grafana annotation {annotation_id} opened",
+                           incident_id=inc["id"], data={"annotation_id": annotation_id, "tags": self.tags(inc)})
+        inc["annotation_id"] = annotation_id
+
+    def _close_annotation(self, inc: dict[str, Any]) -> bool:
+        if not self._grafana_enabled():
+            return True
+        grafana = self.deps.clients.grafana
+        end = inc.get("closed_at") or self.deps.clock.now()
+        try:
+            if inc.get("annotation_id"):
+                grafana.close_annotation(inc["annotation_id"], time_end=end, text=self._text(inc), tags=self.tags(inc))
+                message = f"Grafana annotation {inc['annotation_id']} closed"
+            else:
+                annotation_id = grafana.create_annotation(text=self._text(inc), tags=self.tags(inc),
+                                                          time=inc["opened_at"], time_end=end)
+                message = f"Grafana annotation {annotation_id} created as a closed region"
+        except (BackendError, ConfigError) as exc:
+            self._ledger(inc["id"], "annotation_error", f"closing the Grafana annotation failed: {exc}")
+            return False
+        self._ledger(inc["id"], "annotation", message, {"tags": self.tags(inc)})
+        return True
+
+    # --- notifications ----------------------------------------------------------------------------------------
+
+    def _notify(self, incident_id: int | None, subject: str, text: str, data: Mapping[str, Any]) -> bool:
+        outcomes = send_notification(self.deps.clients, self.deps.settings, subject, text, data)
+        ok = True
+        for outcome in outcomes:
+            reason = getattr(outcome, "reason", "")
+            ok = ok and outcome.status == "ok"
+            self._ledger(incident_id, "notification", f"{outcome.command}: {outcome.status}"
+                         + (f": {reason}" if reason else ""), {"status": outcome.status, "command": outcome.command})
+        return ok
+
+    def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
+        with self.deps.store.transaction() as conn:
+            steps = records.get_steps(conn, inc["id"])
+        lines = [self._text(inc), f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"]
+        for step in steps:
+            if step["phase"] == "collect":
+                continue
+            lines.append(f"- [{step['status']}] {step['name']}: {step['summary'] or step['reason']}")
+        subject = f"[nightshift] {inc.get('outcome')}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"
+        return subject, "\n".join(lines)
+
+    # --- finishing ----------------------------------------------------------------------------------------------
+
+    def finalize(self, inc: dict[str, Any]) -> datetime | None:
+        """Close the annotation and send the outcome notice; retried on later ticks while they fail."""
+        annotated = self._close_annotation(inc)
+        notified = True
+        if inc.get("outcome") in NOTIFY_OUTCOMES:
+            subject, text = self._summary(inc)
+            notified = self._notify(inc["id"], subject, text, {"incident": inc["id"], "outcome": inc.get("outcome"),
+                                                               "labels": inc.get("labels", {})})
+        with self.deps.store.transaction() as conn:
+            tries = sum(1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "finalize_retry")
+            if (annotated and notified) or tries + 1 >= FINALIZE_TRIES:
+                records.update_incident(conn, inc["id"], finalize_pending=False)
+                inc["finalize_pending"] = False
+                return None
+            records.record(conn, self.deps.clock.now(), "finalize_retry",
+                           "annotation or notification failed; will retry", incident_id=inc["id"])
+        return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+
+    def storm(self, inc: Mapping[str, Any], reason: str) -> None:
+        """Blast radius tripped: say so once per blast window, not once per incident."""
+        now = self.deps.clock.now()
+        window = timedelta(seconds=self.deps.settings.guards.blast_radius_window_seconds)
+        with self.deps.store.transaction() as conn:
+            last = records.get_control(conn, "storm_notified_at")
+            if last and datetime.fromisoformat(last) > now - window:
+                return
+            records.set_control(conn, "storm_notified_at", now.isoformat(), now)
+        self._notify(inc["id"], "[nightshift] blast radius reached: destructive actions paused",
+                     f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
+                     {"incident": inc["id"], "guard": "blast_radius"})
+
+    def credential_error(self, action: str, reason: str) -> None:
+        backend = action.split(".", 1)[0]
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            records.set_control(conn, f"credential:{backend}",
+                                {"state": "credential_error", "reason": reason, "at": now.isoformat()}, now)

@@ -1,0 +1,142 @@
+"""Alerts in, incidents opened or attached, in one transaction per notification.
+
+The idempotency key of an incident is (playbook, target): duplicate deliveries, Alertmanager repeats and HA peers
+attach to the open incident; a resolved alert closes an incident that has not started acting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import Connection
+
+from app.alertmanager import Alert, Notification
+from app.engine.deps import EngineDeps, render_target
+from app.errors import ParamError
+from app.store import records
+
+NOT_ACTED_STATES = ("open", "diagnosing", "waiting")
+
+
+@dataclass
+class IngestResult:
+    alerts: int = 0
+    opened: list[int] = field(default_factory=list)
+    attached: list[int] = field(default_factory=list)
+    closed: list[int] = field(default_factory=list)
+    unmatched: int = 0
+
+
+def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
+    """Record every alert durably and open/attach/close incidents. Raises StoreUnavailable (→ 503)."""
+    now = deps.clock.now()
+    result = IngestResult(alerts=len(notification.alerts))
+    with deps.store.transaction() as conn:
+        for alert in notification.alerts:
+            _ingest_alert(deps, conn, notification, alert, now, result)
+    for alert in notification.alerts:
+        deps.metrics.alerts_received.labels(alert.status).inc()
+    for incident_id in result.opened:
+        playbook = _playbook_of(deps, incident_id)
+        deps.metrics.incidents_opened.labels(playbook).inc()
+    for _ in result.closed:
+        deps.metrics.incidents.labels("resolved").inc()
+    return result
+
+
+def _playbook_of(deps: EngineDeps, incident_id: int) -> str:
+    with deps.store.transaction() as conn:
+        row = records.get_incident(conn, incident_id)
+    return row["playbook"] if row else "unknown"
+
+
+def _ingest_alert(deps: EngineDeps, conn: Connection, notification: Notification, alert: Alert, now, result) -> None:
+    row, previous = records.upsert_alert(conn, alert, notification, now)
+    name = alert.labels.get("alertname", "")
+    facts = {"fingerprint": alert.fingerprint, "status": alert.status, "starts_at": alert.starts_at.isoformat()}
+    if previous == "resolved" and alert.status == "firing":
+        records.record(conn, now, "alert_out_of_order",
+                       f"{name}: firing notification after this instance resolved; ignored", data=facts)
+        return
+    if previous is None:
+        records.record(conn, now, "alert_received", f"{name} {alert.status}",
+                       data={**facts, "labels": dict(alert.labels), "receiver": notification.receiver})
+    if alert.status == "resolved":
+        _resolve(deps, conn, row, name, now, result)
+        return
+    matched = deps.playbooks.match(alert.labels)
+    if not matched:
+        if previous is None:
+            result.unmatched += 1
+            records.record(conn, now, "unmatched", f"{name}: no playbook matches", data=facts)
+        return
+    for playbook in matched:
+        try:
+            target = render_target(playbook, alert.labels, alert.annotations)
+        except ParamError as exc:
+            records.record(conn, now, "target_invalid", f"{name}: playbook {playbook.name}: {exc}; no incident",
+                           data={**facts, "labels": dict(alert.labels)})
+            continue
+        open_key = f"{playbook.name}|{target.key}"
+        incident = records.find_open_incident(conn, open_key)
+        if incident is None:
+            incident_id = records.insert_incident(conn, {
+                "playbook": playbook.name,
+                "target_key": target.key,
+                "target": dict(target.values),
+                "node": target.node,
+                "job": target.job,
+                "open_key": open_key,
+                "serialize_key": target.serialize_key,
+                "state": "open",
+                "labels": dict(alert.labels),
+                "annotations": dict(alert.annotations),
+                "alert_starts_at": alert.starts_at,
+                "generator_url": alert.generator_url,
+                "opened_at": now,
+                "updated_at": now,
+                "next_run_at": now,
+            })
+            if incident_id is not None:
+                records.link_alert(conn, incident_id, row["id"])
+                records.record(conn, now, "incident_opened", f"playbook {playbook.name} on {target.key}",
+                               incident_id=incident_id, data={**facts, "target": dict(target.values)})
+                result.opened.append(incident_id)
+                continue
+            incident = records.find_open_incident(conn, open_key)  # a concurrent writer opened it first
+            if incident is None:
+                continue
+        if records.link_alert(conn, incident["id"], row["id"]):
+            records.record(conn, now, "alert_attached", f"{name} attached to open incident",
+                           incident_id=incident["id"], data=facts)
+            result.attached.append(incident["id"])
+
+
+def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, result: IngestResult) -> None:
+    for incident in records.incidents_for_alert(conn, alert_row["id"]):
+        if records.firing_alert_count(conn, incident["id"]) > 0:
+            continue  # other alerts of this incident still fire
+        if incident["open_key"] is None:
+            if incident["acted"] and incident["on_resolved_state"] is None and _has_on_resolved(deps, incident):
+                records.update_incident(conn, incident["id"], on_resolved_state="pending", next_run_at=now,
+                                        updated_at=now)
+                records.record(conn, now, "on_resolved_scheduled", f"{name} resolved: undo steps scheduled",
+                               incident_id=incident["id"])
+            continue
+        if incident["state"] in NOT_ACTED_STATES and not incident["acted"] and incident["claimed_by"] is None:
+            outcome = "blocked" if incident["held_by_guard"] else "resolved"
+            records.update_incident(conn, incident["id"], state=outcome, outcome=outcome, open_key=None,
+                                    closed_at=now, updated_at=now, next_run_at=now, alert_resolved=True, finalize_pending=True,
+                                    reason=f"{name} resolved before any action")
+            records.record(conn, now, "incident_closed", f"{outcome}: alert resolved before any action",
+                           incident_id=incident["id"], data={"outcome": outcome})
+            result.closed.append(incident["id"])
+        else:
+            records.update_incident(conn, incident["id"], alert_resolved=True, updated_at=now)
+            records.record(conn, now, "alert_resolved", f"{name} resolved while the incident is {incident['state']}",
+                           incident_id=incident["id"])
+
+
+def _has_on_resolved(deps: EngineDeps, incident) -> bool:
+    playbook = deps.playbooks.get(incident["playbook"])
+    return bool(playbook and playbook.on_resolved)

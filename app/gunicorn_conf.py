@@ -1,0 +1,32 @@
+"""Gunicorn hooks, shared by ``nightshift serve`` and ``gunicorn -c python:app.gunicorn_conf 'app:create_app()'``.
+
+- ``post_worker_init`` starts the in-process worker thread (when ``embedded_worker`` is on) in every gunicorn worker:
+  claims in the store keep them from stepping on each other.
+- ``child_exit`` tells prometheus_client's multiprocess mode that a worker's files are dead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def post_worker_init(worker: Any) -> None:
+    from app.worker import start_worker_thread
+
+    services = worker.wsgi.extensions["nightshift"]
+    if services.settings.embedded_worker:
+        worker.nightshift_worker = start_worker_thread(services.engine, services.settings.worker.poll_seconds)
+
+
+def worker_exit(server: Any, worker: Any) -> None:
+    started = getattr(worker, "nightshift_worker", None)
+    if started:
+        thread, stop = started
+        stop.set()
+        thread.join(timeout=30)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid)

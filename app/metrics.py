@@ -1,0 +1,53 @@
+"""Self-metrics, declared once, with bounded labels (never a fingerprint or incident id).
+
+Under gunicorn, ``PROMETHEUS_MULTIPROC_DIR`` is set by ``nightshift serve`` before any worker imports
+prometheus_client; ``/metrics`` then aggregates every worker's files with a registry built per request.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import multiprocess
+
+STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    """The metric families of one app. Tests pass their own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.alerts_received = Counter(
+            "nightshift_alerts_received", "Alerts received at the webhook, by status.", ["status"], registry=r
+        )
+        self.webhook_requests = Counter(
+            "nightshift_webhook_requests", "Webhook requests, by HTTP status code.", ["code"], registry=r
+        )
+        self.incidents_opened = Counter(
+            "nightshift_incidents_opened", "Incidents opened, by playbook.", ["playbook"], registry=r
+        )
+        self.incidents = Counter(
+            "nightshift_incidents", "Incidents closed, by outcome.", ["outcome"], registry=r
+        )
+        self.guard_verdicts = Counter(
+            "nightshift_guard_verdicts", "Guard verdicts, by guard and decision.", ["guard", "decision"], registry=r
+        )
+        self.step_duration = Histogram(
+            "nightshift_step_duration_seconds", "Duration of executed steps, by action and status.",
+            ["action", "status"], buckets=STEP_BUCKETS, registry=r,
+        )
+        self.steps = Counter("nightshift_steps", "Steps recorded, by action and status.", ["action", "status"], registry=r)
+        self.paused = Gauge(
+            "nightshift_paused", "1 while automation is paused (kill switch).", registry=r, multiprocess_mode="max"
+        )
+
+    def exposition(self) -> bytes:
+        """The text exposition: aggregated over gunicorn workers in multiprocess mode, else this registry."""
+        if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+            registry = CollectorRegistry()
+            multiprocess.MultiProcessCollector(registry)
+            return generate_latest(registry)
+        return generate_latest(self.registry)

@@ -1,0 +1,95 @@
+"""From a playbook's steps and an incident's context to a concrete plan. Pure: no I/O.
+
+Each planned step says whether it will run (whitelisted), would run (advisory), is skipped by its ``when:``, or is
+invalid because a rendered value failed its action's schema (then it is never passed on).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.actions.base import Action
+from app.actions.registry import ActionRegistry
+from app.errors import ParamError
+from app.matchers import matches_all
+from app.permissions import Permissions
+from app.playbooks import Step
+from app.templates import render_value
+
+RUN, WOULD_RUN, SKIPPED, INVALID = "pending", "would_run", "skipped", "invalid"
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    idx: int
+    name: str
+    action: Action
+    status: str  # pending (will run) | would_run | skipped | invalid
+    params: Mapping[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    command: str = ""
+    reason: str = ""
+    approval: bool = False
+
+    @property
+    def runs(self) -> bool:
+        return self.status == RUN
+
+    @property
+    def mutating(self) -> bool:
+        return not self.action.read_only
+
+    @property
+    def destructive(self) -> bool:
+        return self.mutating and not self.action.return_to_service
+
+
+def when_context(labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int) -> dict[str, str]:
+    """What ``when:`` matchers see: the labels plus ``diagnosis``, ``xid_class`` and ``attempt``."""
+    diagnosis = diagnosis or {}
+    return {
+        **labels,
+        "diagnosis": str(diagnosis.get("category") or ""),
+        "xid_class": str(diagnosis.get("xid_class") or ""),
+        "attempt": str(attempt),
+    }
+
+
+def plan_steps(
+    steps: Sequence[Step],
+    *,
+    registry: ActionRegistry,
+    permissions: Permissions,
+    template_context: Mapping[str, Mapping[str, Any]],
+    when: Mapping[str, str],
+    target: Mapping[str, str],
+) -> list[PlannedStep]:
+    planned = []
+    for idx, step in enumerate(steps):
+        action = registry.get(step.action)
+        base = {"idx": idx, "name": step.name, "action": action, "approval": step.approval}
+        if step.when and not matches_all(step.when, when):
+            conditions = ", ".join(str(m) for m in step.when)
+            planned.append(PlannedStep(**base, status=SKIPPED, reason=f"when: {conditions} does not hold"))
+            continue
+        rendered = render_value(dict(step.with_), template_context)
+        try:
+            params = action.validate(rendered)
+        except ParamError as exc:
+            planned.append(PlannedStep(**base, status=INVALID, params=rendered, reason=str(exc)))
+            continue
+        plan = action.plan(params)
+        granted = permissions.allows(action, target) is not None
+        planned.append(
+            PlannedStep(
+                **base,
+                status=RUN if granted else WOULD_RUN,
+                params=params,
+                summary=plan.summary,
+                command=plan.command,
+                reason="" if granted else permissions.explain(action, target),
+            )
+        )
+    return planned

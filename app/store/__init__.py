@@ -1,0 +1,99 @@
+"""The durable store: SQLAlchemy 2 Core on SQLite (WAL, default) or PostgreSQL (HA replicas).
+
+``Store`` owns the engine and transactions and translates driver errors into :class:`app.errors.StoreUnavailable`
+once; the query functions live in :mod:`app.store.records`, each taking an open connection so that the engine can
+compose them into one transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Connection, create_engine, event, insert, select, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.exc import DBAPIError, OperationalError
+
+from app.clock import Clock, SystemClock
+from app.errors import ConfigError, StoreUnavailable
+from app.store.schema import SCHEMA_VERSION, metadata, schema_version
+
+
+class Store:
+    """Connections and transactions; schema creation and version check."""
+
+    def __init__(self, engine: Engine, clock: Clock | None = None):
+        self.engine = engine
+        self.clock = clock or SystemClock()
+        self.dialect = engine.dialect.name
+
+    @classmethod
+    def from_url(cls, url: str, clock: Clock | None = None) -> Store:
+        if url.startswith("sqlite"):
+            db_path = url.split("///", 1)[-1]
+            if db_path and db_path != ":memory:":
+                Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+            engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+            _configure_sqlite(engine)
+        else:
+            if url.startswith("postgresql://"):
+                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
+                                   connect_args={"connect_timeout": 5})
+        return cls(engine, clock)
+
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One atomic unit of work; driver-level outages surface as StoreUnavailable."""
+        try:
+            with self.engine.begin() as conn:
+                yield conn
+        except OperationalError as exc:
+            raise StoreUnavailable(f"store unavailable: {_first_line(exc)}") from exc
+        except DBAPIError as exc:
+            if exc.connection_invalidated:
+                raise StoreUnavailable(f"store connection lost: {_first_line(exc)}") from exc
+            raise
+
+    def create_schema(self) -> None:
+        """Create missing tables and record the schema version; refuse a store written by a newer version."""
+        with self.transaction() as conn:
+            metadata.create_all(conn)
+            found = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).first()
+            if found is None:
+                conn.execute(insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now()))
+            elif found.version > SCHEMA_VERSION:
+                raise ConfigError(
+                    f"store schema version {found.version} is newer than this Nightshift ({SCHEMA_VERSION}); upgrade"
+                )
+
+    def ping(self) -> None:
+        with self.transaction() as conn:
+            conn.execute(text("SELECT 1"))
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+def _configure_sqlite(engine: Engine) -> None:
+    """WAL for concurrent readers; BEGIN IMMEDIATE so that two writers queue instead of failing to upgrade a lock."""
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+        dbapi_conn.isolation_level = None
+        cursor = dbapi_conn.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(conn: Connection) -> None:
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+
+def _first_line(exc: Exception) -> str:
+    return str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__

@@ -1,0 +1,342 @@
+"""Query functions over an open connection, composed by the engine into transactions. No decisions here."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.alertmanager import Alert, Notification
+from app.store.schema import alerts, attempts, controls, incident_alerts, incidents, ledger, steps
+
+Row = dict[str, Any]
+
+OPEN_STATES = ("open", "diagnosing", "waiting", "acting", "verifying")
+
+
+def _one(conn: Connection, stmt: Any) -> Row | None:
+    row = conn.execute(stmt).first()
+    return dict(row._mapping) if row is not None else None
+
+
+def _all(conn: Connection, stmt: Any) -> list[Row]:
+    return [dict(row._mapping) for row in conn.execute(stmt)]
+
+
+# --- alerts -------------------------------------------------------------------------------------------------
+
+
+def upsert_alert(conn: Connection, alert: Alert, notification: Notification, now: datetime) -> tuple[Row, str | None]:
+    """Record one alert instance; return its row and its status before this notification (None when new)."""
+    key = and_(alerts.c.fingerprint == alert.fingerprint, alerts.c.starts_at == alert.starts_at)
+    existing = _one(conn, select(alerts).where(key))
+    if existing is None:
+        values = {
+            "fingerprint": alert.fingerprint,
+            "starts_at": alert.starts_at,
+            "status": alert.status,
+            "ends_at": alert.ends_at,
+            "alertname": alert.labels.get("alertname", ""),
+            "labels": dict(alert.labels),
+            "annotations": dict(alert.annotations),
+            "generator_url": alert.generator_url,
+            "receiver": notification.receiver,
+            "group_key": notification.group_key,
+            "first_received_at": now,
+            "last_received_at": now,
+            "notifications": 1,
+        }
+        try:
+            with conn.begin_nested():
+                new_id = conn.execute(insert(alerts).values(**values)).inserted_primary_key[0]
+            return {**values, "id": new_id}, None
+        except IntegrityError:  # a concurrent replica inserted the same instance first
+            existing = _one(conn, select(alerts).where(key))
+            assert existing is not None
+    previous = existing["status"]
+    changes: dict[str, Any] = {"last_received_at": now, "notifications": existing["notifications"] + 1}
+    # A resolved instance never goes back to firing: a late firing notification for it is out of order.
+    if not (previous == "resolved" and alert.status == "firing"):
+        changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
+    conn.execute(update(alerts).where(alerts.c.id == existing["id"]).values(**changes))
+    return {**existing, **changes}, previous
+
+
+def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[Row]:
+    stmt = (
+        select(alerts)
+        .join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id)
+        .where(incident_alerts.c.incident_id == incident_id)
+        .order_by(alerts.c.id)
+    )
+    return _all(conn, stmt)
+
+
+def get_alert(conn: Connection, alert_id: int) -> Row | None:
+    return _one(conn, select(alerts).where(alerts.c.id == alert_id))
+
+
+# --- incidents ----------------------------------------------------------------------------------------------
+
+
+def find_open_incident(conn: Connection, open_key: str) -> Row | None:
+    return _one(conn, select(incidents).where(incidents.c.open_key == open_key))
+
+
+def insert_incident(conn: Connection, values: Mapping[str, Any]) -> int | None:
+    """Insert an open incident; None when another writer holds the same open key (then attach to theirs)."""
+    try:
+        with conn.begin_nested():
+            return conn.execute(insert(incidents).values(**values)).inserted_primary_key[0]
+    except IntegrityError:
+        return None
+
+
+def link_alert(conn: Connection, incident_id: int, alert_id: int) -> bool:
+    """Attach an alert to an incident; False when it already was."""
+    exists = conn.execute(
+        select(incident_alerts.c.alert_id).where(
+            incident_alerts.c.incident_id == incident_id, incident_alerts.c.alert_id == alert_id
+        )
+    ).first()
+    if exists:
+        return False
+    try:
+        with conn.begin_nested():
+            conn.execute(insert(incident_alerts).values(incident_id=incident_id, alert_id=alert_id))
+    except IntegrityError:
+        return False
+    return True
+
+
+def incidents_for_alert(conn: Connection, alert_id: int) -> list[Row]:
+    stmt = (
+        select(incidents)
+        .join(incident_alerts, incident_alerts.c.incident_id == incidents.c.id)
+        .where(incident_alerts.c.alert_id == alert_id)
+        .order_by(incidents.c.id)
+    )
+    return _all(conn, stmt)
+
+
+def firing_alert_count(conn: Connection, incident_id: int) -> int:
+    stmt = (
+        select(func.count())
+        .select_from(alerts.join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id))
+        .where(incident_alerts.c.incident_id == incident_id, alerts.c.status == "firing")
+    )
+    return int(conn.execute(stmt).scalar_one())
+
+
+def get_incident(conn: Connection, incident_id: int) -> Row | None:
+    return _one(conn, select(incidents).where(incidents.c.id == incident_id))
+
+
+def update_incident(conn: Connection, incident_id: int, **values: Any) -> None:
+    conn.execute(update(incidents).where(incidents.c.id == incident_id).values(**values))
+
+
+def list_incidents(
+    conn: Connection,
+    *,
+    state: str | None = None,
+    outcome: str | None = None,
+    playbook: str | None = None,
+    node: str | None = None,
+    job: str | None = None,
+    open_only: bool = False,
+    limit: int = 100,
+    before_id: int | None = None,
+) -> list[Row]:
+    stmt = select(incidents).order_by(incidents.c.id.desc()).limit(limit)
+    filters = {"state": state, "outcome": outcome, "playbook": playbook, "node": node, "job": job}
+    for column, value in filters.items():
+        if value:
+            stmt = stmt.where(incidents.c[column] == value)
+    if open_only:
+        stmt = stmt.where(incidents.c.open_key.is_not(None))
+    if before_id:
+        stmt = stmt.where(incidents.c.id < before_id)
+    return _all(conn, stmt)
+
+
+def count_incidents_by(conn: Connection, column: str) -> dict[str, int]:
+    col = incidents.c[column]
+    return {str(k): int(n) for k, n in conn.execute(select(col, func.count()).group_by(col))}
+
+
+def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> Row | None:
+    """The oldest other open incident on the same node/job, if it is ahead of this one."""
+    stmt = (
+        select(incidents)
+        .where(
+            incidents.c.serialize_key == serialize_key,
+            incidents.c.open_key.is_not(None),
+            incidents.c.id != incident_id,
+            or_(incidents.c.id < incident_id, incidents.c.state.in_(("acting", "verifying"))),
+        )
+        .order_by(incidents.c.id)
+        .limit(1)
+    )
+    return _one(conn, stmt)
+
+
+def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
+    """Claim the most overdue incident no live worker holds. SKIP LOCKED on PostgreSQL; SQLite serialises writers."""
+    due = and_(
+        incidents.c.next_run_at.is_not(None),
+        incidents.c.next_run_at <= now,
+        or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < now),
+    )
+    candidate = conn.execute(
+        select(incidents.c.id).where(due).order_by(incidents.c.next_run_at).limit(1).with_for_update(skip_locked=True)
+    ).first()
+    if candidate is None:
+        return None
+    result = conn.execute(
+        update(incidents)
+        .where(incidents.c.id == candidate.id, due)
+        .values(claimed_by=worker, claim_expires_at=now + lease)
+    )
+    if result.rowcount != 1:
+        return None
+    return get_incident(conn, candidate.id)
+
+
+def renew_claim(conn: Connection, incident_id: int, worker: str, until: datetime) -> bool:
+    result = conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id, incidents.c.claimed_by == worker)
+        .values(claim_expires_at=until)
+    )
+    return result.rowcount == 1
+
+
+def release_claim(conn: Connection, incident_id: int, worker: str, next_run_at: datetime | None) -> None:
+    conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id, incidents.c.claimed_by == worker)
+        .values(claimed_by=None, claim_expires_at=None, next_run_at=next_run_at)
+    )
+
+
+# --- steps --------------------------------------------------------------------------------------------------
+
+
+def get_steps(conn: Connection, incident_id: int, *, attempt: int | None = None, phase: str | None = None) -> list[Row]:
+    stmt = select(steps).where(steps.c.incident_id == incident_id)
+    if attempt is not None:
+        stmt = stmt.where(steps.c.attempt == attempt)
+    if phase is not None:
+        stmt = stmt.where(steps.c.phase == phase)
+    return _all(conn, stmt.order_by(steps.c.attempt, steps.c.phase, steps.c.idx))
+
+
+def insert_step(conn: Connection, values: Mapping[str, Any]) -> int | None:
+    """Create a step row; None when that (incident, attempt, phase, idx) already exists."""
+    try:
+        with conn.begin_nested():
+            return conn.execute(insert(steps).values(**values)).inserted_primary_key[0]
+    except IntegrityError:
+        return None
+
+
+def update_step(conn: Connection, step_id: int, **values: Any) -> None:
+    conn.execute(update(steps).where(steps.c.id == step_id).values(**values))
+
+
+# --- attempts -----------------------------------------------------------------------------------------------
+
+
+def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> None:
+    conn.execute(insert(attempts).values(**values))
+
+
+def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str, now: datetime) -> None:
+    conn.execute(
+        update(attempts)
+        .where(attempts.c.incident_id == incident_id, attempts.c.number == number, attempts.c.finished_at.is_(None))
+        .values(finished_at=now, outcome=outcome)
+    )
+
+
+def attempts_for_target(conn: Connection, playbook: str, target_key: str, since: datetime) -> list[Row]:
+    stmt = (
+        select(attempts)
+        .where(attempts.c.playbook == playbook, attempts.c.target_key == target_key, attempts.c.started_at >= since)
+        .order_by(attempts.c.started_at)
+    )
+    return _all(conn, stmt)
+
+
+def last_recovery(conn: Connection, playbook: str, target_key: str) -> Row | None:
+    stmt = (
+        select(attempts)
+        .where(attempts.c.playbook == playbook, attempts.c.target_key == target_key, attempts.c.outcome == "recovered")
+        .order_by(attempts.c.finished_at.desc())
+        .limit(1)
+    )
+    return _one(conn, stmt)
+
+
+def nodes_disrupted_since(conn: Connection, since: datetime) -> set[str]:
+    stmt = select(attempts.c.node).where(
+        attempts.c.started_at >= since, attempts.c.destructive.is_(True), attempts.c.node.is_not(None)
+    )
+    return {row.node for row in conn.execute(stmt.distinct())}
+
+
+# --- ledger -------------------------------------------------------------------------------------------------
+
+
+def record(
+    conn: Connection,
+    now: datetime,
+    kind: str,
+    message: str,
+    *,
+    incident_id: int | None = None,
+    data: Mapping[str, Any] | None = None,
+) -> None:
+    conn.execute(
+        insert(ledger).values(ts=now, kind=kind, message=message, incident_id=incident_id, data=dict(data or {}))
+    )
+
+
+def ledger_for(conn: Connection, incident_id: int) -> list[Row]:
+    return _all(conn, select(ledger).where(ledger.c.incident_id == incident_id).order_by(ledger.c.id))
+
+
+def iter_ledger(conn: Connection, *, after_id: int = 0, batch: int = 1000) -> Iterator[Row]:
+    while True:
+        rows = _all(conn, select(ledger).where(ledger.c.id > after_id).order_by(ledger.c.id).limit(batch))
+        if not rows:
+            return
+        yield from rows
+        after_id = rows[-1]["id"]
+
+
+# --- controls -----------------------------------------------------------------------------------------------
+
+
+def get_control(conn: Connection, key: str) -> Any:
+    row = conn.execute(select(controls.c.value).where(controls.c.key == key)).first()
+    return None if row is None else row.value
+
+
+def controls_with_prefix(conn: Connection, prefix: str) -> dict[str, Any]:
+    stmt = select(controls.c.key, controls.c.value).where(controls.c.key.startswith(prefix, autoescape=True))
+    return {row.key[len(prefix) :]: row.value for row in conn.execute(stmt)}
+
+
+def set_control(conn: Connection, key: str, value: Any, now: datetime) -> None:
+    updated = conn.execute(update(controls).where(controls.c.key == key).values(value=value, updated_at=now))
+    if updated.rowcount == 0:
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(controls).values(key=key, value=value, updated_at=now))
+        except IntegrityError:
+            conn.execute(update(controls).where(controls.c.key == key).values(value=value, updated_at=now))

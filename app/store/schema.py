@@ -1,0 +1,184 @@
+"""Tables (SQLAlchemy 2 Core), the same on SQLite and PostgreSQL. Bump SCHEMA_VERSION with every change."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    Boolean,
+    Column,
+    DateTime,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+    UniqueConstraint,
+)
+
+SCHEMA_VERSION = 1
+
+
+class UtcDateTime(TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, on every backend (SQLite keeps no zone)."""
+
+    impl = DateTime
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Any) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to the store")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
+        return None if value is None else value.replace(tzinfo=UTC)
+
+
+metadata = MetaData()
+
+schema_version = Table(
+    "schema_version",
+    metadata,
+    Column("version", Integer, primary_key=True),
+    Column("applied_at", UtcDateTime, nullable=False),
+)
+
+# One row per alert instance: Alertmanager's fingerprint (a hash of the label set) plus startsAt (a re-fire).
+alerts = Table(
+    "alerts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("fingerprint", String(16), nullable=False),
+    Column("starts_at", UtcDateTime, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("ends_at", UtcDateTime),
+    Column("alertname", String(200), nullable=False),
+    Column("labels", JSON, nullable=False),
+    Column("annotations", JSON, nullable=False),
+    Column("generator_url", Text, nullable=False, default=""),
+    Column("receiver", Text, nullable=False, default=""),
+    Column("group_key", Text, nullable=False, default=""),
+    Column("first_received_at", UtcDateTime, nullable=False),
+    Column("last_received_at", UtcDateTime, nullable=False),
+    Column("notifications", Integer, nullable=False, default=1),
+    UniqueConstraint("fingerprint", "starts_at", name="uq_alert_instance"),
+)
+
+incidents = Table(
+    "incidents",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("playbook", String(200), nullable=False),
+    Column("target_key", Text, nullable=False),
+    Column("target", JSON, nullable=False),
+    Column("node", String(255)),
+    Column("job", String(255)),
+    # Set while the incident is open, NULL once closed: the unique constraint makes (playbook, target) idempotent
+    # across workers and replicas (NULLs never collide on SQLite or PostgreSQL).
+    Column("open_key", Text, unique=True),
+    Column("serialize_key", Text),
+    Column("state", String(32), nullable=False),
+    Column("outcome", String(32)),
+    Column("reason", Text, nullable=False, default=""),
+    Column("labels", JSON, nullable=False),
+    Column("annotations", JSON, nullable=False),
+    Column("alert_starts_at", UtcDateTime, nullable=False),
+    Column("generator_url", Text, nullable=False, default=""),
+    Column("diagnosis", JSON),
+    Column("attempt", Integer, nullable=False, default=0),
+    Column("acted", Boolean, nullable=False, default=False),
+    Column("held_by_guard", Boolean, nullable=False, default=False),
+    Column("alert_resolved", Boolean, nullable=False, default=False),
+    Column("on_resolved_state", String(16)),  # NULL | pending | done
+    Column("finalize_pending", Boolean, nullable=False, default=False),  # annotation close + notification owed
+    Column("verify_deadline", UtcDateTime),
+    Column("annotation_id", Integer),
+    Column("opened_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("closed_at", UtcDateTime),
+    Column("next_run_at", UtcDateTime),
+    Column("claimed_by", String(200)),
+    Column("claim_expires_at", UtcDateTime),
+)
+Index("ix_incidents_due", incidents.c.next_run_at)
+Index("ix_incidents_serialize", incidents.c.serialize_key)
+Index("ix_incidents_target", incidents.c.playbook, incidents.c.target_key)
+
+incident_alerts = Table(
+    "incident_alerts",
+    metadata,
+    Column("incident_id", Integer, ForeignKey("incidents.id"), primary_key=True),
+    Column("alert_id", Integer, ForeignKey("alerts.id"), primary_key=True),
+)
+Index("ix_incident_alerts_alert", incident_alerts.c.alert_id)
+
+# One row per execution of a playbook's steps on a target: budgets, backoff, cooldown, blast radius read these.
+attempts = Table(
+    "attempts",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("incident_id", Integer, ForeignKey("incidents.id"), nullable=False),
+    Column("number", Integer, nullable=False),
+    Column("playbook", String(200), nullable=False),
+    Column("target_key", Text, nullable=False),
+    Column("node", String(255)),
+    Column("destructive", Boolean, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime),
+    Column("outcome", String(32)),
+    UniqueConstraint("incident_id", "number", name="uq_attempt"),
+)
+Index("ix_attempts_target", attempts.c.playbook, attempts.c.target_key, attempts.c.started_at)
+Index("ix_attempts_started", attempts.c.started_at)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("incident_id", Integer, ForeignKey("incidents.id"), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("phase", String(16), nullable=False),  # collect | steps | on_resolved
+    Column("idx", Integer, nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("action", String(200), nullable=False),
+    Column("params", JSON, nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("summary", Text, nullable=False, default=""),
+    Column("command", Text, nullable=False, default=""),
+    Column("exit_code", Integer),
+    Column("output", Text, nullable=False, default=""),
+    Column("reason", Text, nullable=False, default=""),
+    Column("retries", Integer, nullable=False, default=0),
+    Column("started_at", UtcDateTime),
+    Column("finished_at", UtcDateTime),
+    Column("duration", JSON),
+    # Each step of each attempt exists once: two workers can never both run it.
+    UniqueConstraint("incident_id", "attempt", "phase", "idx", name="uq_step"),
+)
+
+ledger = Table(
+    "ledger",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("ts", UtcDateTime, nullable=False),
+    Column("incident_id", Integer),
+    Column("kind", String(40), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("data", JSON, nullable=False),
+)
+Index("ix_ledger_incident", ledger.c.incident_id, ledger.c.id)
+
+controls = Table(
+    "controls",
+    metadata,
+    Column("key", String(100), primary_key=True),
+    Column("value", JSON, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+)

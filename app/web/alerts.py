@@ -1,0 +1,45 @@
+"""``POST /api/v1/alerts``: Alertmanager's webhook. Validate, record durably, answer; the worker does the rest.
+
+200 once every alert is in the store; 400 for a payload Alertmanager must not retry; 401 without credentials;
+413 over the size limit; 503 when the store is down (Alertmanager retries 5xx).
+"""
+
+from __future__ import annotations
+
+from flask import Blueprint, current_app, jsonify, request
+
+from app.alertmanager import parse_notification
+from app.errors import PayloadError
+from app.web import error
+
+bp = Blueprint("alerts", __name__)
+
+
+@bp.post("/api/v1/alerts")
+def receive():
+    services = current_app.extensions["nightshift"]
+    metrics = services.metrics
+    if not services.webhook_auth.check(request.headers.get("Authorization")):
+        metrics.webhook_requests.labels("401").inc()
+        response = error(401, "missing or invalid credentials (Authorization: Bearer <token> or Basic)")
+        response.headers["WWW-Authenticate"] = 'Bearer realm="nightshift"'
+        return response
+    if request.mimetype not in ("application/json", ""):
+        metrics.webhook_requests.labels("415").inc()
+        return error(415, f"expected Content-Type application/json, got {request.mimetype}")
+    body = request.get_data(cache=False)  # MAX_CONTENT_LENGTH turns an oversized body into 413
+    try:
+        notification = parse_notification(body, max_alerts=services.settings.webhook.max_alerts_per_payload)
+    except PayloadError as exc:
+        metrics.webhook_requests.labels("400").inc()
+        return error(400, str(exc))
+    result = services.engine.ingest(notification)
+    metrics.webhook_requests.labels("200").inc()
+    return jsonify({
+        "status": "ok",
+        "alerts": result.alerts,
+        "opened": result.opened,
+        "attached": result.attached,
+        "closed": result.closed,
+        "unmatched": result.unmatched,
+    })

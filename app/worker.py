@@ -1,0 +1,44 @@
+"""The worker loop: claim due incidents and advance them, in a thread (``serve``) or a process (``worker``)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+
+from app.engine import Engine
+from app.errors import StoreUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def worker_id(kind: str) -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{kind}:{threading.get_ident()}"
+
+
+def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind: str = "thread") -> None:
+    """Loop until ``stop`` is set. Store outages back off and retry; nothing else escapes a tick."""
+    me = worker_id(kind)
+    log.info("worker %s started", me)
+    backoff = poll_seconds
+    while not stop.is_set():
+        try:
+            if engine.work_once(me) is not None:
+                backoff = poll_seconds
+                continue
+        except StoreUnavailable as exc:
+            backoff = min(backoff * 2, 30.0)
+            log.warning("worker %s: %s; retrying in %.0fs", me, exc, backoff)
+            stop.wait(backoff)
+            continue
+        stop.wait(poll_seconds)
+    log.info("worker %s stopped", me)
+
+
+def start_worker_thread(engine: Engine, poll_seconds: float) -> tuple[threading.Thread, threading.Event]:
+    stop = threading.Event()
+    thread = threading.Thread(target=run_worker, args=(engine, stop, poll_seconds), name="nightshift-worker",
+                              daemon=True)
+    thread.start()
+    return thread, stop

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Install what Nightshift's tests and demo need on a fresh Debian/Ubuntu machine; idempotent and quick when present.
+#   system: Prometheus, Alertmanager, promtool/amtool, Slurm (slurmctld, slurmd, client) + munge, OpenSSH server,
+#           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests.
+#   python: a virtualenv in .venv with the package and its dev extras.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+want=(prometheus prometheus-alertmanager slurmctld slurmd slurm-client munge openssh-server etcd-server golang-go
+      rsync postgresql wrk)
+missing=()
+for pkg in "${want[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+PY=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$PY" -m venv .venv
+fi
+stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
+if [ ! -f "$stamp" ]; then
+  .venv/bin/pip install -q --upgrade pip
+  .venv/bin/pip install -q -e '.[dev]'
+  rm -f .venv/.installed-*; touch "$stamp"
+fi

@@ -1,0 +1,393 @@
+"""The incident lifecycle with a fake clock, fake actions at our own seam, and a real SQLite store."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from app.actions.registry import ActionRegistry
+from app.alertmanager import parse_notification
+from app.clients import Clients
+from app.config import Settings
+from app.diagnosis import diagnose
+from app.engine import Engine, EngineDeps
+from app.metrics import Metrics
+from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
+from app.permissions import Grant, Permissions
+from app.playbooks import PlaybookSet, parse_playbooks
+from app.store import Store, records
+from tests.fakes import FakeClock, FakePrometheus, FakeSample, Script, fake_actions
+from tests.payloads import alert, payload, xid
+
+PLAYBOOK = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: gpu-xid-79, description: "Xid 79: move the job, take the node out"}
+match: ['alertname="GpuXidError"', 'xid=~"79|48"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
+serialize: node
+budget: {attempts: 3, window: 24h, backoff: 10m}
+cooldown: 30m
+recheck: 'DCGM_EXP_XID_ERRORS_COUNT{Hostname="{{ labels.Hostname }}",xid="{{ labels.xid }}"} > 0'
+collect:
+  - action: fake.logs
+    with: {job: "{{ target.job }}"}
+steps:
+  - action: fake.drain
+    with: {node: "{{ target.node }}", reason: "Xid {{ labels.xid }}"}
+  - action: fake.requeue
+    with: {job: "{{ target.job }}"}
+  - action: fake.notice
+    with: {text: "{{ diagnosis.summary }}"}
+    when: ['diagnosis=~"gpu_.*"']
+verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
+         interval: 30s}
+on_resolved:
+  - action: fake.resume
+    with: {node: "{{ target.node }}"}
+"""
+RECHECK = 'DCGM_EXP_XID_ERRORS_COUNT{Hostname="node1",xid="79"} > 0'
+VERIFY = 'increase(training_step_total{slurm_job_id="1234"}[2m]) > 0'
+
+
+@dataclass
+class World:
+    engine: Engine
+    clock: FakeClock
+    prometheus: FakePrometheus
+    actions: dict[str, Any]
+    notifications: list[tuple[str, str]] = field(default_factory=list)
+
+    def send(self, *alerts: dict[str, Any]):
+        return self.engine.ingest(parse_notification(json.dumps(payload(*alerts))))
+
+    def run(self, ticks: int = 100) -> int:
+        return self.engine.run_until_idle(limit=ticks)
+
+    def incident(self, incident_id: int) -> dict[str, Any]:
+        detail = self.engine.incident(incident_id)
+        assert detail is not None
+        return detail["incident"]
+
+    def steps(self, incident_id: int, phase: str = "steps") -> list[tuple[str, str]]:
+        detail = self.engine.incident(incident_id)
+        assert detail is not None
+        return [(s["action"], s["status"]) for s in detail["steps"] if s["phase"] == phase]
+
+    def ledger(self, incident_id: int, kind: str | None = None) -> list[dict[str, Any]]:
+        detail = self.engine.incident(incident_id)
+        assert detail is not None
+        return [row for row in detail["ledger"] if kind is None or row["kind"] == kind]
+
+    def calls(self, action: str) -> list[dict[str, Any]]:
+        return self.actions[action].script.calls
+
+
+def make_world(tmp_path, grants: Iterable[str] = (), playbooks: str = PLAYBOOK, **guard_settings: Any) -> World:
+    clock = FakeClock()
+    actions = fake_actions()
+    registry = ActionRegistry(actions.values())
+    settings = Settings(data_dir=str(tmp_path))
+    for key, value in guard_settings.items():
+        setattr(settings.guards, key, value)
+    store = Store.from_url(settings.resolved_store_url, clock)
+    store.create_schema()
+    prometheus = FakePrometheus()
+    prometheus.answers[RECHECK] = [FakeSample({"Hostname": "node1"}, 1)]
+    world_notifications: list[tuple[str, str]] = []
+
+    class Notifier:
+        """Collects engine notifications through the real send_notification path (webhook channel)."""
+
+        def post_json(self, url, body, headers=None):
+            world_notifications.append((url, body["text"]))
+            return 200
+
+    settings.notify.webhook_url = "http://chat.example/hook"
+    deps = EngineDeps(
+        settings=settings, store=store, playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
+        registry=registry, permissions=Permissions(Grant(action=name) for name in grants),
+        clients=Clients(settings, prometheus=prometheus, http=Notifier()), clock=clock, metrics=Metrics(),
+        diagnose=diagnose,
+    )
+    return World(Engine(deps), clock, prometheus, actions, world_notifications)
+
+
+GRANTS = ("fake.drain", "fake.requeue", "fake.resume")
+
+
+def test_default_is_advisory_every_change_would_run_and_nothing_is_called(tmp_path):
+    w = make_world(tmp_path)
+    result = w.send(alert(xid()))
+    assert len(result.opened) == 1
+    w.run()
+    inc = w.incident(result.opened[0])
+    assert (inc["state"], inc["outcome"]) == ("advisory", "advisory")
+    assert w.steps(inc["id"]) == [("fake.drain", "would_run"), ("fake.requeue", "would_run"), ("fake.notice", "ok")]
+    assert w.calls("fake.drain") == [] and w.calls("fake.requeue") == []
+    assert inc["diagnosis"]["category"] == "gpu_hardware"  # from the collected log line
+    assert w.steps(inc["id"], "collect") == [("fake.logs", "ok")]
+    assert any("advisory" in text and "fake.drain" in text for _, text in w.notifications)
+    kinds = [row["kind"] for row in w.ledger(inc["id"])]
+    assert kinds.count("guard") == 2 and "step_would_run" in kinds and "incident_closed" in kinds
+
+
+def test_whitelisted_steps_run_then_verification_recovers(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.incident(incident_id)["state"] == "verifying"
+    assert w.calls("fake.drain") == [{"node": "node1", "reason": "Xid 79"}]
+    assert w.calls("fake.requeue") == [{"job": "1234"}]
+    w.clock.advance(30)
+    w.run()  # the job is not stepping yet
+    assert w.incident(incident_id)["state"] == "verifying"
+    w.prometheus.answers[VERIFY] = [FakeSample({"slurm_job_id": "1234"}, 12.0)]
+    w.clock.advance(30)
+    w.run()
+    inc = w.incident(incident_id)
+    assert (inc["state"], inc["attempt"], inc["open_key"]) == ("recovered", 1, None)
+    assert [row["message"] for row in w.ledger(incident_id, "verify_sample")] == ["0 series", "1 series"]
+    guards_seen = [row["data"]["guard"] for row in w.ledger(incident_id, "guard")]
+    assert guards_seen == ["kill_switch", "permission", "blast_radius", "serialisation", "budget", "cooldown",
+                           "stale_signal", "recheck"]
+
+
+def test_duplicates_and_repeats_attach_to_the_open_incident(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    first = w.send(alert(xid()))
+    again = w.send(alert(xid()))  # Alertmanager retry / HA peer
+    other_gpu = w.send(alert(xid(gpu="5")))  # another alert, same (playbook, target)
+    assert len(first.opened) == 1 and again.opened == [] and other_gpu.opened == []
+    assert other_gpu.attached == first.opened
+    assert len(w.engine.incidents()) == 1
+
+
+def test_resolved_before_acting_closes_and_late_firing_is_ignored(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    firing = alert(xid())
+    incident_id = w.send(firing).opened[0]
+    resolved = {**firing, "status": "resolved", "endsAt": "2026-12-02T03:01:00Z"}
+    assert w.send(resolved).closed == [incident_id]
+    assert w.incident(incident_id)["outcome"] == "resolved"
+    late = w.send(firing)  # out of order: the firing copy arrives after the resolution
+    assert late.opened == [] and late.attached == []
+    w.run()
+    assert w.calls("fake.drain") == []
+
+
+def test_resolved_while_acting_lets_verification_finish_and_runs_undo_steps(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    firing = alert(xid())
+    incident_id = w.send(firing).opened[0]
+    w.run()
+    w.prometheus.answers[VERIFY] = [FakeSample({}, 3.0)]
+    w.clock.advance(30)
+    w.run()
+    assert w.incident(incident_id)["outcome"] == "recovered"
+    w.send({**firing, "status": "resolved", "endsAt": "2026-12-02T03:05:00Z"})
+    w.run()
+    assert w.steps(incident_id, "on_resolved") == [("fake.resume", "ok")]
+    assert w.calls("fake.resume") == [{"node": "node1"}]
+
+
+def test_budget_backoff_then_needs_human(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    incident_id = w.send(alert(xid())).opened[0]
+    for attempt in (1, 2):
+        w.run()
+        assert len(w.calls("fake.drain")) == attempt
+        w.clock.advance(minutes=5, seconds=1)  # verification times out after 5m
+        w.run()
+        inc = w.incident(incident_id)
+        assert inc["state"] == "waiting" and inc["reason"] == f"backoff 10m after attempt {attempt}"
+        w.clock.advance(minutes=9)
+        w.run()
+        assert len(w.calls("fake.drain")) == attempt  # 10m backoff after the failed attempt still holds
+        w.clock.advance(minutes=1)
+    w.run()
+    assert len(w.calls("fake.drain")) == 3
+    w.clock.advance(minutes=5, seconds=1)
+    w.run()  # the third verification fails: the budget is spent, no fourth attempt
+    inc = w.incident(incident_id)
+    assert (inc["outcome"], len(w.calls("fake.drain"))) == ("needs_human", 3)
+    assert "3 attempt(s) in the last 1d (budget 3)" in inc["reason"]
+
+
+def test_cooldown_then_stale_signal(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    first = w.send(alert(xid())).opened[0]
+    w.run()
+    w.prometheus.answers[VERIFY] = [FakeSample({}, 3.0)]
+    w.clock.advance(30)
+    w.run()
+    assert w.incident(first)["outcome"] == "recovered"
+    # A new instance of the fault 10 minutes later: held by the 30m cooldown.
+    w.clock.advance(minutes=10)
+    second = w.send(alert(xid(), starts_at=w.clock.now())).opened[0]
+    w.run()
+    assert w.incident(second)["state"] == "waiting" and "cooldown" in w.incident(second)["reason"]
+    assert len(w.calls("fake.drain")) == 1
+    # An alert that started before our successful remediation is stale.
+    stale = w.send(alert(xid(gpu="6"), starts_at=w.clock.now() - timedelta(hours=1)))
+    assert stale.attached == [second]
+
+
+def test_serialisation_one_incident_per_node_at_a_time(tmp_path):
+    extra = PLAYBOOK.replace("gpu-xid-79", "gpu-xid-79-second").replace('xid=~"79|48"', 'gpu="3"')
+    w = make_world(tmp_path, GRANTS, playbooks=PLAYBOOK + "---\n" + extra)
+    opened = w.send(alert(xid())).opened
+    assert len(opened) == 2
+    w.run()
+    states = sorted(w.incident(i)["state"] for i in opened)
+    assert states == ["verifying", "waiting"]
+    waiting = next(i for i in opened if w.incident(i)["state"] == "waiting")
+    assert "waiting for incident #" in w.incident(waiting)["reason"]
+
+
+def test_blast_radius_holds_the_fourth_node_and_notifies_once(tmp_path):
+    w = make_world(tmp_path, GRANTS, blast_radius_max_nodes=3)
+    opened = []
+    for n in range(1, 6):
+        w.prometheus.answers[RECHECK.replace("node1", f"node{n}")] = [FakeSample({}, 1)]
+        opened += w.send(alert(xid(node=f"node{n}", job=str(100 + n)))).opened
+    w.run()
+    states = [w.incident(i)["state"] for i in opened]
+    assert states.count("verifying") == 3 and states.count("waiting") == 2
+    assert len({c["node"] for c in w.calls("fake.drain")}) == 3
+    storm = [text for _, text in w.notifications if "blast radius" in text.lower() or "disrupted" in text]
+    assert len(storm) == 1
+
+
+def test_kill_switch_pauses_and_resume_continues(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.engine.set_paused(True, "maintenance window", by="test")
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.incident(incident_id)["state"] == "waiting"
+    assert "maintenance window" in w.incident(incident_id)["reason"]
+    assert w.calls("fake.drain") == []
+    w.engine.set_paused(False, "done", by="test")
+    w.clock.advance(30)
+    w.run()
+    assert w.incident(incident_id)["state"] == "verifying"
+
+
+def test_recheck_no_longer_firing_closes_without_acting_and_prometheus_down_waits(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.prometheus.down = True
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.incident(incident_id)["state"] == "waiting"
+    assert "not acting blind" in w.incident(incident_id)["reason"]
+    w.prometheus.down = False
+    w.prometheus.answers[RECHECK] = []
+    w.clock.advance(30)
+    w.run()
+    assert w.incident(incident_id)["outcome"] == "resolved"
+    assert w.calls("fake.drain") == []
+
+
+def test_retry_outcome_waits_and_runs_again(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.actions["fake.requeue"].script.outcomes[:] = [Retry(reason="PDB says later", after=60), Ok(output="ok")]
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert len(w.calls("fake.requeue")) == 1 and w.incident(incident_id)["state"] == "acting"
+    w.clock.advance(59)
+    w.run()
+    assert len(w.calls("fake.requeue")) == 1
+    w.clock.advance(1)
+    w.run()
+    assert len(w.calls("fake.requeue")) == 2 and len(w.calls("fake.drain")) == 1
+    assert w.incident(incident_id)["state"] == "verifying"
+
+
+@pytest.mark.parametrize(("outcome", "state"), [
+    (Ambiguous(reason="ssh timed out after sending"), "needs_human"),
+    (CredentialError(reason="permission denied (publickey)"), "credential_error"),
+])
+def test_ambiguous_and_credential_errors_stop_without_retrying(tmp_path, outcome, state):
+    w = make_world(tmp_path, GRANTS)
+    w.actions["fake.drain"].script.outcomes[:] = [outcome]
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    w.clock.advance(hours=1)
+    w.run()
+    assert w.incident(incident_id)["state"] == state
+    assert len(w.calls("fake.drain")) == 1 and w.calls("fake.requeue") == []
+    if state == "credential_error":
+        assert w.engine.status()["credentials"]["fake"]["state"] == "credential_error"
+
+
+def test_failed_step_counts_as_an_attempt(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.actions["fake.drain"].script.outcomes[:] = [Failed(reason="node busy"), Ok()]
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    inc = w.incident(incident_id)
+    assert inc["state"] == "waiting" and "backoff 10m after attempt 1" in inc["reason"]
+    assert [row["message"] for row in w.ledger(incident_id, "attempt_failed")] == ["step fake.drain failed: node busy"]
+    w.clock.advance(minutes=10)
+    w.run()
+    assert w.incident(incident_id)["state"] == "verifying" and w.incident(incident_id)["attempt"] == 2
+
+
+def test_hostile_label_never_reaches_an_action(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    opened = w.send(alert(xid(job="1234; rm -rf /"))).opened
+    w.run()
+    assert opened == []  # the target job fails its pattern: ledgered, no incident, no call
+    with w.engine.deps.store.transaction() as conn:
+        kinds = [row["kind"] for row in records.iter_ledger(conn)]
+    assert "target_invalid" in kinds
+    assert w.calls("fake.requeue") == [] and w.calls("fake.logs") == []
+
+
+def test_step_in_flight_at_a_crash_is_ambiguous_and_not_rerun(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    incident_id = w.send(alert(xid())).opened[0]
+    deps = w.engine.deps
+
+    class Crash(BaseException):
+        pass
+
+    def crash(params, ctx):
+        raise Crash
+
+    w.actions["fake.requeue"].run = crash  # the worker dies inside the step
+    with pytest.raises(Crash):
+        w.engine.work_once("worker-a")
+    w.actions["fake.requeue"].run = lambda params, ctx: pytest.fail("re-ran an ambiguous step")
+    w.clock.advance(seconds=deps.settings.worker.lease_seconds + 1)  # worker-a's claim expires
+    w.engine.work_once("worker-b")
+    inc = w.incident(incident_id)
+    assert inc["state"] == "needs_human"
+    assert ("fake.requeue", "ambiguous") in w.steps(incident_id)
+    assert "in flight when its worker stopped" in inc["reason"]
+
+
+def test_claims_are_exclusive_until_the_lease_expires(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.send(alert(xid()))
+    lease = timedelta(seconds=w.engine.deps.settings.worker.lease_seconds)
+    with w.engine.deps.store.transaction() as conn:
+        first = records.claim_next(conn, "a", w.clock.now(), lease)
+        second = records.claim_next(conn, "b", w.clock.now(), lease)
+    assert first is not None and second is None
+    w.clock.advance(lease.total_seconds() + 1)
+    with w.engine.deps.store.transaction() as conn:
+        assert records.claim_next(conn, "b", w.clock.now(), lease)["id"] == first["id"]
+
+
+def test_unmatched_alert_is_ledgered_once_without_an_incident(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    other = alert({"alertname": "DiskFull", "Hostname": "node1"})
+    assert w.send(other).unmatched == 1
+    assert w.send(other).unmatched == 0
+    assert w.engine.incidents() == []

@@ -1,0 +1,101 @@
+"""The guard chain as pure functions with an injected clock: each guard's pass, wait and stop, and the chain order."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from datetime import timedelta
+
+from app import guards
+from app.guards import PASS, STOP, WAIT, GuardFacts, PastAttempt
+from tests.fakes import START
+
+NOW = START
+BASE = GuardFacts(now=NOW, playbook="gpu-xid", node="node1", alert_starts_at=NOW - timedelta(minutes=1),
+                  granted_mutating=2, destructive=True)
+
+
+def decisions(facts: GuardFacts) -> list[tuple[str, str]]:
+    return [(v.guard, v.decision) for v in guards.evaluate(facts)]
+
+
+def test_quiet_fleet_passes_every_guard_in_design_order():
+    assert decisions(BASE) == [
+        ("kill_switch", PASS), ("permission", PASS), ("blast_radius", PASS), ("serialisation", PASS),
+        ("budget", PASS), ("cooldown", PASS), ("stale_signal", PASS),
+    ]
+
+
+def test_kill_switch_holds_acting_incidents_and_ends_the_chain():
+    verdicts = guards.evaluate(replace(BASE, paused=True, pause_reason="maintenance"))
+    assert [(v.guard, v.decision) for v in verdicts] == [("kill_switch", WAIT)]
+    assert "maintenance" in verdicts[0].reason
+    assert verdicts[0].until == NOW + BASE.defer
+
+
+def test_kill_switch_does_not_hold_an_advisory_plan():
+    verdicts = guards.evaluate(replace(BASE, paused=True, granted_mutating=0, destructive=False, would_run=3))
+    assert [(v.guard, v.decision, v.outcome) for v in verdicts] == [
+        ("kill_switch", PASS, None), ("permission", STOP, "advisory")]
+    assert "3 would run" in verdicts[1].reason
+
+
+def test_blast_radius_waits_when_the_limit_of_other_nodes_is_reached():
+    full = replace(BASE, disrupted_nodes=frozenset({"n2", "n3", "n4"}), blast_max_nodes=3)
+    last = guards.evaluate(full)[-1]
+    assert (last.guard, last.decision) == ("blast_radius", WAIT)
+    assert "3 node(s) disrupted in the last 1h (limit 3): n2, n3, n4" in last.reason
+
+
+def test_blast_radius_counts_a_node_once_and_never_blocks_return_to_service():
+    already = replace(BASE, disrupted_nodes=frozenset({"node1", "n2", "n3"}), blast_max_nodes=3)
+    assert guards.blast_radius(already).decision == PASS
+    resume_only = replace(BASE, destructive=False, disrupted_nodes=frozenset({"n2", "n3", "n4"}))
+    assert guards.blast_radius(resume_only).decision == PASS
+
+
+def test_serialisation_waits_behind_an_earlier_incident():
+    verdict = guards.serialisation(replace(BASE, ahead="incident #4 (gpu-xid, acting)"))
+    assert verdict.decision == WAIT and "incident #4" in verdict.reason
+
+
+def test_budget_spent_stops_with_needs_human():
+    spent = tuple(PastAttempt(NOW - timedelta(hours=h), NOW - timedelta(hours=h), "failed") for h in (5, 3, 1))
+    verdict = guards.budget(replace(BASE, attempts=spent, budget_attempts=3))
+    assert (verdict.decision, verdict.outcome) == (STOP, "needs_human")
+    assert "3 attempt(s) in the last 1d (budget 3)" in verdict.reason
+
+
+def test_backoff_waits_until_exactly_backoff_after_the_last_attempt():
+    last = PastAttempt(NOW - timedelta(minutes=4), NOW - timedelta(minutes=3), "failed")
+    verdict = guards.budget(replace(BASE, attempts=(last,), backoff=timedelta(minutes=10)))
+    assert verdict.decision == WAIT
+    assert verdict.until == NOW + timedelta(minutes=7)
+    later = guards.budget(replace(BASE, now=NOW + timedelta(minutes=7), attempts=(last,),
+                                  backoff=timedelta(minutes=10)))
+    assert later.decision == PASS and later.reason == "attempt 2 of 3"
+
+
+def test_cooldown_after_a_recovery():
+    recovery = PastAttempt(NOW - timedelta(minutes=20), NOW - timedelta(minutes=10), "recovered")
+    facts = replace(BASE, last_recovery=recovery, alert_starts_at=NOW, cooldown=timedelta(minutes=30))
+    verdict = guards.cooldown(facts)
+    assert verdict.decision == WAIT and verdict.until == NOW + timedelta(minutes=20)
+    assert guards.cooldown(replace(facts, now=NOW + timedelta(minutes=20))).decision == PASS
+
+
+def test_stale_signal_ignores_an_alert_older_than_our_last_success():
+    recovery = PastAttempt(NOW - timedelta(hours=2), NOW - timedelta(hours=1, minutes=50), "recovered")
+    stale = replace(BASE, last_recovery=recovery, alert_starts_at=NOW - timedelta(hours=3))
+    assert (guards.stale_signal(stale).decision, guards.stale_signal(stale).outcome) == (STOP, "ignored")
+    fresh = replace(stale, alert_starts_at=NOW - timedelta(minutes=5))
+    assert guards.stale_signal(fresh).decision == PASS
+
+
+def test_recheck_verdicts():
+    defer = timedelta(seconds=30)
+    assert guards.recheck(None, None, None, NOW, defer).decision == PASS
+    assert guards.recheck("up", 2, None, NOW, defer).decision == PASS
+    gone = guards.recheck("up", 0, None, NOW, defer)
+    assert (gone.decision, gone.outcome) == (STOP, "resolved")
+    blind = guards.recheck("up", None, "connection refused", NOW, defer)
+    assert blind.decision == WAIT and "not acting blind" in blind.reason

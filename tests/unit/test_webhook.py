@@ -1,0 +1,164 @@
+"""The HTTP contract through Flask's test client: auth, limits, precise 400s, 503 on store outage, API, health."""
+
+from __future__ import annotations
+
+import base64
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import create_engine
+
+from app import create_app
+from app.actions.registry import ActionRegistry
+from app.clients import Clients
+from app.config import Settings
+from app.errors import ConfigError
+from app.metrics import Metrics
+from tests.fakes import FakeClock, FakePrometheus, fake_actions
+from tests.payloads import alert, body, xid
+from tests.unit.test_engine import PLAYBOOK
+
+TOKEN = "webhook-s3cret-token"
+OPERATOR = "operator-s3cret-token"
+
+
+def write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def settings(tmp_path) -> Settings:
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    write(playbooks / "gpu.yaml", PLAYBOOK)
+    s = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(playbooks)])
+    s.webhook.token_file = write(tmp_path / "token", TOKEN + "\n")
+    s.webhook.basic_user = "alertmanager"
+    s.webhook.basic_password_file = write(tmp_path / "password", "basic-pass")
+    s.webhook.max_body_bytes = 64 * 1024
+    s.operator_token_file = write(tmp_path / "operator", OPERATOR)
+    return s
+
+
+def make_app(settings: Settings):
+    return create_app(settings, clock=FakeClock(), registry=ActionRegistry(fake_actions().values()),
+                      clients=Clients(settings, prometheus=FakePrometheus()), metrics=Metrics())
+
+
+@pytest.fixture
+def client(settings):
+    app = make_app(settings)
+    return app.test_client()
+
+
+def auth(token: str = TOKEN) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+
+
+def test_webhook_records_the_alert_and_opens_an_incident(client):
+    response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
+    assert response.status_code == 200, response.json
+    assert response.json["status"] == "ok" and len(response.json["opened"]) == 1
+    listed = client.get("/api/v1/incidents").json["incidents"]
+    assert [(i["playbook"], i["node"], i["job"]) for i in listed] == [("gpu-xid-79", "node1", "1234")]
+    detail = client.get(f"/api/v1/incidents/{listed[0]['id']}").json
+    assert detail["alerts"][0]["labels"]["xid"] == "79"
+    assert [row["kind"] for row in detail["ledger"]] == ["incident_opened"]
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer " + TOKEN + "x", "Basic !!!", "Token " + TOKEN,
+                                    "Basic " + base64.b64encode(b"alertmanager:wrong").decode()])
+def test_webhook_rejects_missing_or_wrong_credentials(client, header):
+    headers = {"Content-Type": "application/json"} | ({"Authorization": header} if header else {})
+    response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=headers)
+    assert response.status_code == 401
+    assert response.json["status"] == "error" and "credentials" in response.json["message"]
+    assert response.headers["WWW-Authenticate"].startswith("Bearer")
+    assert client.get("/api/v1/incidents").json["incidents"] == []
+
+
+def test_webhook_accepts_basic_auth(client):
+    basic = base64.b64encode(b"alertmanager:basic-pass").decode()
+    response = client.post("/api/v1/alerts", data=body(alert(xid())),
+                           headers={"Authorization": f"Basic {basic}", "Content-Type": "application/json"})
+    assert response.status_code == 200
+
+
+@pytest.mark.parametrize(("data", "message"), [
+    (b"{not json", "invalid JSON"),
+    (json.dumps({"version": "4", "status": "firing", "receiver": "x", "alerts": [
+        {"status": "firing", "labels": {"alertname": "X", "gpu": 3}, "startsAt": "2026-12-02T03:00:00Z"}]}),
+     "alerts[0].labels.gpu"),
+    (json.dumps([1, 2]), "object"),
+])
+def test_webhook_bad_payload_is_400_with_a_precise_message(client, data, message):
+    response = client.post("/api/v1/alerts", data=data, headers=auth())
+    assert response.status_code == 400
+    assert response.json["status"] == "error" and message in response.json["message"]
+
+
+def test_webhook_oversized_body_is_413(client):
+    huge = body(alert({**xid(), "blob": "x" * 100_000}))
+    response = client.post("/api/v1/alerts", data=huge, headers=auth())
+    assert response.status_code == 413 and response.json["status"] == "error"
+
+
+def test_webhook_answers_503_when_the_store_is_down(settings):
+    app = make_app(settings)
+    store = app.extensions["nightshift"].store
+    store.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none",
+                                 connect_args={"connect_timeout": 1})
+    client = app.test_client()
+    response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
+    assert response.status_code == 503 and "store" in response.json["message"]
+    assert client.get("/readyz").status_code == 503
+    assert client.get("/healthz").status_code == 200
+
+
+def test_app_refuses_to_start_without_webhook_auth(settings):
+    settings.webhook.token_file = None
+    settings.webhook.basic_user = settings.webhook.basic_password_file = None
+    with pytest.raises(ConfigError, match="no authentication configured"):
+        make_app(settings)
+    settings.webhook.auth_disabled = True
+    app = make_app(settings)
+    response = app.test_client().post("/api/v1/alerts", data=body(alert(xid())),
+                                      headers={"Content-Type": "application/json"})
+    assert response.status_code == 200
+
+
+def test_operator_endpoints_need_the_operator_token(client):
+    assert client.post("/api/v1/pause", json={"reason": "x"}).status_code == 401
+    assert client.post("/api/v1/pause", json={"reason": "x"}, headers=auth(TOKEN)).status_code == 401
+    response = client.post("/api/v1/pause", json={"reason": "GPU firmware rollout"}, headers=auth(OPERATOR))
+    assert response.status_code == 200 and response.json["paused"] is True
+    status = client.get("/api/v1/status").json
+    assert status["paused"] is True and status["pause"]["reason"] == "GPU firmware rollout"
+    assert client.post("/api/v1/resume", headers=auth(OPERATOR)).json["paused"] is False
+    assert client.get("/api/v1/status").json["paused"] is False
+
+
+def test_operator_api_is_disabled_without_a_token(settings):
+    settings.operator_token_file = None
+    client = make_app(settings).test_client()
+    response = client.post("/api/v1/pause", headers=auth(OPERATOR))
+    assert response.status_code == 403 and "operator API disabled" in response.json["message"]
+
+
+def test_health_and_metrics(client):
+    client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
+    assert client.get("/healthz").json == {"status": "ok"}
+    ready = client.get("/readyz").json
+    assert ready["store"] == "ok" and ready["playbooks"] == 1
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'nightshift_alerts_received_total{status="firing"} 1.0' in text
+    assert 'nightshift_incidents_opened_total{playbook="gpu-xid-79"} 1.0' in text
+    assert 'nightshift_webhook_requests_total{code="200"} 1.0' in text
+
+
+def test_unknown_incident_is_a_json_404(client):
+    response = client.get("/api/v1/incidents/999")
+    assert response.status_code == 404 and response.json == {"status": "error", "message": "incident 999 not found"}
+    assert client.get("/nowhere").json["status"] == "error"
