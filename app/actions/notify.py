@@ -1,0 +1,147 @@
+"""Notifications: a Slack-compatible webhook and email, as playbook actions and as the engine's summary.
+
+Slack incoming-webhook URLs are secrets (anyone holding one can post), so a URL taken from settings never
+appears in a plan, a command or an error message: those show ``POST <notify webhook>``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from app.actions.base import Action, ActionContext, Plan
+from app.config import read_secret
+from app.errors import BackendError, ConfigError
+from app.outcome import Failed, Ok, Outcome, outcome_from_error
+from app.params import SAFE_TEXT, URL, Param
+
+if TYPE_CHECKING:
+    from app.clients import Clients
+    from app.config import Settings
+
+EMAIL = r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"
+CONFIGURED_WEBHOOK = "<notify webhook>"
+MAX_TEXT = 4000
+
+
+class NotifyWebhook(Action):
+    """POST ``{"text": ..., "nightshift": {"incident": id, "labels": {...}}}`` to a Slack-style webhook."""
+
+    name = "notify.webhook"
+    description = "Post a message to a Slack-compatible incoming webhook"
+    read_only = True
+    params = {
+        "url": Param(pattern=URL, required=False, max_length=2000, description="default: notify.webhook_url"),
+        "text": Param(max_length=MAX_TEXT, description="message text"),
+    }
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        return Plan(
+            summary="post a message to the webhook", command=f"POST {params.get('url', CONFIGURED_WEBHOOK)}"
+        )
+
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
+        body = {
+            "text": params["text"],
+            "nightshift": {"incident": ctx.incident_id, "labels": dict(ctx.labels)},
+        }
+        return _deliver(
+            self.plan(params).command,
+            "webhook",
+            lambda: _post(ctx.clients, params.get("url") or configured_webhook_url(ctx.settings), body),
+        )
+
+
+class NotifyEmail(Action):
+    """Send a plain-text email through the configured SMTP server."""
+
+    name = "notify.email"
+    description = "Send an email (default recipients: notify.email_to)"
+    read_only = True
+    params = {
+        "to": Param(
+            kind="list", pattern=EMAIL, required=False, max_length=320, description="default: notify.email_to"
+        ),
+        "subject": Param(pattern=SAFE_TEXT, description="subject line"),
+        "text": Param(max_length=20_000, description="message body"),
+    }
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        recipients = ", ".join(params.get("to") or ["<notify.email_to>"])
+        return Plan(summary="send an email", command=_mail_command(recipients, params["subject"]))
+
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
+        to = list(params.get("to") or ctx.settings.notify.email_to)
+        command = _mail_command(", ".join(to), params["subject"])
+        if not to:
+            return Failed(reason="no recipients: notify.email_to is not set", command=command)
+        return _deliver(command, "email", lambda: _mail(ctx.clients, to, params["subject"], params["text"]))
+
+
+def send_notification(
+    clients: Clients, settings: Settings, subject: str, text: str, data: Mapping[str, Any]
+) -> list[Outcome]:
+    """Send ``subject``/``text`` to every configured channel: one outcome per channel (webhook, then email).
+
+    Never raises: a missing secret, an unreachable server or a refusal is that channel's outcome. The webhook
+    body carries ``data`` (made JSON-safe) under ``nightshift``. No channel configured: an empty list.
+    """
+    section = settings.notify
+    outcomes: list[Outcome] = []
+    if section.webhook_url or section.webhook_url_file:
+        body = {"text": f"{subject}\n{text}", "nightshift": json.loads(json.dumps(dict(data), default=str))}
+        outcomes.append(
+            _deliver(
+                f"POST {CONFIGURED_WEBHOOK}",
+                "webhook",
+                lambda: _post(clients, configured_webhook_url(settings), body),
+            )
+        )
+    if section.smtp_host and section.email_to:
+        to = list(section.email_to)
+        outcomes.append(
+            _deliver(
+                _mail_command(", ".join(to), subject), "email", lambda: _mail(clients, to, subject, text)
+            )
+        )
+    return outcomes
+
+
+def configured_webhook_url(settings: Settings) -> str:
+    """``notify.webhook_url``, else the content of ``notify.webhook_url_file``; ConfigError when neither."""
+    section = settings.notify
+    url = section.webhook_url or read_secret(section.webhook_url_file, "notify.webhook_url_file")
+    if not url:
+        raise ConfigError("notify.webhook_url is not set")
+    return url
+
+
+def _post(clients: Clients, url: str, body: Mapping[str, Any]) -> str:
+    return f"HTTP {clients.http.post_json(url, body)}"
+
+
+def _mail(clients: Clients, to: list[str], subject: str, text: str) -> str:
+    clients.mail.send(to, subject, text)
+    return f"sent to {len(to)} recipient(s)"
+
+
+def _mail_command(recipients: str, subject: str) -> str:
+    return f"mail to {recipients}: {subject}"
+
+
+def _deliver(command: str, channel: str, send: Callable[[], str]) -> Outcome:
+    """Run one delivery; every error it raises becomes the outcome (``data.channel`` names the channel)."""
+    try:
+        output = send()
+    except BackendError as exc:
+        outcome = outcome_from_error(exc, command=command)
+    except ConfigError as exc:
+        outcome = Failed(reason=str(exc), command=command)
+    else:
+        return Ok(command=command, output=output, data={"channel": channel})
+    return dataclasses.replace(outcome, data={"channel": channel})
+
+
+ACTIONS = (NotifyWebhook(), NotifyEmail())
