@@ -391,3 +391,40 @@ def test_unmatched_alert_is_ledgered_once_without_an_incident(tmp_path):
     assert w.send(other).unmatched == 1
     assert w.send(other).unmatched == 0
     assert w.engine.incidents() == []
+
+
+def test_grafana_region_opens_with_the_incident_and_closes_with_its_outcome(tmp_path):
+    from app.clients.grafana import GrafanaClient
+    from tests.contracts import grafana_contract
+
+    w = make_world(tmp_path)
+    settings = w.engine.deps.settings
+    settings.grafana.url = "http://grafana.test:3000"
+    w.engine.deps.clients = Clients(settings, prometheus=w.prometheus,
+                                    grafana=GrafanaClient(settings.grafana.url, token="glsa_test"),
+                                    http=w.engine.deps.clients.http)
+    with grafana_contract(settings.grafana.url, "glsa_test") as grafana:
+        incident_id = w.send(alert(xid())).opened[0]
+        w.clock.advance(5)
+        w.run()
+    inc = w.incident(incident_id)
+    assert inc["outcome"] == "advisory" and inc["annotation_id"] == 1
+    region = grafana.annotations[1]
+    opened_ms = int(inc["opened_at"].timestamp() * 1000)
+    assert region["time"] == opened_ms and region["timeEnd"] == opened_ms + 5000
+    assert region["tags"] == ["nightshift", "playbook:gpu-xid-79", "node:node1", "job:1234", "outcome:advisory"]
+    assert "Outcome: advisory" in region["text"]
+
+
+def test_grafana_down_never_fails_the_remediation(tmp_path):
+    from app.clients.grafana import GrafanaClient
+
+    w = make_world(tmp_path, GRANTS)
+    settings = w.engine.deps.settings
+    settings.grafana.url = "http://127.0.0.1:1"
+    w.engine.deps.clients = Clients(settings, prometheus=w.prometheus, http=w.engine.deps.clients.http,
+                                    grafana=GrafanaClient(settings.grafana.url, token="t", timeout=0.5))
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.incident(incident_id)["state"] == "verifying"
+    assert w.ledger(incident_id, "annotation_error")
