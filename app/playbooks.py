@@ -1,0 +1,824 @@
+"""Playbooks: the model, the YAML loader with ``file:line`` errors, the JSON schema, and indexed matching.
+
+Pure: nothing here runs an action or talks to a backend; the only I/O is reading playbook files (and writing
+the shipped JSON schema on request). Loading happens in two passes per YAML document: jsonschema checks the
+structure (keys, types, which ``with:`` keys each action takes), then Python checks the meaning (matchers,
+templates, literal parameter values, durations) of every section the first pass found sound, so one run
+reports every error it can.
+
+The YAML reader (:func:`read_documents`) and the per-document error collector (:class:`DocumentCheck`) are
+shared with :mod:`app.permissions`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from app.actions.base import Action
+from app.actions.registry import ActionRegistry
+from app.errors import ConfigError, ParamError
+from app.matchers import Matcher, MatcherError, equality_value, matches_all, parse_matchers
+from app.params import K8S_NAME, K8S_NAMESPACE, NODE_NAME, SLURM_JOB_ID, Param, validate_params
+from app.templates import (
+    NAMESPACES,
+    TemplateError,
+    check_promql_template,
+    check_template,
+    is_templated,
+    render,
+)
+
+API_VERSION = "nightshift/v1"
+SCHEMA_PATH = Path(__file__).parent / "schema" / "playbook.schema.json"
+PLAYBOOK_NAME = r"[a-z0-9](?:[-a-z0-9_.]{0,61}[a-z0-9])?"
+DURATION = re.compile(r"(?=[0-9])(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
+DURATION_HINT = "expected e.g. 30s, 10m, 24h, 7d or 1h30m"
+# Values in one document once aliases are expanded (what jsonschema walks): stops "billion laughs" YAML.
+MAX_EXPANDED_VALUES = 100_000
+SERIALIZE = ("node", "job", "none")
+# The alert is all a target can be built from: the rest of the context is derived from the target.
+TARGET_NAMESPACES = ("labels", "annotations")
+# What a rendered target may hold; a missing label renders "" and leaves that key out of the target.
+TARGET_PARAMS: Mapping[str, Param] = {
+    "scheduler": Param(
+        required=False, choices=("slurm", "kubernetes", "none"), description="slurm, kubernetes or none"
+    ),
+    "node": Param(required=False, pattern=NODE_NAME, description="the node the alert is about"),
+    "job": Param(
+        required=False,
+        pattern=f"(?:{SLURM_JOB_ID}|{K8S_NAME})",
+        description="Slurm job id or Kubernetes job name",
+    ),
+    "namespace": Param(required=False, pattern=K8S_NAMESPACE, description="Kubernetes namespace"),
+    "pod": Param(required=False, pattern=K8S_NAME, description="Kubernetes pod"),
+    "cluster": Param(
+        required=False, pattern=r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?", description="cluster name"
+    ),
+    "partition": Param(required=False, pattern=r"[A-Za-z0-9_.-]{1,64}", description="Slurm partition"),
+    "kind": Param(
+        required=False, choices=("Job", "PyTorchJob", "JobSet"), description="Job, PyTorchJob or JobSet"
+    ),
+}
+
+PathKey = tuple[str | int, ...]
+
+
+# --- model -------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One action of a playbook. ``with_`` holds templates; the engine renders, then validates, them.
+
+    The engine evaluates ``when`` against the alert labels plus ``diagnosis``, ``xid_class`` and ``attempt``.
+    """
+
+    action: str
+    with_: Mapping[str, Any]
+    when: tuple[Matcher, ...] = ()
+    approval: bool = False
+    name: str = ""
+    line: int = 0
+
+
+@dataclass(frozen=True)
+class Budget:
+    """At most ``attempts`` remediations per target within ``window``, ``backoff`` apart; then needs_human."""
+
+    attempts: int = 3
+    window: timedelta = timedelta(hours=24)
+    backoff: timedelta = timedelta(minutes=10)
+
+
+@dataclass(frozen=True)
+class Verify:
+    """Recovery holds when ``promql`` (a template) returns a non-empty result within ``timeout``."""
+
+    promql: str
+    timeout: timedelta = timedelta(minutes=20)
+    interval: timedelta = timedelta(seconds=15)
+
+
+@dataclass(frozen=True)
+class Playbook:
+    """One remediation recipe, as loaded from ``source`` (the document starts at ``line``)."""
+
+    name: str
+    description: str
+    match: tuple[Matcher, ...]
+    target: Mapping[str, str]
+    serialize: str
+    budget: Budget = field(default_factory=Budget)
+    cooldown: timedelta = timedelta(minutes=30)
+    recheck: str | None = None
+    collect: tuple[Step, ...] = ()
+    steps: tuple[Step, ...] = ()
+    verify: Verify | None = None
+    on_resolved: tuple[Step, ...] = ()
+    source: str = ""
+    line: int = 0
+
+    def render_target(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, str]:
+        """The target for one alert: templates rendered, empty values left out, every value checked.
+
+        Raises :class:`app.errors.ParamError` when a rendered value fails its pattern (a node with spaces).
+        """
+        context = {"labels": labels, "annotations": annotations}
+        rendered = {key: render(text, context) for key, text in self.target.items()}
+        return validate_params("target", TARGET_PARAMS, rendered)
+
+
+class PlaybookSet:
+    """Loaded playbooks, indexed by the ``alertname`` each one requires (if any) so matching stays cheap.
+
+    ``candidates_examined`` counts the playbooks whose matchers :meth:`match` evaluated, over its lifetime: a
+    statistic (and the test hook showing that matching is indexed), not a limit.
+    """
+
+    def __init__(self, playbooks: Iterable[Playbook] = ()):
+        self.playbooks: tuple[Playbook, ...] = tuple(sorted(playbooks, key=lambda p: p.name))
+        self._by_name = {p.name: p for p in self.playbooks}
+        if len(self._by_name) != len(self.playbooks):
+            raise ValueError("playbook names must be unique")
+        self._by_alertname: dict[str, list[Playbook]] = {}
+        self._any_alertname: list[Playbook] = []
+        for playbook in self.playbooks:
+            alertname = equality_value(playbook.match, "alertname")
+            if alertname is None:
+                self._any_alertname.append(playbook)
+            else:
+                self._by_alertname.setdefault(alertname, []).append(playbook)
+        self.candidates_examined = 0
+
+    def match(self, labels: Mapping[str, str]) -> list[Playbook]:
+        """Every playbook whose matchers all hold for ``labels``, ordered by name."""
+        candidates = self._by_alertname.get(labels.get("alertname", ""), []) + self._any_alertname
+        self.candidates_examined += len(candidates)
+        return sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
+
+    def get(self, name: str) -> Playbook | None:
+        """The playbook called ``name``, if loaded."""
+        return self._by_name.get(name)
+
+    def __len__(self) -> int:
+        return len(self.playbooks)
+
+
+def parse_duration(text: str) -> timedelta:
+    """``30s``, ``10m``, ``24h``, ``7d``, ``1h30m`` (units in this order, each once). Raises ValueError."""
+    found = DURATION.fullmatch(text)
+    if not found:
+        raise ValueError(f"bad duration {text!r} ({DURATION_HINT})")
+    days, hours, minutes, seconds = (int(group or 0) for group in found.groups())
+    try:
+        return timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    except OverflowError:
+        raise ValueError(f"duration {text!r} is too long") from None
+
+
+# --- YAML documents with line numbers ----------------------------------------------------------------------
+
+
+class ConfigFileError(ConfigError):
+    """A configuration file is invalid. ``errors`` lists every problem as ``file:line: message``."""
+
+    def __init__(self, errors: Sequence[str]):
+        super().__init__("\n".join(errors))
+        self.errors = list(errors)
+
+
+class PlaybookError(ConfigFileError):
+    """One or more playbooks are invalid."""
+
+
+@dataclass(frozen=True)
+class Document:
+    """One YAML document as plain data, with the 1-based line of every mapping key and list item (by path)."""
+
+    data: Any
+    line: int
+    lines: Mapping[PathKey, int]
+
+    def line_of(self, path: PathKey) -> int:
+        """The line of ``path``, or of its nearest recorded ancestor."""
+        for end in range(len(path), 0, -1):
+            line = self.lines.get(path[:end])
+            if line is not None:
+                return line
+        return self.line
+
+
+def read_documents(text: str, source: str) -> tuple[list[Document], list[str]]:
+    """Every non-empty YAML document in ``text``, and ``source:line: message`` errors.
+
+    Keys are taken as written (``on:`` is the string "on", not YAML 1.1's True); duplicate keys are errors.
+    A syntax error ends the stream (the documents before it are returned); any other error skips its document.
+    """
+    documents: list[Document] = []
+    errors: list[str] = []
+    loader = yaml.SafeLoader(text)
+    try:
+        while loader.check_node():
+            node = loader.get_node()
+            reader = _NodeReader(loader)
+            try:
+                data = reader.convert(node, ())
+            except yaml.MarkedYAMLError as exc:
+                errors.append(_yaml_error(exc, source))
+                continue
+            if reader.sizes[id(node)] > MAX_EXPANDED_VALUES:
+                reader.errors.append(
+                    (
+                        node.start_mark.line + 1,
+                        f"more than {MAX_EXPANDED_VALUES} values once aliases are expanded",
+                    )
+                )
+            if reader.errors:
+                errors.extend(f"{source}:{line}: {message}" for line, message in reader.errors)
+            elif data is not None:
+                documents.append(Document(data, node.start_mark.line + 1, reader.lines))
+    except yaml.YAMLError as exc:
+        errors.append(_yaml_error(exc, source))
+    finally:
+        loader.dispose()
+    return documents, errors
+
+
+def _yaml_error(exc: yaml.YAMLError, source: str) -> str:
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    line = mark.line + 1 if mark is not None else 1
+    problem = getattr(exc, "problem", None) or str(exc)
+    kind = "unsupported YAML" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error"
+    return f"{source}:{line}: {kind}: {problem}"
+
+
+class _NodeReader:
+    """Composed YAML nodes → dicts, lists and scalars, with lines; an alias is converted once, then shared."""
+
+    def __init__(self, loader: yaml.SafeLoader):
+        self.loader = loader
+        self.lines: dict[PathKey, int] = {}
+        self.errors: list[tuple[int, str]] = []
+        self._done: dict[int, Any] = {}
+        self._active: set[int] = set()
+        # Node id → values under it with aliases expanded, so sharing cannot hide an exponential document.
+        self.sizes: dict[int, int] = {}
+
+    def convert(self, node: yaml.Node, path: PathKey) -> Any:
+        if id(node) in self._done:
+            return self._done[id(node)]
+        if id(node) in self._active:
+            self.errors.append((node.start_mark.line + 1, f"{_dotted(path)}: an alias refers to itself"))
+            self.sizes[id(node)] = 1
+            return None
+        self._active.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            self.loader.flatten_mapping(node)  # expands `<<: *anchor` merge keys
+            value: Any = self._mapping(node, path)
+            children = [child for _, child in node.value]
+        elif isinstance(node, yaml.SequenceNode):
+            value = []
+            for index, item in enumerate(node.value):
+                self.lines[(*path, index)] = item.start_mark.line + 1
+                value.append(self.convert(item, (*path, index)))
+            children = node.value
+        else:
+            value = self.loader.construct_object(node, deep=True)
+            children = []
+        self.sizes[id(node)] = 1 + sum(self.sizes.get(id(child), 1) for child in children)
+        self._active.discard(id(node))
+        self._done[id(node)] = value
+        return value
+
+    def _mapping(self, node: yaml.MappingNode, path: PathKey) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if not isinstance(key_node, yaml.ScalarNode):
+                self.errors.append((line, f"{_dotted(path) or 'document'}: a key must be a plain string"))
+                continue
+            key = key_node.value
+            if key in out:
+                self.errors.append((line, f"{_dotted((*path, key))}: duplicate key {key!r}"))
+                continue
+            self.lines[(*path, key)] = line
+            out[key] = self.convert(value_node, (*path, key))
+        return out
+
+
+def _dotted(path: PathKey) -> str:
+    """``("steps", 0, "with", "node")`` → ``steps[0].with.node``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+# --- checking one document ---------------------------------------------------------------------------------
+
+
+_TYPE_WORDS = {"object": "mapping", "array": "list"}
+
+
+class DocumentCheck:
+    """Collects ``file:line: message`` problems for one document, starting with its JSON-schema errors.
+
+    ``schema`` must fix ``properties.kind.const``: a document of another kind gets that one error.
+
+    Semantic checks ask :meth:`typed` / :meth:`sound` before looking at a section, so a section the schema
+    already rejected (wrong type, missing or unknown key) is reported once, by the schema, and never crashes a
+    later check.
+    """
+
+    def __init__(self, doc: Document, source: str, schema: Mapping[str, Any]):
+        self.doc = doc
+        self.source = source
+        self._problems: list[tuple[int, str]] = []
+        self._broken: list[PathKey] = []
+        kind = schema["properties"]["kind"]["const"]
+        found = doc.data.get("kind", kind) if isinstance(doc.data, dict) else kind
+        if found != kind:
+            # Another kind of document: one clear error, not one per key the two kinds do not share.
+            self.fail(("kind",), f"expected {kind!r}, got {_show(found)}")
+            self._broken.append(())
+            return
+        for error in jsonschema.Draft202012Validator(schema).iter_errors(doc.data):
+            self._schema_error(error)
+
+    def fail(self, path: PathKey, message: str, *, at: PathKey | None = None) -> None:
+        """Record ``message`` about ``path`` (its line is that of ``at``, default ``path``)."""
+        where = _dotted(path)
+        line = self.doc.line_of(path if at is None else at)
+        self._problems.append((line, f"{where}: {message}" if where else message))
+
+    def typed(self, path: PathKey) -> bool:
+        """Whether the value at ``path``, and every mapping or list holding it, has the type the schema wants.
+
+        Its contents may still be wrong: check each item with :meth:`sound`.
+        """
+        return not any(path[: len(broken)] == broken for broken in self._broken)
+
+    def sound(self, path: PathKey) -> bool:
+        """Whether the schema found nothing wrong with ``path``, inside it, or with what holds it."""
+        return self.typed(path) and not any(broken[: len(path)] == path for broken in self._broken)
+
+    @property
+    def ok(self) -> bool:
+        """No problem recorded so far."""
+        return not self._problems
+
+    def messages(self) -> list[str]:
+        """Every problem as ``source:line: message``, by line, without repeats."""
+        ordered = sorted(enumerate(self._problems), key=lambda item: (item[1][0], item[0]))
+        seen = dict.fromkeys(f"{self.source}:{line}: {message}" for _, (line, message) in ordered)
+        return list(seen)
+
+    def _schema_error(self, error: jsonschema.ValidationError) -> None:
+        path: PathKey = tuple(error.absolute_path)
+        schema = error.schema if isinstance(error.schema, dict) else {}
+        title = schema.get("title")
+        value = error.instance
+        kind = error.validator
+        if kind == "additionalProperties":
+            known = schema.get("properties", {})
+            for key in sorted(set(value) - set(known)):
+                inside = f" in {title}" if title else ""
+                allowed = ", ".join(sorted(known)) or "none"
+                self.fail(path, f"unknown key {key!r}{inside} (allowed: {allowed})", at=(*path, key))
+                self._broken.append((*path, key))
+            return
+        if kind == "required":
+            for key in error.validator_value:
+                if key not in value:
+                    self.fail(path, f"missing required key {key!r}" + (f" in {title}" if title else ""))
+                    self._broken.append((*path, key))
+            return
+        self._broken.append(path)
+        if kind == "type":
+            expected = (
+                error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
+            )
+            words = " or ".join(_TYPE_WORDS.get(word, word) for word in expected)
+            self.fail(path, f"expected {words}, got {_describe(value)}")
+        elif kind == "enum":
+            options = ", ".join(str(option) for option in error.validator_value)
+            if title:
+                self.fail(path, f"unknown {title} {_show(value)} (known: {options or 'none'})")
+            else:
+                self.fail(path, f"{_show(value)} is not one of: {options}")
+        elif kind == "const":
+            self.fail(path, f"expected {error.validator_value!r}, got {_show(value)}")
+        elif kind == "pattern" and title == "duration":
+            self.fail(path, f"bad duration {_show(value)} ({DURATION_HINT})")
+        elif kind == "pattern":
+            self.fail(path, f"bad {title or 'value'} {_show(value)} (must match {error.validator_value})")
+        elif kind == "minItems" and error.validator_value == 1:
+            self.fail(path, "must not be empty")
+        elif kind == "minimum":
+            self.fail(path, f"must be at least {error.validator_value}, got {_show(value)}")
+        else:
+            self.fail(path, error.message)
+
+
+def _describe(value: Any) -> str:
+    if value is None:
+        return "null"
+    kinds = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}
+    kind = kinds.get(type(value), type(value).__name__)
+    return kind if isinstance(value, list | dict) else f"{kind} {_show(value)}"
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --- JSON schema -------------------------------------------------------------------------------------------
+
+
+def playbook_schema(registry: ActionRegistry) -> dict[str, Any]:
+    """The JSON schema (draft 2020-12) of a playbook document, with the ``with:`` keys of every action."""
+    step_list = {"type": "array", "items": {"$ref": "#/$defs/step"}}
+    duration = {"$ref": "#/$defs/duration"}
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "urn:nightshift:playbook:v1",
+        "title": "playbook",
+        "description": "A Nightshift remediation playbook (one YAML document; a file may hold several).",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["apiVersion", "kind", "metadata", "match"],
+        "properties": {
+            "apiVersion": {"const": API_VERSION},
+            "kind": {"const": "Playbook"},
+            "metadata": {
+                "title": "metadata",
+                "type": "object",
+                "additionalProperties": False,
+                "required": ["name"],
+                "properties": {
+                    "name": {"title": "playbook name", "type": "string", "pattern": f"^{PLAYBOOK_NAME}$"},
+                    "description": {"type": "string"},
+                },
+            },
+            "match": {
+                "description": 'Alertmanager matchers, all of which must hold, e.g. alertname="GpuXidError"',
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "string"},
+            },
+            "target": {
+                "title": "target",
+                "description": "What the incident is about; templates may use labels and annotations.",
+                "type": "object",
+                "additionalProperties": False,
+                # No enums: a value may be a template; literal values are checked against TARGET_PARAMS.
+                "properties": {
+                    key: {"type": "string", "description": spec.description}
+                    for key, spec in TARGET_PARAMS.items()
+                },
+            },
+            "serialize": {
+                "enum": list(SERIALIZE),
+                "description": "At most one open incident per node or job.",
+            },
+            "budget": {
+                "title": "budget",
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "attempts": {"type": "integer", "minimum": 1},
+                    "window": duration,
+                    "backoff": duration,
+                },
+            },
+            "cooldown": duration,
+            "recheck": {
+                "type": ["string", "null"],
+                "description": 'PromQL checked just before acting; references sit inside "..." literals.',
+            },
+            "collect": step_list | {"description": "Read-only steps whose output feeds the diagnosis."},
+            "steps": step_list,
+            "verify": {
+                "title": "verify",
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "required": ["promql"],
+                "properties": {
+                    "promql": {"type": "string", "description": 'references must sit inside "..." literals'},
+                    "timeout": duration,
+                    "interval": duration,
+                },
+            },
+            "on_resolved": step_list,
+        },
+        "$defs": {
+            "duration": {"title": "duration", "type": "string", "pattern": f"^{DURATION.pattern}$"},
+            "step": _step_schema(registry),
+        },
+    }
+
+
+def _step_schema(registry: ActionRegistry) -> dict[str, Any]:
+    return {
+        "title": "step",
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["action"],
+        "properties": {
+            "action": {"title": "action", "enum": registry.names()},
+            "name": {"type": "string", "description": "defaults to the action name"},
+            "with": {"type": "object", "description": "the action's parameters; values may be templates"},
+            "when": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "matchers on the labels plus diagnosis, xid_class and attempt",
+            },
+            "approval": {"enum": ["required", "none"]},
+        },
+        "allOf": [_with_rule(action) for action in registry],
+    }
+
+
+def _with_rule(action: Action) -> dict[str, Any]:
+    """``if action == name then with: {its params}``; ``with`` may be left out unless a param is required."""
+    required = sorted(name for name, spec in action.params.items() if spec.required and spec.default is None)
+    with_schema: dict[str, Any] = {
+        "title": f"parameters of {action.name}",
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {name: spec.json_schema() for name, spec in action.params.items()},
+    }
+    then: dict[str, Any] = {"title": f"a {action.name} step", "properties": {"with": with_schema}}
+    if required:
+        with_schema["required"] = required
+        then["required"] = ["with"]
+    return {"if": {"required": ["action"], "properties": {"action": {"const": action.name}}}, "then": then}
+
+
+def write_schema(path: str | Path, registry: ActionRegistry) -> None:
+    """Write :func:`playbook_schema` as stable, diffable JSON (the file shipped for editors)."""
+    Path(path).write_text(
+        json.dumps(playbook_schema(registry), indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+
+
+# --- loading -----------------------------------------------------------------------------------------------
+
+
+def load_playbooks(paths: Sequence[str | Path], registry: ActionRegistry) -> PlaybookSet:
+    """Load every ``*.yaml``/``*.yml`` file named (or directly inside a named directory, sorted).
+
+    Raises :class:`PlaybookError` listing every problem in every file, including a name defined twice.
+    """
+    errors: list[str] = []
+    playbooks: list[Playbook] = []
+    for file in _playbook_files(paths, errors):
+        try:
+            text = file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            errors.append(f"{file}: cannot read: {exc}")
+            continue
+        found, problems = _parse(text, str(file), registry)
+        playbooks.extend(found)
+        errors.extend(problems)
+    errors.extend(_duplicates(playbooks))
+    if errors:
+        raise PlaybookError(errors)
+    return PlaybookSet(playbooks)
+
+
+def parse_playbooks(text: str, source: str, registry: ActionRegistry) -> list[Playbook]:
+    """The playbooks in one YAML text (several documents allowed). Raises :class:`PlaybookError`."""
+    playbooks, errors = _parse(text, source, registry)
+    errors.extend(_duplicates(playbooks))
+    if errors:
+        raise PlaybookError(errors)
+    return playbooks
+
+
+def _playbook_files(paths: Sequence[str | Path], errors: list[str]) -> Iterator[Path]:
+    for path in map(Path, paths):
+        if path.is_dir():
+            yield from sorted(
+                p
+                for p in path.iterdir()
+                if p.suffix in (".yaml", ".yml") and p.is_file() and not p.name.startswith(".")
+            )
+        elif path.is_file():
+            yield path
+        else:
+            errors.append(f"{path}: no such file or directory")
+
+
+def _duplicates(playbooks: Sequence[Playbook]) -> list[str]:
+    first: dict[str, Playbook] = {}
+    errors = []
+    for playbook in playbooks:
+        if playbook.name in first:
+            other = first[playbook.name]
+            errors.append(
+                f"{playbook.source}:{playbook.line}: duplicate playbook name {playbook.name!r} "
+                f"(first defined at {other.source}:{other.line})"
+            )
+        else:
+            first[playbook.name] = playbook
+    return errors
+
+
+def _parse(text: str, source: str, registry: ActionRegistry) -> tuple[list[Playbook], list[str]]:
+    documents, errors = read_documents(text, source)
+    schema = playbook_schema(registry)
+    playbooks = []
+    for doc in documents:
+        reader = _PlaybookReader(DocumentCheck(doc, source, schema), registry)
+        playbook = reader.read()
+        if playbook is None:
+            errors.extend(reader.check.messages())
+        else:
+            playbooks.append(playbook)
+    return playbooks, errors
+
+
+class _PlaybookReader:
+    """The semantic pass over one schema-checked document: builds the :class:`Playbook` or records why not."""
+
+    def __init__(self, check: DocumentCheck, registry: ActionRegistry):
+        self.check = check
+        self.registry = registry
+        self.data: dict[str, Any] = check.doc.data if isinstance(check.doc.data, dict) else {}
+
+    def read(self) -> Playbook | None:
+        target = self._target()
+        playbook = Playbook(
+            name=self._value(("metadata", "name")) or "",
+            description=self._value(("metadata", "description")) or "",
+            match=self._match(),
+            target=target,
+            serialize=self._serialize(target),
+            budget=Budget(
+                attempts=self._value(("budget", "attempts")) or Budget.attempts,
+                window=self._duration(("budget", "window"), Budget.window, positive=True),
+                backoff=self._duration(("budget", "backoff"), Budget.backoff),
+            ),
+            cooldown=self._duration(("cooldown",), Playbook.cooldown),
+            recheck=self._promql(("recheck",)),
+            collect=self._steps("collect", read_only=True),
+            steps=self._steps("steps", read_only=False),
+            verify=self._verify(),
+            on_resolved=self._steps("on_resolved", read_only=False),
+            source=self.check.source,
+            line=self.check.doc.line,
+        )
+        self._require_work()
+        return playbook if self.check.ok else None
+
+    def _value(self, path: PathKey) -> Any:
+        """The value at ``path`` if it is there with the schema's type (its contents unchecked), else None."""
+        if not self.check.typed(path):
+            return None
+        value: Any = self.data
+        for part in path:
+            indexable = isinstance(value, list) and isinstance(part, int) and part < len(value)
+            if not (indexable or (isinstance(value, dict) and part in value)):
+                return None
+            value = value[part]
+        return value
+
+    def _match(self) -> tuple[Matcher, ...]:
+        matchers = self._matchers(("match",))
+        if matchers == () and self.check.sound(("match",)):
+            # ['{}'] parses to no matchers at all, which would match every alert.
+            self.check.fail(("match",), "names no matcher: a playbook must not match every alert")
+        return matchers or ()
+
+    def _matchers(self, path: PathKey) -> tuple[Matcher, ...] | None:
+        """The matchers of every entry of the list at ``path``; None when some entry is bad (reported)."""
+        matchers: list[Matcher] = []
+        bad = False
+        for index, text in enumerate(self._value(path) or []):
+            if not self.check.sound((*path, index)):
+                bad = True
+                continue
+            try:
+                matchers.extend(parse_matchers(text))
+            except MatcherError as exc:
+                self.check.fail((*path, index), f"bad matcher {_show(text)}: {exc}")
+                bad = True
+        return None if bad else tuple(matchers)
+
+    def _target(self) -> dict[str, str]:
+        target = self._value(("target",)) or {}
+        for key, text in target.items():
+            if self.check.sound(("target", key)):
+                self._literal_or_template(
+                    ("target", key), "target", TARGET_PARAMS[key], text, TARGET_NAMESPACES
+                )
+        return dict(target)
+
+    def _serialize(self, target: Mapping[str, str]) -> str:
+        serialize = self._value(("serialize",))
+        if serialize is None:
+            # Default: serialise on the most specific thing the target names.
+            return next((key for key in ("node", "job") if key in target), "none")
+        if serialize != "none" and serialize not in target and self.check.typed(("target",)):
+            self.check.fail(("serialize",), f"{serialize!r} needs target.{serialize}")
+        return serialize
+
+    def _duration(self, path: PathKey, default: timedelta, *, positive: bool = False) -> timedelta:
+        text = self._value(path)
+        if text is None:
+            return default
+        try:
+            value = parse_duration(text)
+        except ValueError as exc:
+            self.check.fail(path, str(exc))
+            return default
+        if positive and not value:
+            self.check.fail(path, "must be longer than 0s")
+        return value
+
+    def _promql(self, path: PathKey) -> str | None:
+        text = self._value(path)
+        if text is not None:
+            try:
+                check_promql_template(text)
+            except TemplateError as exc:
+                self.check.fail(path, f"template: {exc}")
+        return text
+
+    def _verify(self) -> Verify | None:
+        if self._value(("verify",)) is None:
+            return None
+        return Verify(
+            promql=self._promql(("verify", "promql")) or "",
+            timeout=self._duration(("verify", "timeout"), Verify.timeout, positive=True),
+            interval=self._duration(("verify", "interval"), Verify.interval, positive=True),
+        )
+
+    def _steps(self, key: str, *, read_only: bool) -> tuple[Step, ...]:
+        steps = []
+        for index, raw in enumerate(self._value((key,)) or []):
+            path: PathKey = (key, index)
+            if not self.check.typed(path) or not self.check.sound((*path, "action")):
+                continue
+            action = self.registry.get(raw["action"])
+            if read_only and not action.read_only:
+                self.check.fail(
+                    (*path, "action"),
+                    f"{key} steps must be read-only; {action.name} changes things (move it to steps)",
+                )
+            with_ = self._value((*path, "with")) or {}
+            for name, value in with_.items():
+                if self.check.sound((*path, "with", name)):
+                    spec = action.params[name]
+                    self._literal_or_template((*path, "with", name), action.name, spec, value, NAMESPACES)
+            steps.append(
+                Step(
+                    action=action.name,
+                    with_=with_,
+                    when=self._matchers((*path, "when")) or (),
+                    approval=raw.get("approval") == "required",
+                    name=raw.get("name") or action.name,
+                    line=self.check.doc.line_of(path),
+                )
+            )
+        return tuple(steps)
+
+    def _literal_or_template(
+        self, path: PathKey, owner: str, spec: Param, value: Any, namespaces: Sequence[str]
+    ) -> None:
+        """Check a templated value's templates, or a literal value against its parameter's pattern now."""
+        if spec.kind == "list" and isinstance(value, list):
+            for index, item in enumerate(value):
+                self._literal_or_template(
+                    (*path, index), owner, replace(spec, kind="string"), item, namespaces
+                )
+            return
+        if not is_templated(value):
+            try:
+                validate_params(owner, {str(path[-1]): spec}, {str(path[-1]): value})
+            except ParamError as exc:
+                # The path already names the parameter: keep only what is wrong with it.
+                self.check.fail(path, str(exc).removeprefix(f"{exc.action}: parameter {exc.param!r}: "))
+            return
+        try:
+            check_template(value, namespaces)
+        except TemplateError as exc:
+            self.check.fail(path, f"template: {exc}")
+
+    def _require_work(self) -> None:
+        if not (self.check.typed(("steps",)) and self.check.typed(("collect",))):
+            return
+        if not self.data.get("steps") and not self.data.get("collect"):
+            at: PathKey = ("steps",) if "steps" in self.data else ()
+            self.check.fail(at, "a playbook needs at least one step (in steps or collect)")
