@@ -42,6 +42,7 @@ class Param:
     choices: tuple[str, ...] | None = None
     max_length: int = 256
     description: str = ""
+    promql: bool = False  # a PromQL expression: templates render escaped, and only inside "..." literals
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of this parameter before templating (templated strings are always allowed)."""
@@ -58,7 +59,9 @@ def validate_params(action: str, schema: Mapping[str, Param], raw: Mapping[str, 
     """Check rendered values against ``schema``; return them typed, with defaults. Raises :class:`ParamError`."""
     unknown = sorted(set(raw) - set(schema))
     if unknown:
-        raise ParamError(action, unknown[0], f"unknown parameter (allowed: {', '.join(sorted(schema)) or 'none'})")
+        raise ParamError(
+            action, unknown[0], f"unknown parameter (allowed: {', '.join(sorted(schema)) or 'none'})"
+        )
     out: dict[str, Any] = {}
     for name, spec in schema.items():
         if name not in raw or raw[name] is None or raw[name] == "":

@@ -16,7 +16,7 @@ from app.errors import ParamError
 from app.matchers import matches_all
 from app.permissions import Permissions
 from app.playbooks import Step
-from app.templates import render_value
+from app.templates import render_promql, render_value
 
 RUN, WOULD_RUN, SKIPPED, INVALID = "pending", "would_run", "skipped", "invalid"
 
@@ -46,7 +46,9 @@ class PlannedStep:
         return self.mutating and not self.action.return_to_service
 
 
-def when_context(labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int) -> dict[str, str]:
+def when_context(
+    labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int
+) -> dict[str, str]:
     """What ``when:`` matchers see: the labels plus ``diagnosis``, ``xid_class`` and ``attempt``."""
     diagnosis = diagnosis or {}
     return {
@@ -55,6 +57,18 @@ def when_context(labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None,
         "xid_class": str(diagnosis.get("xid_class") or ""),
         "attempt": str(attempt),
     }
+
+
+def render_params(action: Action, raw: Mapping[str, Any], context: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Render a step's ``with:``; PromQL parameters get values escaped for PromQL string literals."""
+    rendered = {}
+    for name, value in raw.items():
+        spec = action.params.get(name)
+        if spec is not None and spec.promql and isinstance(value, str):
+            rendered[name] = render_promql(value, context)
+        else:
+            rendered[name] = render_value(value, context)
+    return rendered
 
 
 def plan_steps(
@@ -74,7 +88,7 @@ def plan_steps(
             conditions = ", ".join(str(m) for m in step.when)
             planned.append(PlannedStep(**base, status=SKIPPED, reason=f"when: {conditions} does not hold"))
             continue
-        rendered = render_value(dict(step.with_), template_context)
+        rendered = render_params(action, step.with_, template_context)
         try:
             params = action.validate(rendered)
         except ParamError as exc:

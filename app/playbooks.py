@@ -812,7 +812,7 @@ class _PlaybookReader:
                 self.check.fail(path, str(exc).removeprefix(f"{exc.action}: parameter {exc.param!r}: "))
             return
         try:
-            check_template(value, namespaces)
+            (check_promql_template if spec.promql else check_template)(value, namespaces)
         except TemplateError as exc:
             self.check.fail(path, f"template: {exc}")
 

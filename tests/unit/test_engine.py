@@ -21,7 +21,7 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records
-from tests.fakes import FakeClock, FakePrometheus, FakeSample, Script, fake_actions
+from tests.fakes import FakeClock, FakePrometheus, FakeSample, fake_actions
 from tests.payloads import alert, payload, xid
 
 PLAYBOOK = """
@@ -428,3 +428,20 @@ def test_grafana_down_never_fails_the_remediation(tmp_path):
     w.run()
     assert w.incident(incident_id)["state"] == "verifying"
     assert w.ledger(incident_id, "annotation_error")
+
+
+def test_promql_step_parameters_render_label_values_escaped(tmp_path):
+    from app.actions.prometheus import ACTIONS as PROMETHEUS_ACTIONS
+
+    query_playbook = PLAYBOOK.replace("""  - action: fake.notice
+    with: {text: "{{ diagnosis.summary }}"}
+    when: ['diagnosis=~"gpu_.*"']""", """  - action: prometheus.query
+    with: {query: 'up{instance="{{ labels.instance }}"}'}""")
+    w = make_world(tmp_path, playbooks="")
+    registry = w.engine.deps.registry
+    for action in PROMETHEUS_ACTIONS:
+        registry.register(action)
+    w.engine.deps.playbooks = PlaybookSet(parse_playbooks(query_playbook, "q.yaml", registry))
+    w.send(alert({**xid(), "instance": 'x"} or vector(1) or {a="'}))
+    w.run()
+    assert w.prometheus.queries[-1] == 'up{instance="x\\"} or vector(1) or {a=\\""}'
