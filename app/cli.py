@@ -16,8 +16,14 @@ import click
 
 from app.errors import ConfigError, NightshiftError, PayloadError
 
-config_option = click.option("--config", "-c", "config", type=click.Path(dir_okay=False), default=None,
-                             help="Settings YAML (default: $NIGHTSHIFT_CONFIG).")
+config_option = click.option(
+    "--config",
+    "-c",
+    "config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Settings YAML (default: $NIGHTSHIFT_CONFIG).",
+)
 
 
 def _settings(config: str | None):
@@ -27,8 +33,10 @@ def _settings(config: str | None):
 
 
 def main() -> None:
-    logging.basicConfig(level=os.environ.get("NIGHTSHIFT_LOG_LEVEL", "INFO"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=os.environ.get("NIGHTSHIFT_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         cli(standalone_mode=False)
     except click.exceptions.Exit as exc:
@@ -69,9 +77,15 @@ def serve(config: str | None, bind: str, workers: int, threads: int) -> None:
     class Server(BaseApplication):
         def load_config(self) -> None:
             options = {
-                "bind": bind, "workers": workers, "threads": threads, "worker_class": "gthread",
-                "timeout": 60, "graceful_timeout": 30, "accesslog": "-",
-                "post_worker_init": gunicorn_conf.post_worker_init, "worker_exit": gunicorn_conf.worker_exit,
+                "bind": bind,
+                "workers": workers,
+                "threads": threads,
+                "worker_class": "gthread",
+                "timeout": 60,
+                "graceful_timeout": 30,
+                "accesslog": "-",
+                "post_worker_init": gunicorn_conf.post_worker_init,
+                "worker_exit": gunicorn_conf.worker_exit,
                 "child_exit": gunicorn_conf.child_exit,
             }
             for key, value in options.items():
@@ -100,8 +114,12 @@ def worker(config: str | None) -> None:
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True))
-@click.option("--permissions", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Also check a permissions file.")
+@click.option(
+    "--permissions",
+    type=click.Path(exists=True, dir_okay=False),
+    default=None,
+    help="Also check a permissions file.",
+)
 def lint(paths: tuple[str, ...], permissions: str | None) -> None:
     """Check playbook files; print file:line: message for every problem."""
     from app.actions import default_registry
@@ -150,9 +168,17 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
         notification = parse_notification(Path(payload).read_bytes())
     except PayloadError as exc:
         raise click.ClickException(f"{payload}: {exc}") from None
-    deps = EngineDeps(settings=settings, store=None, playbooks=load_playbooks(settings.playbook_paths, registry),  # type: ignore[arg-type]
-                      registry=registry, permissions=load_permissions(settings.permissions_file, registry),
-                      clients=Clients(settings), clock=SystemClock(), metrics=Metrics(), diagnose=diagnose)
+    deps = EngineDeps(
+        settings=settings,
+        store=None,
+        playbooks=load_playbooks(settings.playbook_paths, registry),  # type: ignore[arg-type]
+        registry=registry,
+        permissions=load_permissions(settings.permissions_file, registry),
+        clients=Clients(settings),
+        clock=SystemClock(),
+        metrics=Metrics(),
+        diagnose=diagnose,
+    )
     report = explain_payload(deps, notification)
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
@@ -163,8 +189,10 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
 
 def _print_explained(entry: dict[str, Any]) -> None:
     labels = entry["alert"]
-    click.echo(f"alert {labels.get('alertname')} [{entry['status']}] "
-               + " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname"))
+    click.echo(
+        f"alert {labels.get('alertname')} [{entry['status']}] "
+        + " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname")
+    )
     if entry.get("note"):
         click.echo(f"  {entry['note']}")
     for pb in entry.get("playbooks", []):
@@ -202,12 +230,27 @@ def replay(config: str | None, alert_id: int) -> None:
         row = records.get_alert(conn, alert_id)
     if row is None:
         raise click.ClickException(f"alert {alert_id} not found")
-    alert = Alert(status=row["status"], labels=row["labels"], annotations=row["annotations"],
-                  starts_at=row["starts_at"], ends_at=row["ends_at"], generator_url=row["generator_url"],
-                  fingerprint=row["fingerprint"])
-    notification = Notification(receiver=row["receiver"], status=row["status"], alerts=(alert,), group_labels={},
-                                common_labels={}, common_annotations={}, external_url="", version="4",
-                                group_key=f"replay:{alert_id}", truncated_alerts=0)
+    alert = Alert(
+        status=row["status"],
+        labels=row["labels"],
+        annotations=row["annotations"],
+        starts_at=row["starts_at"],
+        ends_at=row["ends_at"],
+        generator_url=row["generator_url"],
+        fingerprint=row["fingerprint"],
+    )
+    notification = Notification(
+        receiver=row["receiver"],
+        status=row["status"],
+        alerts=(alert,),
+        group_labels={},
+        common_labels={},
+        common_annotations={},
+        external_url="",
+        version="4",
+        group_key=f"replay:{alert_id}",
+        truncated_alerts=0,
+    )
     result = engine.ingest(notification)
     click.echo(json.dumps({"opened": result.opened, "attached": result.attached, "closed": result.closed}))
 

@@ -155,7 +155,9 @@ def read_secret(path: str | None, what: str) -> str | None:
     return value
 
 
-def load_settings(path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None) -> Settings:
+def load_settings(
+    path: str | os.PathLike[str] | None = None, env: Mapping[str, str] | None = None
+) -> Settings:
     """Settings from ``path`` (or ``$NIGHTSHIFT_CONFIG``), then environment overrides."""
     env = os.environ if env is None else env
     path = path or env.get(f"{ENV_PREFIX}CONFIG")

@@ -68,16 +68,28 @@ class GuardFacts:
 
 def kill_switch(f: GuardFacts) -> Verdict:
     if f.paused and f.granted_mutating:
-        return Verdict("kill_switch", WAIT, f"automation paused: {f.pause_reason or 'no reason given'}",
-                       until=f.now + f.defer)
-    return Verdict("kill_switch", PASS, "automation paused, nothing to hold" if f.paused else "automation enabled")
+        return Verdict(
+            "kill_switch",
+            WAIT,
+            f"automation paused: {f.pause_reason or 'no reason given'}",
+            until=f.now + f.defer,
+        )
+    return Verdict(
+        "kill_switch", PASS, "automation paused, nothing to hold" if f.paused else "automation enabled"
+    )
 
 
 def permission(f: GuardFacts) -> Verdict:
     if not f.granted_mutating:
-        return Verdict("permission", STOP, f"no remediation step is whitelisted ({f.would_run} would run): advisory",
-                       outcome="advisory")
-    return Verdict("permission", PASS, f"{f.granted_mutating} step(s) whitelisted, {f.would_run} would run only")
+        return Verdict(
+            "permission",
+            STOP,
+            f"no remediation step is whitelisted ({f.would_run} would run): advisory",
+            outcome="advisory",
+        )
+    return Verdict(
+        "permission", PASS, f"{f.granted_mutating} step(s) whitelisted, {f.would_run} would run only"
+    )
 
 
 def blast_radius(f: GuardFacts) -> Verdict:
@@ -89,9 +101,12 @@ def blast_radius(f: GuardFacts) -> Verdict:
     window = _human(f.blast_window)
     if used >= f.blast_max_nodes:
         nodes = ", ".join(sorted(f.disrupted_nodes)[:10])
-        return Verdict("blast_radius", WAIT,
-                       f"{used} node(s) disrupted in the last {window} (limit {f.blast_max_nodes}): {nodes}",
-                       until=f.now + f.defer)
+        return Verdict(
+            "blast_radius",
+            WAIT,
+            f"{used} node(s) disrupted in the last {window} (limit {f.blast_max_nodes}): {nodes}",
+            until=f.now + f.defer,
+        )
     return Verdict("blast_radius", PASS, f"{used + 1} of {f.blast_max_nodes} nodes within {window}")
 
 
@@ -104,9 +119,12 @@ def serialisation(f: GuardFacts) -> Verdict:
 def budget(f: GuardFacts) -> Verdict:
     used = len(f.attempts)
     if used >= f.budget_attempts:
-        return Verdict("budget", STOP,
-                       f"{used} attempt(s) in the last {_human(f.budget_window)} (budget {f.budget_attempts})",
-                       outcome="needs_human")
+        return Verdict(
+            "budget",
+            STOP,
+            f"{used} attempt(s) in the last {_human(f.budget_window)} (budget {f.budget_attempts})",
+            outcome="needs_human",
+        )
     if f.attempts:
         last = f.attempts[-1]
         ready = (last.finished_at or last.started_at) + f.backoff
@@ -119,27 +137,40 @@ def cooldown(f: GuardFacts) -> Verdict:
     if f.last_recovery and f.last_recovery.finished_at:
         ready = f.last_recovery.finished_at + f.cooldown
         if ready > f.now:
-            return Verdict("cooldown", WAIT, f"recovered {_human(f.now - f.last_recovery.finished_at)} ago "
-                           f"(cooldown {_human(f.cooldown)})", until=ready)
+            return Verdict(
+                "cooldown",
+                WAIT,
+                f"recovered {_human(f.now - f.last_recovery.finished_at)} ago "
+                f"(cooldown {_human(f.cooldown)})",
+                until=ready,
+            )
     return Verdict("cooldown", PASS, "no recent recovery")
 
 
 def stale_signal(f: GuardFacts) -> Verdict:
     if f.last_recovery and f.alert_starts_at < f.last_recovery.started_at:
-        return Verdict("stale_signal", STOP,
-                       f"alert started {f.alert_starts_at.isoformat()}, before our last successful remediation "
-                       f"({f.last_recovery.started_at.isoformat()})", outcome="ignored")
+        return Verdict(
+            "stale_signal",
+            STOP,
+            f"alert started {f.alert_starts_at.isoformat()}, before our last successful remediation "
+            f"({f.last_recovery.started_at.isoformat()})",
+            outcome="ignored",
+        )
     return Verdict("stale_signal", PASS, "alert is newer than our last action")
 
 
-def recheck(expr: str | None, samples: int | None, error: str | None, now: datetime, defer: timedelta) -> Verdict:
+def recheck(
+    expr: str | None, samples: int | None, error: str | None, now: datetime, defer: timedelta
+) -> Verdict:
     """Verdict on the live PromQL re-check done by the engine just before acting."""
     if expr is None:
         return Verdict("recheck", PASS, "no re-check configured")
     if error is not None:
         return Verdict("recheck", WAIT, f"re-check failed, not acting blind: {error}", until=now + defer)
     if not samples:
-        return Verdict("recheck", STOP, "condition no longer holds (re-check returned no series)", outcome="resolved")
+        return Verdict(
+            "recheck", STOP, "condition no longer holds (re-check returned no series)", outcome="resolved"
+        )
     return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
 
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import os
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import multiprocess
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 
@@ -33,15 +32,26 @@ class Metrics:
             "nightshift_incidents", "Incidents closed, by outcome.", ["outcome"], registry=r
         )
         self.guard_verdicts = Counter(
-            "nightshift_guard_verdicts", "Guard verdicts, by guard and decision.", ["guard", "decision"], registry=r
+            "nightshift_guard_verdicts",
+            "Guard verdicts, by guard and decision.",
+            ["guard", "decision"],
+            registry=r,
         )
         self.step_duration = Histogram(
-            "nightshift_step_duration_seconds", "Duration of executed steps, by action and status.",
-            ["action", "status"], buckets=STEP_BUCKETS, registry=r,
+            "nightshift_step_duration_seconds",
+            "Duration of executed steps, by action and status.",
+            ["action", "status"],
+            buckets=STEP_BUCKETS,
+            registry=r,
         )
-        self.steps = Counter("nightshift_steps", "Steps recorded, by action and status.", ["action", "status"], registry=r)
+        self.steps = Counter(
+            "nightshift_steps", "Steps recorded, by action and status.", ["action", "status"], registry=r
+        )
         self.paused = Gauge(
-            "nightshift_paused", "1 while automation is paused (kill switch).", registry=r, multiprocess_mode="max"
+            "nightshift_paused",
+            "1 while automation is paused (kill switch).",
+            registry=r,
+            multiprocess_mode="max",
         )
 
     def exposition(self) -> bytes:

@@ -59,7 +59,9 @@ def when_context(
     }
 
 
-def render_params(action: Action, raw: Mapping[str, Any], context: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+def render_params(
+    action: Action, raw: Mapping[str, Any], context: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     """Render a step's ``with:``; PromQL parameters get values escaped for PromQL string literals."""
     rendered = {}
     for name, value in raw.items():

@@ -38,7 +38,8 @@ def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind:
 
 def start_worker_thread(engine: Engine, poll_seconds: float) -> tuple[threading.Thread, threading.Event]:
     stop = threading.Event()
-    thread = threading.Thread(target=run_worker, args=(engine, stop, poll_seconds), name="nightshift-worker",
-                              daemon=True)
+    thread = threading.Thread(
+        target=run_worker, args=(engine, stop, poll_seconds), name="nightshift-worker", daemon=True
+    )
     thread.start()
     return thread, stop

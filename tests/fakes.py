@@ -50,8 +50,15 @@ class Script:
 class FakeAction(Action):
     """A configurable action whose runs are recorded in ``script.calls``."""
 
-    def __init__(self, name: str, *, read_only: bool = False, return_to_service: bool = False,
-                 params: Mapping[str, Param] | None = None, script: Script | None = None):
+    def __init__(
+        self,
+        name: str,
+        *,
+        read_only: bool = False,
+        return_to_service: bool = False,
+        params: Mapping[str, Param] | None = None,
+        script: Script | None = None,
+    ):
         self.name = name  # type: ignore[misc]
         self.read_only = read_only  # type: ignore[misc]
         self.return_to_service = return_to_service  # type: ignore[misc]
@@ -59,8 +66,10 @@ class FakeAction(Action):
         self.script = script or Script()
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
-        return Plan(summary=f"{self.name} {dict(params)}", command=f"{self.name} " + " ".join(
-            f"{k}={v}" for k, v in sorted(params.items())))
+        return Plan(
+            summary=f"{self.name} {dict(params)}",
+            command=f"{self.name} " + " ".join(f"{k}={v}" for k, v in sorted(params.items())),
+        )
 
     def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
         return self.script.next(params)
@@ -70,13 +79,24 @@ def fake_actions() -> dict[str, FakeAction]:
     """The actions the engine tests' playbooks use, with Slurm-like parameter schemas."""
     node = Param(pattern=NODE_NAME)
     return {
-        "fake.drain": FakeAction("fake.drain", params={"node": node, "reason": Param(pattern=SAFE_TEXT,
-                                                                                       required=False)}),
+        "fake.drain": FakeAction(
+            "fake.drain", params={"node": node, "reason": Param(pattern=SAFE_TEXT, required=False)}
+        ),
         "fake.requeue": FakeAction("fake.requeue", params={"job": Param(pattern=SLURM_JOB_ID)}),
         "fake.resume": FakeAction("fake.resume", return_to_service=True, params={"node": node}),
-        "fake.logs": FakeAction("fake.logs", read_only=True, params={"job": Param(pattern=SLURM_JOB_ID)},
-                                script=Script([Ok(output="log", data={
-                                    "log": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."})])),
+        "fake.logs": FakeAction(
+            "fake.logs",
+            read_only=True,
+            params={"job": Param(pattern=SLURM_JOB_ID)},
+            script=Script(
+                [
+                    Ok(
+                        output="log",
+                        data={"log": "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, GPU has fallen off the bus."},
+                    )
+                ]
+            ),
+        ),
         "fake.notice": FakeAction("fake.notice", read_only=True, params={"text": Param(max_length=4000)}),
     }
 

@@ -12,12 +12,19 @@ from tests.fakes import START
 ZERO_TIME = "0001-01-01T00:00:00Z"
 
 
-def alert(labels: dict[str, str], *, status: str = "firing", starts_at: datetime = START,
-          ends_at: datetime | None = None, annotations: dict[str, str] | None = None) -> dict[str, Any]:
+def alert(
+    labels: dict[str, str],
+    *,
+    status: str = "firing",
+    starts_at: datetime = START,
+    ends_at: datetime | None = None,
+    annotations: dict[str, str] | None = None,
+) -> dict[str, Any]:
     return {
         "status": status,
         "labels": labels,
-        "annotations": annotations or {"summary": f"{labels.get('alertname')} on {labels.get('Hostname', '-')}"},
+        "annotations": annotations
+        or {"summary": f"{labels.get('alertname')} on {labels.get('Hostname', '-')}"},
         "startsAt": starts_at.isoformat().replace("+00:00", "Z"),
         "endsAt": ends_at.isoformat().replace("+00:00", "Z") if ends_at else ZERO_TIME,
         "generatorURL": "http://prometheus:9090/graph?g0.expr=x",
@@ -37,7 +44,7 @@ def payload(*alerts: dict[str, Any], receiver: str = "nightshift") -> dict[str, 
         "commonAnnotations": {},
         "externalURL": "http://alertmanager:9093",
         "version": "4",
-        "groupKey": '{}:{alertname="%s"}' % common.get("alertname", ""),
+        "groupKey": '{}:{alertname="' + common.get("alertname", "") + '"}',
         "truncatedAlerts": 0,
     }
 
@@ -47,5 +54,12 @@ def body(*alerts: dict[str, Any]) -> bytes:
 
 
 def xid(node: str = "node1", code: str = "79", job: str = "1234", gpu: str = "3") -> dict[str, str]:
-    return {"alertname": "GpuXidError", "Hostname": node, "gpu": gpu, "xid": code, "xid_class": "reboot",
-            "slurm_job_id": job, "severity": "critical"}
+    return {
+        "alertname": "GpuXidError",
+        "Hostname": node,
+        "gpu": gpu,
+        "xid": code,
+        "xid_class": "reboot",
+        "slurm_job_id": job,
+        "severity": "critical",
+    }

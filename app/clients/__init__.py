@@ -52,6 +52,18 @@ class Clients:
 
         return self._get("mail", Mailer.from_settings)
 
+    @property
+    def kube(self) -> Any:
+        from app.clients.kube import KubeClient
+
+        return self._get("kube", KubeClient.from_settings)
+
+    @property
+    def slurm(self) -> Any:
+        from app.clients.slurm import SlurmClient
+
+        return self._get("slurm", SlurmClient.from_settings)
+
     def close(self) -> None:
         """Release connections (SSH sessions, HTTP pools)."""
         with self._lock:

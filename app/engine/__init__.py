@@ -42,16 +42,24 @@ class Engine:
         value = {"paused": paused, "reason": reason, "by": by, "at": now.isoformat()}
         with self.deps.store.transaction() as conn:
             records.set_control(conn, "pause", value, now)
-            records.record(conn, now, "pause" if paused else "resume",
-                           f"automation {'paused' if paused else 'resumed'} by {by}: {reason}", data=value)
+            records.record(
+                conn,
+                now,
+                "pause" if paused else "resume",
+                f"automation {'paused' if paused else 'resumed'} by {by}: {reason}",
+                data=value,
+            )
         self.deps.metrics.paused.set(1 if paused else 0)
         return value
 
     def status(self) -> dict[str, Any]:
         with self.deps.store.transaction() as conn:
             pause = records.get_control(conn, "pause") or {"paused": False}
-            credentials = {"slurm": {"state": "unknown"}, "kubernetes": {"state": "unknown"},
-                           **records.controls_with_prefix(conn, "credential:")}
+            credentials = {
+                "slurm": {"state": "unknown"},
+                "kubernetes": {"state": "unknown"},
+                **records.controls_with_prefix(conn, "credential:"),
+            }
             by_state = records.count_incidents_by(conn, "state")
         return {
             "paused": self.deps.settings.guards.kill_switch or bool(pause.get("paused")),

@@ -43,7 +43,9 @@ class Target:
 
 def render_target(playbook: Playbook, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Target:
     """Raises :class:`app.errors.ParamError` when a rendered target value fails its pattern."""
-    values = {name: value for name, value in playbook.render_target(labels, annotations).items() if value != ""}
+    values = {
+        name: value for name, value in playbook.render_target(labels, annotations).items() if value != ""
+    }
     key = json.dumps(values, sort_keys=True, separators=(",", ":"))
     node = values.get("node")
     job = values.get("job")

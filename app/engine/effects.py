@@ -14,7 +14,15 @@ from app.errors import BackendError, ConfigError
 from app.store import records
 
 # Outcomes worth a message to humans; "resolved" and "ignored" incidents did nothing and say nothing.
-NOTIFY_OUTCOMES = {"advisory", "recovered", "needs_human", "failed", "credential_error", "unverified", "blocked"}
+NOTIFY_OUTCOMES = {
+    "advisory",
+    "recovered",
+    "needs_human",
+    "failed",
+    "credential_error",
+    "unverified",
+    "blocked",
+}
 FINALIZE_TRIES = 5
 
 
@@ -22,7 +30,9 @@ class Effects:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
 
-    def _ledger(self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+    def _ledger(
+        self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
+    ) -> None:
         with self.deps.store.transaction() as conn:
             records.record(conn, self.deps.clock.now(), kind, message, incident_id=incident_id, data=data)
 
@@ -43,7 +53,9 @@ class Effects:
 
     def _text(self, inc: Mapping[str, Any]) -> str:
         diagnosis = inc.get("diagnosis") or {}
-        parts = [f"Nightshift incident #{inc['id']}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"]
+        parts = [
+            f"Nightshift incident #{inc['id']}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"
+        ]
         if diagnosis.get("summary"):
             parts.append(f"Diagnosis: {diagnosis['summary']}")
         if inc.get("outcome"):
@@ -63,8 +75,14 @@ class Effects:
             return
         with self.deps.store.transaction() as conn:
             records.update_incident(conn, inc["id"], annotation_id=annotation_id)
-            records.record(conn, self.deps.clock.now(), "annotation", f"Grafana annotation {annotation_id} opened",
-                           incident_id=inc["id"], data={"annotation_id": annotation_id, "tags": self.tags(inc)})
+            records.record(
+                conn,
+                self.deps.clock.now(),
+                "annotation",
+                f"Grafana annotation {annotation_id} opened",
+                incident_id=inc["id"],
+                data={"annotation_id": annotation_id, "tags": self.tags(inc)},
+            )
         inc["annotation_id"] = annotation_id
 
     def _close_annotation(self, inc: dict[str, Any]) -> bool:
@@ -74,11 +92,14 @@ class Effects:
         end = inc.get("closed_at") or self.deps.clock.now()
         try:
             if inc.get("annotation_id"):
-                grafana.close_annotation(inc["annotation_id"], time_end=end, text=self._text(inc), tags=self.tags(inc))
+                grafana.close_annotation(
+                    inc["annotation_id"], time_end=end, text=self._text(inc), tags=self.tags(inc)
+                )
                 message = f"Grafana annotation {inc['annotation_id']} closed"
             else:
-                annotation_id = grafana.create_annotation(text=self._text(inc), tags=self.tags(inc),
-                                                          time=inc["opened_at"], time_end=end)
+                annotation_id = grafana.create_annotation(
+                    text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"], time_end=end
+                )
                 message = f"Grafana annotation {annotation_id} created as a closed region"
         except (BackendError, ConfigError) as exc:
             self._ledger(inc["id"], "annotation_error", f"closing the Grafana annotation failed: {exc}")
@@ -94,14 +115,21 @@ class Effects:
         for outcome in outcomes:
             reason = getattr(outcome, "reason", "")
             ok = ok and outcome.status == "ok"
-            self._ledger(incident_id, "notification", f"{outcome.command}: {outcome.status}"
-                         + (f": {reason}" if reason else ""), {"status": outcome.status, "command": outcome.command})
+            self._ledger(
+                incident_id,
+                "notification",
+                f"{outcome.command}: {outcome.status}" + (f": {reason}" if reason else ""),
+                {"status": outcome.status, "command": outcome.command},
+            )
         return ok
 
     def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
         with self.deps.store.transaction() as conn:
             steps = records.get_steps(conn, inc["id"])
-        lines = [self._text(inc), f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"]
+        lines = [
+            self._text(inc),
+            f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}",
+        ]
         for step in steps:
             if step["phase"] == "collect":
                 continue
@@ -117,16 +145,25 @@ class Effects:
         notified = True
         if inc.get("outcome") in NOTIFY_OUTCOMES:
             subject, text = self._summary(inc)
-            notified = self._notify(inc["id"], subject, text, {"incident": inc["id"], "outcome": inc.get("outcome"),
-                                                               "labels": inc.get("labels", {})})
+            notified = self._notify(
+                inc["id"],
+                subject,
+                text,
+                {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})},
+            )
         with self.deps.store.transaction() as conn:
             tries = sum(1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "finalize_retry")
             if (annotated and notified) or tries + 1 >= FINALIZE_TRIES:
                 records.update_incident(conn, inc["id"], finalize_pending=False)
                 inc["finalize_pending"] = False
                 return None
-            records.record(conn, self.deps.clock.now(), "finalize_retry",
-                           "annotation or notification failed; will retry", incident_id=inc["id"])
+            records.record(
+                conn,
+                self.deps.clock.now(),
+                "finalize_retry",
+                "annotation or notification failed; will retry",
+                incident_id=inc["id"],
+            )
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
     def storm(self, inc: Mapping[str, Any], reason: str) -> None:
@@ -138,13 +175,20 @@ class Effects:
             if last and datetime.fromisoformat(last) > now - window:
                 return
             records.set_control(conn, "storm_notified_at", now.isoformat(), now)
-        self._notify(inc["id"], "[nightshift] blast radius reached: destructive actions paused",
-                     f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
-                     {"incident": inc["id"], "guard": "blast_radius"})
+        self._notify(
+            inc["id"],
+            "[nightshift] blast radius reached: destructive actions paused",
+            f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
+            {"incident": inc["id"], "guard": "blast_radius"},
+        )
 
     def credential_error(self, action: str, reason: str) -> None:
         backend = action.split(".", 1)[0]
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
-            records.set_control(conn, f"credential:{backend}",
-                                {"state": "credential_error", "reason": reason, "at": now.isoformat()}, now)
+            records.set_control(
+                conn,
+                f"credential:{backend}",
+                {"state": "credential_error", "reason": reason, "at": now.isoformat()},
+                now,
+            )

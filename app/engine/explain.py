@@ -21,25 +21,38 @@ def explain(deps: EngineDeps, notification: Notification) -> list[dict[str, Any]
     now = deps.clock.now()
     report: list[dict[str, Any]] = []
     for alert in notification.alerts:
-        entry: dict[str, Any] = {"alert": dict(alert.labels), "status": alert.status, "fingerprint": alert.fingerprint}
+        entry: dict[str, Any] = {
+            "alert": dict(alert.labels),
+            "status": alert.status,
+            "fingerprint": alert.fingerprint,
+        }
         report.append(entry)
         if alert.status != "firing":
             entry["note"] = "resolved alerts close incidents that have not started acting; nothing to plan"
             continue
         matched = deps.playbooks.match(alert.labels)
-        entry["playbooks"] = [_explain_playbook(deps, pb, alert.labels, alert.annotations, alert.starts_at, now)
-                              for pb in matched]
+        entry["playbooks"] = [
+            _explain_playbook(deps, pb, alert.labels, alert.annotations, alert.starts_at, now)
+            for pb in matched
+        ]
         if not matched:
             entry["note"] = "no playbook matches: recorded in the ledger, no incident"
     return report
 
 
-def _explain_playbook(deps: EngineDeps, playbook, labels: Mapping[str, str], annotations: Mapping[str, str],
-                      starts_at, now) -> dict[str, Any]:
+def _explain_playbook(
+    deps: EngineDeps, playbook, labels: Mapping[str, str], annotations: Mapping[str, str], starts_at, now
+) -> dict[str, Any]:
     target = render_target(playbook, labels, annotations)
     diagnosis = deps.diagnose(labels, "").as_dict()
-    inc = {"id": "", "playbook": playbook.name, "labels": labels, "annotations": annotations,
-           "target": target.values, "diagnosis": diagnosis}
+    inc = {
+        "id": "",
+        "playbook": playbook.name,
+        "labels": labels,
+        "annotations": annotations,
+        "target": target.values,
+        "diagnosis": diagnosis,
+    }
     planned = plan_steps(
         playbook.steps,
         registry=deps.registry,
@@ -51,13 +64,20 @@ def _explain_playbook(deps: EngineDeps, playbook, labels: Mapping[str, str], ann
     g = deps.settings.guards
     runs = [p for p in planned if p.runs]
     facts = guards.GuardFacts(
-        now=now, playbook=playbook.name, node=target.node, alert_starts_at=starts_at,
-        paused=g.kill_switch, pause_reason="kill_switch set in settings" if g.kill_switch else "",
+        now=now,
+        playbook=playbook.name,
+        node=target.node,
+        alert_starts_at=starts_at,
+        paused=g.kill_switch,
+        pause_reason="kill_switch set in settings" if g.kill_switch else "",
         granted_mutating=sum(1 for p in runs if p.mutating),
         would_run=sum(1 for p in planned if p.status == "would_run"),
         destructive=any(p.destructive for p in runs),
-        budget_attempts=playbook.budget.attempts, budget_window=playbook.budget.window,
-        backoff=playbook.budget.backoff, cooldown=playbook.cooldown, blast_max_nodes=g.blast_radius_max_nodes,
+        budget_attempts=playbook.budget.attempts,
+        budget_window=playbook.budget.window,
+        backoff=playbook.budget.backoff,
+        cooldown=playbook.cooldown,
+        blast_max_nodes=g.blast_radius_max_nodes,
     )
     verdicts = guards.evaluate(facts)
     if any(p.status == INVALID for p in planned):
@@ -76,8 +96,14 @@ def _explain_playbook(deps: EngineDeps, playbook, labels: Mapping[str, str], ann
         "guards": [v.as_dict() for v in verdicts],
         "recheck": playbook.recheck,
         "steps": [
-            {"name": p.name, "action": p.action.name, "status": p.status, "summary": p.summary,
-             "command": p.command, "reason": p.reason}
+            {
+                "name": p.name,
+                "action": p.action.name,
+                "status": p.status,
+                "summary": p.summary,
+                "command": p.command,
+                "reason": p.reason,
+            }
             for p in planned
         ],
         "verify": playbook.verify.promql if playbook.verify else None,

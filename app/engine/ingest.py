@@ -50,17 +50,33 @@ def _playbook_of(deps: EngineDeps, incident_id: int) -> str:
     return row["playbook"] if row else "unknown"
 
 
-def _ingest_alert(deps: EngineDeps, conn: Connection, notification: Notification, alert: Alert, now, result) -> None:
+def _ingest_alert(
+    deps: EngineDeps, conn: Connection, notification: Notification, alert: Alert, now, result
+) -> None:
     row, previous = records.upsert_alert(conn, alert, notification, now)
     name = alert.labels.get("alertname", "")
-    facts = {"fingerprint": alert.fingerprint, "status": alert.status, "starts_at": alert.starts_at.isoformat()}
+    facts = {
+        "fingerprint": alert.fingerprint,
+        "status": alert.status,
+        "starts_at": alert.starts_at.isoformat(),
+    }
     if previous == "resolved" and alert.status == "firing":
-        records.record(conn, now, "alert_out_of_order",
-                       f"{name}: firing notification after this instance resolved; ignored", data=facts)
+        records.record(
+            conn,
+            now,
+            "alert_out_of_order",
+            f"{name}: firing notification after this instance resolved; ignored",
+            data=facts,
+        )
         return
     if previous is None:
-        records.record(conn, now, "alert_received", f"{name} {alert.status}",
-                       data={**facts, "labels": dict(alert.labels), "receiver": notification.receiver})
+        records.record(
+            conn,
+            now,
+            "alert_received",
+            f"{name} {alert.status}",
+            data={**facts, "labels": dict(alert.labels), "receiver": notification.receiver},
+        )
     if alert.status == "resolved":
         _resolve(deps, conn, row, name, now, result)
         return
@@ -74,41 +90,61 @@ def _ingest_alert(deps: EngineDeps, conn: Connection, notification: Notification
         try:
             target = render_target(playbook, alert.labels, alert.annotations)
         except ParamError as exc:
-            records.record(conn, now, "target_invalid", f"{name}: playbook {playbook.name}: {exc}; no incident",
-                           data={**facts, "labels": dict(alert.labels)})
+            records.record(
+                conn,
+                now,
+                "target_invalid",
+                f"{name}: playbook {playbook.name}: {exc}; no incident",
+                data={**facts, "labels": dict(alert.labels)},
+            )
             continue
         open_key = f"{playbook.name}|{target.key}"
         incident = records.find_open_incident(conn, open_key)
         if incident is None:
-            incident_id = records.insert_incident(conn, {
-                "playbook": playbook.name,
-                "target_key": target.key,
-                "target": dict(target.values),
-                "node": target.node,
-                "job": target.job,
-                "open_key": open_key,
-                "serialize_key": target.serialize_key,
-                "state": "open",
-                "labels": dict(alert.labels),
-                "annotations": dict(alert.annotations),
-                "alert_starts_at": alert.starts_at,
-                "generator_url": alert.generator_url,
-                "opened_at": now,
-                "updated_at": now,
-                "next_run_at": now,
-            })
+            incident_id = records.insert_incident(
+                conn,
+                {
+                    "playbook": playbook.name,
+                    "target_key": target.key,
+                    "target": dict(target.values),
+                    "node": target.node,
+                    "job": target.job,
+                    "open_key": open_key,
+                    "serialize_key": target.serialize_key,
+                    "state": "open",
+                    "labels": dict(alert.labels),
+                    "annotations": dict(alert.annotations),
+                    "alert_starts_at": alert.starts_at,
+                    "generator_url": alert.generator_url,
+                    "opened_at": now,
+                    "updated_at": now,
+                    "next_run_at": now,
+                },
+            )
             if incident_id is not None:
                 records.link_alert(conn, incident_id, row["id"])
-                records.record(conn, now, "incident_opened", f"playbook {playbook.name} on {target.key}",
-                               incident_id=incident_id, data={**facts, "target": dict(target.values)})
+                records.record(
+                    conn,
+                    now,
+                    "incident_opened",
+                    f"playbook {playbook.name} on {target.key}",
+                    incident_id=incident_id,
+                    data={**facts, "target": dict(target.values)},
+                )
                 result.opened.append(incident_id)
                 continue
             incident = records.find_open_incident(conn, open_key)  # a concurrent writer opened it first
             if incident is None:
                 continue
         if records.link_alert(conn, incident["id"], row["id"]):
-            records.record(conn, now, "alert_attached", f"{name} attached to open incident",
-                           incident_id=incident["id"], data=facts)
+            records.record(
+                conn,
+                now,
+                "alert_attached",
+                f"{name} attached to open incident",
+                incident_id=incident["id"],
+                data=facts,
+            )
             result.attached.append(incident["id"])
 
 
@@ -117,24 +153,55 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
         if records.firing_alert_count(conn, incident["id"]) > 0:
             continue  # other alerts of this incident still fire
         if incident["open_key"] is None:
-            if incident["acted"] and incident["on_resolved_state"] is None and _has_on_resolved(deps, incident):
-                records.update_incident(conn, incident["id"], on_resolved_state="pending", next_run_at=now,
-                                        updated_at=now)
-                records.record(conn, now, "on_resolved_scheduled", f"{name} resolved: undo steps scheduled",
-                               incident_id=incident["id"])
+            if (
+                incident["acted"]
+                and incident["on_resolved_state"] is None
+                and _has_on_resolved(deps, incident)
+            ):
+                records.update_incident(
+                    conn, incident["id"], on_resolved_state="pending", next_run_at=now, updated_at=now
+                )
+                records.record(
+                    conn,
+                    now,
+                    "on_resolved_scheduled",
+                    f"{name} resolved: undo steps scheduled",
+                    incident_id=incident["id"],
+                )
             continue
         if incident["state"] in NOT_ACTED_STATES and not incident["acted"] and incident["claimed_by"] is None:
             outcome = "blocked" if incident["held_by_guard"] else "resolved"
-            records.update_incident(conn, incident["id"], state=outcome, outcome=outcome, open_key=None,
-                                    closed_at=now, updated_at=now, next_run_at=now, alert_resolved=True, finalize_pending=True,
-                                    reason=f"{name} resolved before any action")
-            records.record(conn, now, "incident_closed", f"{outcome}: alert resolved before any action",
-                           incident_id=incident["id"], data={"outcome": outcome})
+            records.update_incident(
+                conn,
+                incident["id"],
+                state=outcome,
+                outcome=outcome,
+                open_key=None,
+                closed_at=now,
+                updated_at=now,
+                next_run_at=now,
+                alert_resolved=True,
+                finalize_pending=True,
+                reason=f"{name} resolved before any action",
+            )
+            records.record(
+                conn,
+                now,
+                "incident_closed",
+                f"{outcome}: alert resolved before any action",
+                incident_id=incident["id"],
+                data={"outcome": outcome},
+            )
             result.closed.append(incident["id"])
         else:
             records.update_incident(conn, incident["id"], alert_resolved=True, updated_at=now)
-            records.record(conn, now, "alert_resolved", f"{name} resolved while the incident is {incident['state']}",
-                           incident_id=incident["id"])
+            records.record(
+                conn,
+                now,
+                "alert_resolved",
+                f"{name} resolved while the incident is {incident['state']}",
+                incident_id=incident["id"],
+            )
 
 
 def _has_on_resolved(deps: EngineDeps, incident) -> bool:

@@ -100,8 +100,12 @@ class Lifecycle:
                     logs.append(str(outcome.data["log"]))
         diagnosis = self.deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
         self._update(inc, diagnosis=diagnosis)
-        self._ledger(inc, "diagnosis", f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): "
-                     f"{diagnosis['summary']}", diagnosis)
+        self._ledger(
+            inc,
+            "diagnosis",
+            f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}",
+            diagnosis,
+        )
 
     # --- deciding ---------------------------------------------------------------------------------------------
 
@@ -133,16 +137,23 @@ class Lifecycle:
             return self._close(inc, last.outcome or "needs_human", last.reason)
         return self._start_attempt(inc, playbook, planned, worker)
 
-    def _guard_facts(self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep],
-                     now: datetime) -> guards.GuardFacts:
+    def _guard_facts(
+        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], now: datetime
+    ) -> guards.GuardFacts:
         deps = self.deps
         g = deps.settings.guards
         blast_window = timedelta(seconds=g.blast_radius_window_seconds)
         with deps.store.transaction() as conn:
-            history = records.attempts_for_target(conn, playbook.name, inc["target_key"], now - playbook.budget.window)
+            history = records.attempts_for_target(
+                conn, playbook.name, inc["target_key"], now - playbook.budget.window
+            )
             recovery = records.last_recovery(conn, playbook.name, inc["target_key"])
             disrupted = records.nodes_disrupted_since(conn, now - blast_window)
-            ahead = records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc["serialize_key"] else None
+            ahead = (
+                records.earlier_open_on(conn, inc["serialize_key"], inc["id"])
+                if inc["serialize_key"]
+                else None
+            )
             pause = records.get_control(conn, "pause") or {}
         runs = [p for p in planned if p.runs]
         return guards.GuardFacts(
@@ -175,13 +186,19 @@ class Lifecycle:
             samples = self.deps.clients.prometheus.query(expr)
         except (BackendError, ConfigError) as exc:
             return guards.recheck(expr, None, str(exc), now, defer)
-        self._ledger(inc, "recheck", f"{len(samples)} series for {expr}",
-                     {"expr": expr, "samples": [_sample(s) for s in samples[:20]]})
+        self._ledger(
+            inc,
+            "recheck",
+            f"{len(samples)} series for {expr}",
+            {"expr": expr, "samples": [_sample(s) for s in samples[:20]]},
+        )
         return guards.recheck(expr, len(samples), None, now, defer)
 
     def _record_verdict(self, inc: Incident, verdict: guards.Verdict) -> None:
         self.deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
-        self._ledger(inc, "guard", f"{verdict.guard}: {verdict.decision}: {verdict.reason}", verdict.as_dict())
+        self._ledger(
+            inc, "guard", f"{verdict.guard}: {verdict.decision}: {verdict.reason}", verdict.as_dict()
+        )
 
     # --- acting -----------------------------------------------------------------------------------------------
 
@@ -191,16 +208,24 @@ class Lifecycle:
             if step["status"] == "pending":
                 self._execute(inc, step)
 
-    def _start_attempt(self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep],
-                       worker: str) -> datetime | None:
+    def _start_attempt(
+        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], worker: str
+    ) -> datetime | None:
         now = self.deps.clock.now()
         number = inc["attempt"] + 1
         with self.deps.store.transaction() as conn:
-            records.insert_attempt(conn, {
-                "incident_id": inc["id"], "number": number, "playbook": playbook.name,
-                "target_key": inc["target_key"], "node": inc["node"],
-                "destructive": any(p.runs and p.destructive for p in planned), "started_at": now,
-            })
+            records.insert_attempt(
+                conn,
+                {
+                    "incident_id": inc["id"],
+                    "number": number,
+                    "playbook": playbook.name,
+                    "target_key": inc["target_key"],
+                    "node": inc["node"],
+                    "destructive": any(p.runs and p.destructive for p in planned),
+                    "started_at": now,
+                },
+            )
         self._update(inc, attempt=number, state="acting", acted=True, held_by_guard=False, reason="")
         self._ledger(inc, "attempt_started", f"attempt {number}", {"attempt": number})
         self._persist_plan(inc, planned, attempt=number, phase="steps")
@@ -222,7 +247,9 @@ class Lifecycle:
                     records.update_step(conn, step["id"], status="retry", retries=step["retries"] + 1)
                 return deps.clock.now() + timedelta(seconds=outcome.after)
             if isinstance(outcome, Ambiguous):
-                return self._close(inc, "needs_human", f"step {step['name']}: outcome unknown: {outcome.reason}")
+                return self._close(
+                    inc, "needs_human", f"step {step['name']}: outcome unknown: {outcome.reason}"
+                )
             if isinstance(outcome, CredentialError):
                 self.effects.credential_error(step["action"], outcome.reason)
                 return self._close(inc, "credential_error", f"step {step['name']}: {outcome.reason}")
@@ -232,7 +259,9 @@ class Lifecycle:
             return self._close(inc, "unverified", "steps done; the playbook has no verification")
         now = deps.clock.now()
         self._update(inc, state="verifying", verify_deadline=now + playbook.verify.timeout)
-        self._ledger(inc, "verifying", f"polling {playbook.verify.promql} for up to {playbook.verify.timeout}")
+        self._ledger(
+            inc, "verifying", f"polling {playbook.verify.promql} for up to {playbook.verify.timeout}"
+        )
         return now + playbook.verify.interval
 
     def _verify(self, inc: Incident, playbook: Playbook) -> datetime | None:
@@ -244,8 +273,12 @@ class Lifecycle:
             error = None
         except (BackendError, ConfigError) as exc:
             samples, error = [], str(exc)
-        self._ledger(inc, "verify_sample", f"{len(samples)} series" + (f" (error: {error})" if error else ""),
-                     {"expr": expr, "samples": [_sample(s) for s in samples[:20]], "error": error})
+        self._ledger(
+            inc,
+            "verify_sample",
+            f"{len(samples)} series" + (f" (error: {error})" if error else ""),
+            {"expr": expr, "samples": [_sample(s) for s in samples[:20]], "error": error},
+        )
         if samples:
             self._finish_attempt(inc, "recovered")
             return self._close(inc, "recovered", f"verified: {expr} returned {len(samples)} series")
@@ -289,26 +322,52 @@ class Lifecycle:
             target=inc["target"],
         )
 
-    def _materialise(self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str) -> list[dict[str, Any]]:
+    def _materialise(
+        self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str
+    ) -> list[dict[str, Any]]:
         return self._persist_plan(inc, self._plan(inc, steps, attempt), attempt=attempt, phase=phase)
 
-    def _persist_plan(self, inc: Incident, planned: Sequence[PlannedStep], attempt: int,
-                      phase: str) -> list[dict[str, Any]]:
+    def _persist_plan(
+        self, inc: Incident, planned: Sequence[PlannedStep], attempt: int, phase: str
+    ) -> list[dict[str, Any]]:
         """Write the plan as step rows (idempotent per attempt and phase) and return the rows."""
         with self.deps.store.transaction() as conn:
             for p in planned:
-                records.insert_step(conn, {
-                    "incident_id": inc["id"], "attempt": attempt, "phase": phase, "idx": p.idx, "name": p.name,
-                    "action": p.action.name, "params": dict(p.params), "status": p.status, "summary": p.summary,
-                    "command": p.command, "reason": p.reason, "retries": 0,
-                })
+                records.insert_step(
+                    conn,
+                    {
+                        "incident_id": inc["id"],
+                        "attempt": attempt,
+                        "phase": phase,
+                        "idx": p.idx,
+                        "name": p.name,
+                        "action": p.action.name,
+                        "params": dict(p.params),
+                        "status": p.status,
+                        "summary": p.summary,
+                        "command": p.command,
+                        "reason": p.reason,
+                        "retries": 0,
+                    },
+                )
             for p in planned:
                 if p.status != RUN:
                     self.deps.metrics.steps.labels(p.action.name, p.status).inc()
-                    records.record(conn, self.deps.clock.now(), "step_" + p.status,
-                                   f"{p.name}: {p.summary or p.reason}", incident_id=inc["id"],
-                                   data={"action": p.action.name, "params": dict(p.params), "command": p.command,
-                                         "reason": p.reason, "phase": phase, "attempt": attempt})
+                    records.record(
+                        conn,
+                        self.deps.clock.now(),
+                        "step_" + p.status,
+                        f"{p.name}: {p.summary or p.reason}",
+                        incident_id=inc["id"],
+                        data={
+                            "action": p.action.name,
+                            "params": dict(p.params),
+                            "command": p.command,
+                            "reason": p.reason,
+                            "phase": phase,
+                            "attempt": attempt,
+                        },
+                    )
             return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
 
     def _steps(self, inc: Incident, attempt: int, phase: str) -> list[dict[str, Any]]:
@@ -322,9 +381,14 @@ class Lifecycle:
         with deps.store.transaction() as conn:
             records.update_step(conn, step["id"], status="running", started_at=started)
         action = deps.registry.get(step["action"])
-        ctx = ActionContext(settings=deps.settings, clients=deps.clients, clock=deps.clock, incident_id=inc["id"],
-                            labels=inc["labels"], record=lambda kind, message, data: self._ledger(inc, kind, message,
-                                                                                                     data))
+        ctx = ActionContext(
+            settings=deps.settings,
+            clients=deps.clients,
+            clock=deps.clock,
+            incident_id=inc["id"],
+            labels=inc["labels"],
+            record=lambda kind, message, data: self._ledger(inc, kind, message, data),
+        )
         t0 = time.monotonic()
         try:
             outcome = action.run(action.validate(step["params"]), ctx)
@@ -336,16 +400,36 @@ class Lifecycle:
         duration = time.monotonic() - t0
         reason = getattr(outcome, "reason", "")
         with deps.store.transaction() as conn:
-            records.update_step(conn, step["id"], status=outcome.status, command=outcome.command or step["command"],
-                                exit_code=outcome.exit_code, output=tail(outcome.output), reason=reason,
-                                finished_at=deps.clock.now(), duration=round(duration, 3))
-            records.record(conn, deps.clock.now(), "step", f"{step['name']}: {outcome.status}"
-                           + (f": {reason}" if reason else ""), incident_id=inc["id"], data={
-                               "action": step["action"], "params": step["params"], "phase": step["phase"],
-                               "attempt": step["attempt"], "status": outcome.status,
-                               "command": outcome.command or step["command"], "exit_code": outcome.exit_code,
-                               "output": tail(outcome.output, 2000), "reason": reason,
-                               "duration": round(duration, 3)})
+            records.update_step(
+                conn,
+                step["id"],
+                status=outcome.status,
+                command=outcome.command or step["command"],
+                exit_code=outcome.exit_code,
+                output=tail(outcome.output),
+                reason=reason,
+                finished_at=deps.clock.now(),
+                duration=round(duration, 3),
+            )
+            records.record(
+                conn,
+                deps.clock.now(),
+                "step",
+                f"{step['name']}: {outcome.status}" + (f": {reason}" if reason else ""),
+                incident_id=inc["id"],
+                data={
+                    "action": step["action"],
+                    "params": step["params"],
+                    "phase": step["phase"],
+                    "attempt": step["attempt"],
+                    "status": outcome.status,
+                    "command": outcome.command or step["command"],
+                    "exit_code": outcome.exit_code,
+                    "output": tail(outcome.output, 2000),
+                    "reason": reason,
+                    "duration": round(duration, 3),
+                },
+            )
         deps.metrics.steps.labels(step["action"], outcome.status).inc()
         deps.metrics.step_duration.labels(step["action"], outcome.status).observe(duration)
         return outcome
@@ -359,8 +443,12 @@ class Lifecycle:
                 if step["action"] in self.deps.registry and self.deps.registry.get(step["action"]).read_only:
                     records.update_step(conn, step["id"], status="pending")
                     continue
-                records.update_step(conn, step["id"], status="ambiguous",
-                                    reason="in flight when its worker stopped; outcome unknown, not re-run")
+                records.update_step(
+                    conn,
+                    step["id"],
+                    status="ambiguous",
+                    reason="in flight when its worker stopped; outcome unknown, not re-run",
+                )
                 ambiguous.append(step["name"])
         if not ambiguous:
             return False
@@ -379,8 +467,16 @@ class Lifecycle:
         now = self.deps.clock.now()
         if inc["attempt"]:
             self._finish_attempt(inc, outcome)
-        self._update(inc, state=outcome, outcome=outcome, reason=reason, open_key=None, closed_at=now,
-                     finalize_pending=True, verify_deadline=None)
+        self._update(
+            inc,
+            state=outcome,
+            outcome=outcome,
+            reason=reason,
+            open_key=None,
+            closed_at=now,
+            finalize_pending=True,
+            verify_deadline=None,
+        )
         self._ledger(inc, "incident_closed", f"{outcome}: {reason}", {"outcome": outcome})
         self.deps.metrics.incidents.labels(outcome).inc()
         return self.effects.finalize(inc)
@@ -410,15 +506,23 @@ def template_context(inc: Incident, external_url: str) -> dict[str, Mapping[str,
         "labels": inc["labels"],
         "annotations": inc["annotations"],
         "target": inc["target"],
-        "diagnosis": {k: "" if v is None else str(v) for k, v in (inc.get("diagnosis") or {}).items()
-                      if not isinstance(v, list | dict)},
-        "incident": {"id": str(inc.get("id", "")), "playbook": inc["playbook"],
-                     "url": f"{external_url.rstrip('/')}/incidents/{inc.get('id', '')}"},
+        "diagnosis": {
+            k: "" if v is None else str(v)
+            for k, v in (inc.get("diagnosis") or {}).items()
+            if not isinstance(v, list | dict)
+        },
+        "incident": {
+            "id": str(inc.get("id", "")),
+            "playbook": inc["playbook"],
+            "url": f"{external_url.rstrip('/')}/incidents/{inc.get('id', '')}",
+        },
     }
 
 
 def _past(row: Mapping[str, Any]) -> guards.PastAttempt:
-    return guards.PastAttempt(started_at=row["started_at"], finished_at=row["finished_at"], outcome=row["outcome"])
+    return guards.PastAttempt(
+        started_at=row["started_at"], finished_at=row["finished_at"], outcome=row["outcome"]
+    )
 
 
 def _sample(sample: Any) -> dict[str, Any]:

@@ -40,8 +40,9 @@ class Store:
         else:
             if url.startswith("postgresql://"):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-            engine = create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=5,
-                                   connect_args={"connect_timeout": 5})
+            engine = create_engine(
+                url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"connect_timeout": 5}
+            )
         return cls(engine, clock)
 
     @contextmanager
@@ -61,9 +62,13 @@ class Store:
         """Create missing tables and record the schema version; refuse a store written by a newer version."""
         with self.transaction() as conn:
             metadata.create_all(conn)
-            found = conn.execute(select(schema_version.c.version).order_by(schema_version.c.version.desc())).first()
+            found = conn.execute(
+                select(schema_version.c.version).order_by(schema_version.c.version.desc())
+            ).first()
             if found is None:
-                conn.execute(insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now()))
+                conn.execute(
+                    insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
+                )
             elif found.version > SCHEMA_VERSION:
                 raise ConfigError(
                     f"store schema version {found.version} is newer than this Nightshift ({SCHEMA_VERSION}); upgrade"

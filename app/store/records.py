@@ -29,7 +29,9 @@ def _all(conn: Connection, stmt: Any) -> list[Row]:
 # --- alerts -------------------------------------------------------------------------------------------------
 
 
-def upsert_alert(conn: Connection, alert: Alert, notification: Notification, now: datetime) -> tuple[Row, str | None]:
+def upsert_alert(
+    conn: Connection, alert: Alert, notification: Notification, now: datetime
+) -> tuple[Row, str | None]:
     """Record one alert instance; return its row and its status before this notification (None when new)."""
     key = and_(alerts.c.fingerprint == alert.fingerprint, alerts.c.starts_at == alert.starts_at)
     existing = _one(conn, select(alerts).where(key))
@@ -192,7 +194,11 @@ def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -
         or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < now),
     )
     candidate = conn.execute(
-        select(incidents.c.id).where(due).order_by(incidents.c.next_run_at).limit(1).with_for_update(skip_locked=True)
+        select(incidents.c.id)
+        .where(due)
+        .order_by(incidents.c.next_run_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
     ).first()
     if candidate is None:
         return None
@@ -226,7 +232,9 @@ def release_claim(conn: Connection, incident_id: int, worker: str, next_run_at: 
 # --- steps --------------------------------------------------------------------------------------------------
 
 
-def get_steps(conn: Connection, incident_id: int, *, attempt: int | None = None, phase: str | None = None) -> list[Row]:
+def get_steps(
+    conn: Connection, incident_id: int, *, attempt: int | None = None, phase: str | None = None
+) -> list[Row]:
     stmt = select(steps).where(steps.c.incident_id == incident_id)
     if attempt is not None:
         stmt = stmt.where(steps.c.attempt == attempt)
@@ -258,7 +266,11 @@ def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> None:
 def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str, now: datetime) -> None:
     conn.execute(
         update(attempts)
-        .where(attempts.c.incident_id == incident_id, attempts.c.number == number, attempts.c.finished_at.is_(None))
+        .where(
+            attempts.c.incident_id == incident_id,
+            attempts.c.number == number,
+            attempts.c.finished_at.is_(None),
+        )
         .values(finished_at=now, outcome=outcome)
     )
 
@@ -266,7 +278,11 @@ def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str
 def attempts_for_target(conn: Connection, playbook: str, target_key: str, since: datetime) -> list[Row]:
     stmt = (
         select(attempts)
-        .where(attempts.c.playbook == playbook, attempts.c.target_key == target_key, attempts.c.started_at >= since)
+        .where(
+            attempts.c.playbook == playbook,
+            attempts.c.target_key == target_key,
+            attempts.c.started_at >= since,
+        )
         .order_by(attempts.c.started_at)
     )
     return _all(conn, stmt)
@@ -275,7 +291,11 @@ def attempts_for_target(conn: Connection, playbook: str, target_key: str, since:
 def last_recovery(conn: Connection, playbook: str, target_key: str) -> Row | None:
     stmt = (
         select(attempts)
-        .where(attempts.c.playbook == playbook, attempts.c.target_key == target_key, attempts.c.outcome == "recovered")
+        .where(
+            attempts.c.playbook == playbook,
+            attempts.c.target_key == target_key,
+            attempts.c.outcome == "recovered",
+        )
         .order_by(attempts.c.finished_at.desc())
         .limit(1)
     )
@@ -302,7 +322,9 @@ def record(
     data: Mapping[str, Any] | None = None,
 ) -> None:
     conn.execute(
-        insert(ledger).values(ts=now, kind=kind, message=message, incident_id=incident_id, data=dict(data or {}))
+        insert(ledger).values(
+            ts=now, kind=kind, message=message, incident_id=incident_id, data=dict(data or {})
+        )
     )
 
 

@@ -97,7 +97,9 @@ incidents = Table(
     Column("held_by_guard", Boolean, nullable=False, default=False),
     Column("alert_resolved", Boolean, nullable=False, default=False),
     Column("on_resolved_state", String(16)),  # NULL | pending | done
-    Column("finalize_pending", Boolean, nullable=False, default=False),  # annotation close + notification owed
+    Column(
+        "finalize_pending", Boolean, nullable=False, default=False
+    ),  # annotation close + notification owed
     Column("verify_deadline", UtcDateTime),
     Column("annotation_id", Integer),
     Column("opened_at", UtcDateTime, nullable=False),

@@ -35,11 +35,13 @@ def receive():
         return error(400, str(exc))
     result = services.engine.ingest(notification)
     metrics.webhook_requests.labels("200").inc()
-    return jsonify({
-        "status": "ok",
-        "alerts": result.alerts,
-        "opened": result.opened,
-        "attached": result.attached,
-        "closed": result.closed,
-        "unmatched": result.unmatched,
-    })
+    return jsonify(
+        {
+            "status": "ok",
+            "alerts": result.alerts,
+            "opened": result.opened,
+            "attached": result.attached,
+            "closed": result.closed,
+            "unmatched": result.unmatched,
+        }
+    )

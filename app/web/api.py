@@ -39,7 +39,9 @@ def list_incidents():
     except ValueError:
         return error(400, "limit and before must be integers")
     filters = {name: request.args[name] for name in FILTERS if request.args.get(name)}
-    rows = engine.incidents(limit=limit, before_id=before, open_only=request.args.get("open") == "1", **filters)
+    rows = engine.incidents(
+        limit=limit, before_id=before, open_only=request.args.get("open") == "1", **filters
+    )
     return jsonify({"status": "ok", "incidents": rows})
 
 

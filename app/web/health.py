@@ -25,10 +25,19 @@ def readyz():
         status = services.engine.status()
     except StoreUnavailable as exc:
         return error(503, str(exc))
-    return jsonify({"status": "ok", "store": "ok", "playbooks": status["playbooks"],
-                    "paused": status["paused"], "credentials": status["credentials"]})
+    return jsonify(
+        {
+            "status": "ok",
+            "store": "ok",
+            "playbooks": status["playbooks"],
+            "paused": status["paused"],
+            "credentials": status["credentials"],
+        }
+    )
 
 
 @bp.get("/metrics")
 def metrics():
-    return Response(current_app.extensions["nightshift"].metrics.exposition(), content_type=CONTENT_TYPE_LATEST)
+    return Response(
+        current_app.extensions["nightshift"].metrics.exposition(), content_type=CONTENT_TYPE_LATEST
+    )

@@ -88,7 +88,9 @@ class World:
         return self.actions[action].script.calls
 
 
-def make_world(tmp_path, grants: Iterable[str] = (), playbooks: str = PLAYBOOK, **guard_settings: Any) -> World:
+def make_world(
+    tmp_path, grants: Iterable[str] = (), playbooks: str = PLAYBOOK, **guard_settings: Any
+) -> World:
     clock = FakeClock()
     actions = fake_actions()
     registry = ActionRegistry(actions.values())
@@ -110,9 +112,14 @@ def make_world(tmp_path, grants: Iterable[str] = (), playbooks: str = PLAYBOOK, 
 
     settings.notify.webhook_url = "http://chat.example/hook"
     deps = EngineDeps(
-        settings=settings, store=store, playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
-        registry=registry, permissions=Permissions(Grant(action=name) for name in grants),
-        clients=Clients(settings, prometheus=prometheus, http=Notifier()), clock=clock, metrics=Metrics(),
+        settings=settings,
+        store=store,
+        playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
+        registry=registry,
+        permissions=Permissions(Grant(action=name) for name in grants),
+        clients=Clients(settings, prometheus=prometheus, http=Notifier()),
+        clock=clock,
+        metrics=Metrics(),
         diagnose=diagnose,
     )
     return World(Engine(deps), clock, prometheus, actions, world_notifications)
@@ -128,7 +135,11 @@ def test_default_is_advisory_every_change_would_run_and_nothing_is_called(tmp_pa
     w.run()
     inc = w.incident(result.opened[0])
     assert (inc["state"], inc["outcome"]) == ("advisory", "advisory")
-    assert w.steps(inc["id"]) == [("fake.drain", "would_run"), ("fake.requeue", "would_run"), ("fake.notice", "ok")]
+    assert w.steps(inc["id"]) == [
+        ("fake.drain", "would_run"),
+        ("fake.requeue", "would_run"),
+        ("fake.notice", "ok"),
+    ]
     assert w.calls("fake.drain") == [] and w.calls("fake.requeue") == []
     assert inc["diagnosis"]["category"] == "gpu_hardware"  # from the collected log line
     assert w.steps(inc["id"], "collect") == [("fake.logs", "ok")]
@@ -154,8 +165,16 @@ def test_whitelisted_steps_run_then_verification_recovers(tmp_path):
     assert (inc["state"], inc["attempt"], inc["open_key"]) == ("recovered", 1, None)
     assert [row["message"] for row in w.ledger(incident_id, "verify_sample")] == ["0 series", "1 series"]
     guards_seen = [row["data"]["guard"] for row in w.ledger(incident_id, "guard")]
-    assert guards_seen == ["kill_switch", "permission", "blast_radius", "serialisation", "budget", "cooldown",
-                           "stale_signal", "recheck"]
+    assert guards_seen == [
+        "kill_switch",
+        "permission",
+        "blast_radius",
+        "serialisation",
+        "budget",
+        "cooldown",
+        "stale_signal",
+        "recheck",
+    ]
 
 
 def test_duplicates_and_repeats_attach_to_the_open_incident(tmp_path):
@@ -308,10 +327,13 @@ def test_retry_outcome_waits_and_runs_again(tmp_path):
     assert w.incident(incident_id)["state"] == "verifying"
 
 
-@pytest.mark.parametrize(("outcome", "state"), [
-    (Ambiguous(reason="ssh timed out after sending"), "needs_human"),
-    (CredentialError(reason="permission denied (publickey)"), "credential_error"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "state"),
+    [
+        (Ambiguous(reason="ssh timed out after sending"), "needs_human"),
+        (CredentialError(reason="permission denied (publickey)"), "credential_error"),
+    ],
+)
 def test_ambiguous_and_credential_errors_stop_without_retrying(tmp_path, outcome, state):
     w = make_world(tmp_path, GRANTS)
     w.actions["fake.drain"].script.outcomes[:] = [outcome]
@@ -332,7 +354,9 @@ def test_failed_step_counts_as_an_attempt(tmp_path):
     w.run()
     inc = w.incident(incident_id)
     assert inc["state"] == "waiting" and "backoff 10m after attempt 1" in inc["reason"]
-    assert [row["message"] for row in w.ledger(incident_id, "attempt_failed")] == ["step fake.drain failed: node busy"]
+    assert [row["message"] for row in w.ledger(incident_id, "attempt_failed")] == [
+        "step fake.drain failed: node busy"
+    ]
     w.clock.advance(minutes=10)
     w.run()
     assert w.incident(incident_id)["state"] == "verifying" and w.incident(incident_id)["attempt"] == 2
@@ -400,9 +424,12 @@ def test_grafana_region_opens_with_the_incident_and_closes_with_its_outcome(tmp_
     w = make_world(tmp_path)
     settings = w.engine.deps.settings
     settings.grafana.url = "http://grafana.test:3000"
-    w.engine.deps.clients = Clients(settings, prometheus=w.prometheus,
-                                    grafana=GrafanaClient(settings.grafana.url, token="glsa_test"),
-                                    http=w.engine.deps.clients.http)
+    w.engine.deps.clients = Clients(
+        settings,
+        prometheus=w.prometheus,
+        grafana=GrafanaClient(settings.grafana.url, token="glsa_test"),
+        http=w.engine.deps.clients.http,
+    )
     with grafana_contract(settings.grafana.url, "glsa_test") as grafana:
         incident_id = w.send(alert(xid())).opened[0]
         w.clock.advance(5)
@@ -412,7 +439,13 @@ def test_grafana_region_opens_with_the_incident_and_closes_with_its_outcome(tmp_
     region = grafana.annotations[1]
     opened_ms = int(inc["opened_at"].timestamp() * 1000)
     assert region["time"] == opened_ms and region["timeEnd"] == opened_ms + 5000
-    assert region["tags"] == ["nightshift", "playbook:gpu-xid-79", "node:node1", "job:1234", "outcome:advisory"]
+    assert region["tags"] == [
+        "nightshift",
+        "playbook:gpu-xid-79",
+        "node:node1",
+        "job:1234",
+        "outcome:advisory",
+    ]
     assert "Outcome: advisory" in region["text"]
 
 
@@ -422,8 +455,12 @@ def test_grafana_down_never_fails_the_remediation(tmp_path):
     w = make_world(tmp_path, GRANTS)
     settings = w.engine.deps.settings
     settings.grafana.url = "http://127.0.0.1:1"
-    w.engine.deps.clients = Clients(settings, prometheus=w.prometheus, http=w.engine.deps.clients.http,
-                                    grafana=GrafanaClient(settings.grafana.url, token="t", timeout=0.5))
+    w.engine.deps.clients = Clients(
+        settings,
+        prometheus=w.prometheus,
+        http=w.engine.deps.clients.http,
+        grafana=GrafanaClient(settings.grafana.url, token="t", timeout=0.5),
+    )
     incident_id = w.send(alert(xid())).opened[0]
     w.run()
     assert w.incident(incident_id)["state"] == "verifying"
@@ -433,10 +470,13 @@ def test_grafana_down_never_fails_the_remediation(tmp_path):
 def test_promql_step_parameters_render_label_values_escaped(tmp_path):
     from app.actions.prometheus import ACTIONS as PROMETHEUS_ACTIONS
 
-    query_playbook = PLAYBOOK.replace("""  - action: fake.notice
+    query_playbook = PLAYBOOK.replace(
+        """  - action: fake.notice
     with: {text: "{{ diagnosis.summary }}"}
-    when: ['diagnosis=~"gpu_.*"']""", """  - action: prometheus.query
-    with: {query: 'up{instance="{{ labels.instance }}"}'}""")
+    when: ['diagnosis=~"gpu_.*"']""",
+        """  - action: prometheus.query
+    with: {query: 'up{instance="{{ labels.instance }}"}'}""",
+    )
     w = make_world(tmp_path, playbooks="")
     registry = w.engine.deps.registry
     for action in PROMETHEUS_ACTIONS:

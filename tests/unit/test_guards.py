@@ -10,8 +10,14 @@ from app.guards import PASS, STOP, WAIT, GuardFacts, PastAttempt
 from tests.fakes import START
 
 NOW = START
-BASE = GuardFacts(now=NOW, playbook="gpu-xid", node="node1", alert_starts_at=NOW - timedelta(minutes=1),
-                  granted_mutating=2, destructive=True)
+BASE = GuardFacts(
+    now=NOW,
+    playbook="gpu-xid",
+    node="node1",
+    alert_starts_at=NOW - timedelta(minutes=1),
+    granted_mutating=2,
+    destructive=True,
+)
 
 
 def decisions(facts: GuardFacts) -> list[tuple[str, str]]:
@@ -20,8 +26,13 @@ def decisions(facts: GuardFacts) -> list[tuple[str, str]]:
 
 def test_quiet_fleet_passes_every_guard_in_design_order():
     assert decisions(BASE) == [
-        ("kill_switch", PASS), ("permission", PASS), ("blast_radius", PASS), ("serialisation", PASS),
-        ("budget", PASS), ("cooldown", PASS), ("stale_signal", PASS),
+        ("kill_switch", PASS),
+        ("permission", PASS),
+        ("blast_radius", PASS),
+        ("serialisation", PASS),
+        ("budget", PASS),
+        ("cooldown", PASS),
+        ("stale_signal", PASS),
     ]
 
 
@@ -35,7 +46,9 @@ def test_kill_switch_holds_acting_incidents_and_ends_the_chain():
 def test_kill_switch_does_not_hold_an_advisory_plan():
     verdicts = guards.evaluate(replace(BASE, paused=True, granted_mutating=0, destructive=False, would_run=3))
     assert [(v.guard, v.decision, v.outcome) for v in verdicts] == [
-        ("kill_switch", PASS, None), ("permission", STOP, "advisory")]
+        ("kill_switch", PASS, None),
+        ("permission", STOP, "advisory"),
+    ]
     assert "3 would run" in verdicts[1].reason
 
 
@@ -59,7 +72,9 @@ def test_serialisation_waits_behind_an_earlier_incident():
 
 
 def test_budget_spent_stops_with_needs_human():
-    spent = tuple(PastAttempt(NOW - timedelta(hours=h), NOW - timedelta(hours=h), "failed") for h in (5, 3, 1))
+    spent = tuple(
+        PastAttempt(NOW - timedelta(hours=h), NOW - timedelta(hours=h), "failed") for h in (5, 3, 1)
+    )
     verdict = guards.budget(replace(BASE, attempts=spent, budget_attempts=3))
     assert (verdict.decision, verdict.outcome) == (STOP, "needs_human")
     assert "3 attempt(s) in the last 1d (budget 3)" in verdict.reason
@@ -70,8 +85,9 @@ def test_backoff_waits_until_exactly_backoff_after_the_last_attempt():
     verdict = guards.budget(replace(BASE, attempts=(last,), backoff=timedelta(minutes=10)))
     assert verdict.decision == WAIT
     assert verdict.until == NOW + timedelta(minutes=7)
-    later = guards.budget(replace(BASE, now=NOW + timedelta(minutes=7), attempts=(last,),
-                                  backoff=timedelta(minutes=10)))
+    later = guards.budget(
+        replace(BASE, now=NOW + timedelta(minutes=7), attempts=(last,), backoff=timedelta(minutes=10))
+    )
     assert later.decision == PASS and later.reason == "attempt 2 of 3"
 
 

@@ -43,8 +43,13 @@ def settings(tmp_path) -> Settings:
 
 
 def make_app(settings: Settings):
-    return create_app(settings, clock=FakeClock(), registry=ActionRegistry(fake_actions().values()),
-                      clients=Clients(settings, prometheus=FakePrometheus()), metrics=Metrics())
+    return create_app(
+        settings,
+        clock=FakeClock(),
+        registry=ActionRegistry(fake_actions().values()),
+        clients=Clients(settings, prometheus=FakePrometheus()),
+        metrics=Metrics(),
+    )
 
 
 @pytest.fixture
@@ -68,8 +73,17 @@ def test_webhook_records_the_alert_and_opens_an_incident(client):
     assert [row["kind"] for row in detail["ledger"]] == ["incident_opened"]
 
 
-@pytest.mark.parametrize("header", [None, "Bearer wrong", "Bearer " + TOKEN + "x", "Basic !!!", "Token " + TOKEN,
-                                    "Basic " + base64.b64encode(b"alertmanager:wrong").decode()])
+@pytest.mark.parametrize(
+    "header",
+    [
+        None,
+        "Bearer wrong",
+        "Bearer " + TOKEN + "x",
+        "Basic !!!",
+        "Token " + TOKEN,
+        "Basic " + base64.b64encode(b"alertmanager:wrong").decode(),
+    ],
+)
 def test_webhook_rejects_missing_or_wrong_credentials(client, header):
     headers = {"Content-Type": "application/json"} | ({"Authorization": header} if header else {})
     response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=headers)
@@ -81,18 +95,38 @@ def test_webhook_rejects_missing_or_wrong_credentials(client, header):
 
 def test_webhook_accepts_basic_auth(client):
     basic = base64.b64encode(b"alertmanager:basic-pass").decode()
-    response = client.post("/api/v1/alerts", data=body(alert(xid())),
-                           headers={"Authorization": f"Basic {basic}", "Content-Type": "application/json"})
+    response = client.post(
+        "/api/v1/alerts",
+        data=body(alert(xid())),
+        headers={"Authorization": f"Basic {basic}", "Content-Type": "application/json"},
+    )
     assert response.status_code == 200
 
 
-@pytest.mark.parametrize(("data", "message"), [
-    (b"{not json", "invalid JSON"),
-    (json.dumps({"version": "4", "status": "firing", "receiver": "x", "alerts": [
-        {"status": "firing", "labels": {"alertname": "X", "gpu": 3}, "startsAt": "2026-12-02T03:00:00Z"}]}),
-     "alerts[0].labels.gpu"),
-    (json.dumps([1, 2]), "object"),
-])
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"{not json", "invalid JSON"),
+        (
+            json.dumps(
+                {
+                    "version": "4",
+                    "status": "firing",
+                    "receiver": "x",
+                    "alerts": [
+                        {
+                            "status": "firing",
+                            "labels": {"alertname": "X", "gpu": 3},
+                            "startsAt": "2026-12-02T03:00:00Z",
+                        }
+                    ],
+                }
+            ),
+            "alerts[0].labels.gpu",
+        ),
+        (json.dumps([1, 2]), "object"),
+    ],
+)
 def test_webhook_bad_payload_is_400_with_a_precise_message(client, data, message):
     response = client.post("/api/v1/alerts", data=data, headers=auth())
     assert response.status_code == 400
@@ -108,8 +142,9 @@ def test_webhook_oversized_body_is_413(client):
 def test_webhook_answers_503_when_the_store_is_down(settings):
     app = make_app(settings)
     store = app.extensions["nightshift"].store
-    store.engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none",
-                                 connect_args={"connect_timeout": 1})
+    store.engine = create_engine(
+        "postgresql+psycopg://nobody@127.0.0.1:1/none", connect_args={"connect_timeout": 1}
+    )
     client = app.test_client()
     response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
     assert response.status_code == 503 and "store" in response.json["message"]
@@ -124,8 +159,9 @@ def test_app_refuses_to_start_without_webhook_auth(settings):
         make_app(settings)
     settings.webhook.auth_disabled = True
     app = make_app(settings)
-    response = app.test_client().post("/api/v1/alerts", data=body(alert(xid())),
-                                      headers={"Content-Type": "application/json"})
+    response = app.test_client().post(
+        "/api/v1/alerts", data=body(alert(xid())), headers={"Content-Type": "application/json"}
+    )
     assert response.status_code == 200
 
 
@@ -160,5 +196,8 @@ def test_health_and_metrics(client):
 
 def test_unknown_incident_is_a_json_404(client):
     response = client.get("/api/v1/incidents/999")
-    assert response.status_code == 404 and response.json == {"status": "error", "message": "incident 999 not found"}
+    assert response.status_code == 404 and response.json == {
+        "status": "error",
+        "message": "incident 999 not found",
+    }
     assert client.get("/nowhere").json["status"] == "error"
