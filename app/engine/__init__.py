@@ -52,6 +52,64 @@ class Engine:
         self.deps.metrics.paused.set(1 if paused else 0)
         return value
 
+    def approve_step(self, incident_id: int, step_id: int, by: str) -> dict[str, Any]:
+        """Approve a step that waits for approval; the worker runs it on its next look at the incident."""
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            step = next((s for s in records.get_steps(conn, incident_id) if s["id"] == step_id), None)
+            if step is None:
+                raise LookupError(f"incident {incident_id} has no step {step_id}")
+            if step["status"] != "awaiting_approval":
+                raise ValueError(f"step {step_id} is {step['status']}, not awaiting approval")
+            records.update_step(conn, step_id, status="pending", approved_by=by, approved_at=now)
+            records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+            records.record(
+                conn,
+                now,
+                "approved",
+                f"step {step['name']} approved by {by}",
+                incident_id=incident_id,
+                data={"step_id": step_id, "by": by},
+            )
+            return records.get_incident(conn, incident_id) or {}
+
+    def mark_handled(self, incident_id: int, by: str, note: str) -> dict[str, Any]:
+        """An operator takes an open incident over: it closes as ``handled`` and Nightshift stops acting on it."""
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            incident = records.get_incident(conn, incident_id)
+            if incident is None:
+                raise LookupError(f"incident {incident_id} not found")
+            if incident["open_key"] is None:
+                raise ValueError(f"incident {incident_id} is already closed ({incident['outcome']})")
+            if incident["claimed_by"] is not None and incident["claim_expires_at"] > now:
+                raise ValueError(
+                    f"incident {incident_id} is being worked on right now; try again in a moment"
+                )
+            reason = f"handled by {by}" + (f": {note}" if note else "")
+            records.update_incident(
+                conn,
+                incident_id,
+                state="handled",
+                outcome="handled",
+                reason=reason,
+                open_key=None,
+                closed_at=now,
+                updated_at=now,
+                next_run_at=now,
+                finalize_pending=True,
+            )
+            records.record(
+                conn,
+                now,
+                "incident_closed",
+                f"handled: {reason}",
+                incident_id=incident_id,
+                data={"outcome": "handled", "by": by},
+            )
+        self.deps.metrics.incidents.labels("handled").inc()
+        return self.incident(incident_id) or {}
+
     def status(self) -> dict[str, Any]:
         with self.deps.store.transaction() as conn:
             pause = records.get_control(conn, "pause") or {"paused": False}

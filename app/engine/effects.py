@@ -182,6 +182,16 @@ class Effects:
             {"incident": inc["id"], "guard": "blast_radius"},
         )
 
+    def approval_requested(self, inc: Mapping[str, Any], step: Mapping[str, Any]) -> None:
+        url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"
+        self._notify(
+            inc["id"],
+            f"[nightshift] approval needed: {step['name']} on {inc.get('node') or inc.get('job')}",
+            f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step['name']}:\n"
+            f"{step['command']}\nApprove: {url}",
+            {"incident": inc["id"], "step": step["id"]},
+        )
+
     def credential_error(self, action: str, reason: str) -> None:
         backend = action.split(".", 1)[0]
         now = self.deps.clock.now()

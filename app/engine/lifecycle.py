@@ -236,8 +236,10 @@ class Lifecycle:
         for step in self._steps(inc, attempt=inc["attempt"], phase="steps"):
             if step["status"] in DONE_STEP_STATUSES:
                 continue
-            if step["status"] not in ("pending", "retry"):
+            if step["status"] not in ("pending", "retry", "awaiting_approval"):
                 return self._close(inc, "needs_human", f"step {step['name']} is {step['status']}")
+            if step["approval"] and not step["approved_by"]:
+                return self._await_approval(inc, step)
             self._renew(inc, worker)
             outcome = self._execute(inc, step)
             if isinstance(outcome, Ok):
@@ -263,6 +265,18 @@ class Lifecycle:
             inc, "verifying", f"polling {playbook.verify.promql} for up to {playbook.verify.timeout}"
         )
         return now + playbook.verify.interval
+
+    def _await_approval(self, inc: Incident, step: dict[str, Any]) -> datetime:
+        """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
+        if step["status"] != "awaiting_approval":
+            with self.deps.store.transaction() as conn:
+                records.update_step(conn, step["id"], status="awaiting_approval")
+            reason = f"step {step['name']} awaits operator approval"
+            self._update(inc, reason=reason)
+            self._ledger(inc, "approval_requested", f"{reason}: {step['command']}", {"step_id": step["id"]})
+            self.effects.approval_requested(inc, step)
+        # Polled rather than parked: an approval that lands while this worker holds the claim is never lost.
+        return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
     def _verify(self, inc: Incident, playbook: Playbook) -> datetime | None:
         assert playbook.verify is not None
@@ -348,6 +362,7 @@ class Lifecycle:
                         "command": p.command,
                         "reason": p.reason,
                         "retries": 0,
+                        "approval": p.approval,
                     },
                 )
             for p in planned:

@@ -158,6 +158,9 @@ steps = Table(
     Column("output", Text, nullable=False, default=""),
     Column("reason", Text, nullable=False, default=""),
     Column("retries", Integer, nullable=False, default=0),
+    Column("approval", Boolean, nullable=False, default=False),  # `approval: required` in the playbook
+    Column("approved_by", String(200)),
+    Column("approved_at", UtcDateTime),
     Column("started_at", UtcDateTime),
     Column("finished_at", UtcDateTime),
     Column("duration", JSON),

@@ -67,12 +67,44 @@ def _reason() -> str:
 @bp.post("/pause")
 @operator_only
 def pause():
-    value = current_app.extensions["nightshift"].engine.set_paused(True, _reason(), by="operator-api")
+    value = current_app.extensions["nightshift"].engine.set_paused(True, _reason(), by=_operator())
     return jsonify({"status": "ok", **value})
 
 
 @bp.post("/resume")
 @operator_only
 def resume():
-    value = current_app.extensions["nightshift"].engine.set_paused(False, _reason(), by="operator-api")
+    value = current_app.extensions["nightshift"].engine.set_paused(False, _reason(), by=_operator())
     return jsonify({"status": "ok", **value})
+
+
+@bp.post("/incidents/<int:incident_id>/steps/<int:step_id>/approve")
+@operator_only
+def approve(incident_id: int, step_id: int):
+    engine = current_app.extensions["nightshift"].engine
+    try:
+        incident = engine.approve_step(incident_id, step_id, by=_operator())
+    except LookupError as exc:
+        return error(404, str(exc))
+    except ValueError as exc:
+        return error(409, str(exc))
+    return jsonify({"status": "ok", "incident": incident})
+
+
+@bp.post("/incidents/<int:incident_id>/handled")
+@operator_only
+def handled(incident_id: int):
+    engine = current_app.extensions["nightshift"].engine
+    try:
+        detail = engine.mark_handled(incident_id, by=_operator(), note=_reason())
+    except LookupError as exc:
+        return error(404, str(exc))
+    except ValueError as exc:
+        return error(409, str(exc))
+    return jsonify({"status": "ok", **detail})
+
+
+def _operator() -> str:
+    """Who acted, as the operator says (free text, bounded); the token proved they may."""
+    name = request.headers.get("X-Nightshift-Operator", "operator")
+    return "".join(ch for ch in name if ch.isprintable())[:100] or "operator"

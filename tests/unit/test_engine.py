@@ -485,3 +485,50 @@ def test_promql_step_parameters_render_label_values_escaped(tmp_path):
     w.send(alert({**xid(), "instance": 'x"} or vector(1) or {a="'}))
     w.run()
     assert w.prometheus.queries[-1] == 'up{instance="x\\"} or vector(1) or {a=\\""}'
+
+
+def test_step_marked_approval_required_waits_for_an_operator(tmp_path):
+    gated = PLAYBOOK.replace(
+        """  - action: fake.requeue
+    with: {job: "{{ target.job }}"}""",
+        """  - action: fake.requeue
+    with: {job: "{{ target.job }}"}
+    approval: required""",
+    )
+    w = make_world(tmp_path, GRANTS, playbooks=gated)
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.steps(incident_id)[:2] == [("fake.drain", "ok"), ("fake.requeue", "awaiting_approval")]
+    w.clock.advance(minutes=10)
+    w.run()
+    assert w.calls("fake.requeue") == [] and w.incident(incident_id)["state"] == "acting"
+    assert any("approval needed" in text or "waits for approval" in text for _, text in w.notifications)
+    step_id = next(s["id"] for s in w.engine.incident(incident_id)["steps"] if s["action"] == "fake.requeue")
+    with pytest.raises(LookupError):
+        w.engine.approve_step(incident_id, 9999, by="alice")
+    w.engine.approve_step(incident_id, step_id, by="alice")
+    with pytest.raises(ValueError, match="not awaiting approval"):
+        w.engine.approve_step(incident_id, step_id, by="alice")
+    w.run()
+    assert w.calls("fake.requeue") == [{"job": "1234"}]
+    assert w.incident(incident_id)["state"] == "verifying"
+    assert [row["message"] for row in w.ledger(incident_id, "approved")] == [
+        "step fake.requeue approved by alice"
+    ]
+
+
+def test_operator_marks_an_open_incident_handled(tmp_path):
+    w = make_world(tmp_path, GRANTS)
+    w.engine.set_paused(True, "hands off", by="bob")
+    incident_id = w.send(alert(xid())).opened[0]
+    w.run()
+    assert w.incident(incident_id)["state"] == "waiting"
+    w.engine.mark_handled(incident_id, by="bob", note="rebooted by hand")
+    w.engine.set_paused(False, "", by="bob")
+    w.clock.advance(minutes=1)
+    w.run()
+    inc = w.incident(incident_id)
+    assert (inc["outcome"], inc["reason"]) == ("handled", "handled by bob: rebooted by hand")
+    assert w.calls("fake.drain") == []
+    with pytest.raises(ValueError, match="already closed"):
+        w.engine.mark_handled(incident_id, by="bob", note="")

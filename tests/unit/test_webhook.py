@@ -201,3 +201,18 @@ def test_unknown_incident_is_a_json_404(client):
         "message": "incident 999 not found",
     }
     assert client.get("/nowhere").json["status"] == "error"
+
+
+def test_operator_handles_an_incident_over_the_api(client):
+    incident_id = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth()).json["opened"][0]
+    url = f"/api/v1/incidents/{incident_id}/handled"
+    assert client.post(url, json={"reason": "mine"}).status_code == 401
+    response = client.post(
+        url, json={"reason": "mine"}, headers=auth(OPERATOR) | {"X-Nightshift-Operator": "carol"}
+    )
+    assert response.status_code == 200 and response.json["incident"]["outcome"] == "handled"
+    assert response.json["incident"]["reason"] == "handled by carol: mine"
+    assert client.post(url, headers=auth(OPERATOR)).status_code == 409
+    assert client.post("/api/v1/incidents/999/handled", headers=auth(OPERATOR)).status_code == 404
+    bad_step = client.post(f"/api/v1/incidents/{incident_id}/steps/1/approve", headers=auth(OPERATOR))
+    assert bad_step.status_code == 404
