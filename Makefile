@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: deps run test test-unit lint demo bench kube-apiserver clean
+.PHONY: deps run test test-unit lint demo bench kube-apiserver clean schema
 
 deps:
 	@scripts/install-deps.sh
@@ -28,3 +28,6 @@ lint: deps
 
 clean:
 	rm -rf var test-output .pytest_cache
+
+schema: deps  ## regenerate app/schema/playbook.schema.json from the action registry
+	$(PY) -c 'from app.actions import default_registry; from app.playbooks import SCHEMA_PATH, write_schema; write_schema(SCHEMA_PATH, default_registry())'

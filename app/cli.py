@@ -207,8 +207,8 @@ def _print_explained(entry: dict[str, Any]) -> None:
         for step in pb["steps"]:
             detail = step["command"] or step["reason"]
             click.echo(f"    step {step['name']} [{step['status']}] {step['summary']}")
-            if detail:
-                click.echo(f"      {detail}")
+            for line in detail.splitlines():
+                click.echo(f"      {line}")
             if step["status"] == "would_run" and step["reason"]:
                 click.echo(f"      not run: {step['reason']}")
         if pb["verify"]:

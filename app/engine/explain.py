@@ -10,6 +10,7 @@ from app.alertmanager import Notification
 from app.engine.deps import EngineDeps, render_target
 from app.engine.lifecycle import template_context
 from app.planning import INVALID, plan_steps, when_context
+from app.templates import render_promql
 
 
 def explain(deps: EngineDeps, notification: Notification) -> list[dict[str, Any]]:
@@ -53,11 +54,12 @@ def _explain_playbook(
         "target": target.values,
         "diagnosis": diagnosis,
     }
+    context = template_context(inc, deps.settings.external_url)
     planned = plan_steps(
         playbook.steps,
         registry=deps.registry,
         permissions=deps.permissions,
-        template_context=template_context(inc, deps.settings.external_url),
+        template_context=context,
         when=when_context(labels, diagnosis, 1),
         target=target.values,
     )
@@ -94,7 +96,7 @@ def _explain_playbook(
         "target": dict(target.values),
         "diagnosis": diagnosis,
         "guards": [v.as_dict() for v in verdicts],
-        "recheck": playbook.recheck,
+        "recheck": render_promql(playbook.recheck, context) if playbook.recheck else None,
         "steps": [
             {
                 "name": p.name,
@@ -106,6 +108,6 @@ def _explain_playbook(
             }
             for p in planned
         ],
-        "verify": playbook.verify.promql if playbook.verify else None,
+        "verify": render_promql(playbook.verify.promql, context) if playbook.verify else None,
         "outcome": outcome,
     }

@@ -1,0 +1,149 @@
+"""Checkpoint quarantine: move the newest checkpoint aside so the job resumes from the one before.
+
+The commands run over SSH on the Slurm host (``ctx.clients.slurm``), which is expected to share the
+checkpoint filesystem with the compute nodes. Kubernetes jobs are covered by the same action only when their
+checkpoint volume is also mounted on that SSH host (a documented limitation: there is no in-cluster variant).
+
+Which checkpoint is "newest": the subdirectories of ``dir`` matching ``pattern`` (symlinks are never
+candidates, earlier quarantines are skipped). When every candidate name ends in a number (``step_1200``,
+``checkpoint-500``, ``global_step30``) they are ordered by that number, so ``step_10`` is newer than
+``step_9``; otherwise by modification time. The newest one is renamed, never deleted.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from app.actions.base import ActionContext, Plan
+from app.actions.slurm import SlurmAction, executed_commands
+from app.errors import ParamError
+from app.outcome import Failed, Ok, Outcome, tail
+from app.params import ABS_PATH, Param
+
+if TYPE_CHECKING:
+    from app.clients.slurm import SlurmClient
+    from app.clients.ssh import CommandResult
+
+QUARANTINE_MARK = ".quarantined-"
+# A find(1) -name pattern: a file name with * ? [ ] wildcards, no slash, no leading dash.
+NAME_PATTERN = r"[A-Za-z0-9._*?\[\]][A-Za-z0-9._*?\[\]-]{0,99}"
+
+
+def within(path: str, roots: Sequence[str]) -> bool:
+    """Whether the resolved ``path`` is one of the resolved ``roots`` or below one."""
+    return any(path == root.rstrip("/") or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def parse_listing(output: str) -> list[tuple[float, str]]:
+    """(mtime, name) pairs of ``find -printf '%T@ %f\\0'`` output, without earlier quarantines."""
+    entries = []
+    for record in output.split("\0"):
+        mtime, _, name = record.partition(" ")
+        if name and QUARANTINE_MARK not in name:
+            entries.append((float(mtime), name))
+    return entries
+
+
+def by_age(entries: Sequence[tuple[float, str]]) -> list[str]:
+    """Checkpoint names, oldest first: by trailing number when every name has one, else by mtime."""
+    numbers = [re.search(r"([0-9]+)$", name) for _, name in entries]
+    if entries and all(numbers):
+        keyed = [
+            (int(m.group(1)), mtime, name) for m, (mtime, name) in zip(numbers, entries, strict=True) if m
+        ]
+        return [name for *_, name in sorted(keyed)]
+    return [name for _, name in sorted(entries)]
+
+
+def quarantine_name(name: str, ctx: ActionContext) -> str:
+    return f"{name}{QUARANTINE_MARK}{ctx.clock.now().strftime('%Y%m%dT%H%M%SZ')}"
+
+
+class QuarantineLatest(SlurmAction):
+    """Rename the newest checkpoint under an allowed root to ``<name>.quarantined-<UTC timestamp>``.
+
+    ``dir`` is resolved on the remote host (``realpath -e``) and must lie under one of
+    ``settings.checkpoint.allowed_roots`` (also resolved there), so a symlink cannot lead out of a root; the
+    candidates are listed with ``find -type d``, which does not follow symlinks; the rename is ``mv -n -T``,
+    which never overwrites.
+    """
+
+    name = "checkpoint.quarantine_latest"
+    description = "Move the newest checkpoint aside so the job resumes from the previous one"
+    params = {
+        "dir": Param(pattern=ABS_PATH, max_length=1024, description="checkpoint directory (absolute)"),
+        "pattern": Param(
+            pattern=NAME_PATTERN, required=False, default="*", description="checkpoint name glob"
+        ),
+    }
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        if ".." in params["dir"].split("/"):
+            raise ParamError(self.name, "dir", "must not contain '..'")
+        return params
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        listing = _list_command(params["dir"], params["pattern"])
+        return Plan(
+            f"rename the newest checkpoint matching {params['pattern']!r} in {params['dir']} "
+            f"to <name>{QUARANTINE_MARK}<UTC time>",
+            "\n".join(
+                [
+                    shlex.join(["realpath", "-e", "--", params["dir"]]),
+                    shlex.join(listing),
+                    "env LC_ALL=C mv -n -T -v -- <newest> <newest>.quarantined-<UTC time>",
+                ]
+            ),
+        )
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        roots = list(ctx.settings.checkpoint.allowed_roots)
+        if not roots or not all(re.fullmatch(ABS_PATH, root) for root in roots):
+            return Failed(reason=f"checkpoint.allowed_roots must list absolute paths (got {roots!r})")
+        executed.append(slurm.run(["realpath", "-e", "--", params["dir"]]))
+        resolved = executed[-1].stdout.rstrip("\n")
+        executed.append(slurm.run(["realpath", "-m", "--", *roots]))
+        resolved_roots = executed[-1].stdout.splitlines()
+        if not within(resolved, resolved_roots):
+            return Failed(
+                reason=f"{params['dir']} resolves to {resolved}, outside the allowed roots "
+                f"({', '.join(resolved_roots)})",
+                command=executed_commands(executed),
+            )
+        executed.append(slurm.run(_list_command(resolved, params["pattern"])))
+        names = by_age(parse_listing(executed[-1].stdout))
+        if not names:
+            return Failed(
+                reason=f"no checkpoint directory matching {params['pattern']!r} in {resolved}",
+                command=executed_commands(executed),
+            )
+        newest = f"{resolved}/{names[-1]}"
+        target = f"{resolved}/{quarantine_name(names[-1], ctx)}"
+        # -n: never overwrite. -v under LC_ALL=C says "renamed" only when it did (9.1 -n is silent).
+        executed.append(slurm.run(["env", "LC_ALL=C", "mv", "-n", "-T", "-v", "--", newest, target]))
+        if "renamed" not in executed[-1].stdout:
+            return Failed(
+                reason=f"{target} already exists; nothing renamed", command=executed_commands(executed)
+            )
+        previous = f"{resolved}/{names[-2]}" if len(names) > 1 else None
+        return Ok(
+            command=executed_commands(executed),
+            output=tail(f"{executed[-1].stdout}job resumes from: {previous or 'scratch (no older one)'}"),
+            exit_code=0,
+            data={"quarantined": newest, "to": target, "previous": previous},
+        )
+
+
+def _list_command(directory: str, pattern: str) -> list[str]:
+    # -type d without -L: symlinks are never candidates. NUL-separated "mtime name" records.
+    return ["find", directory, "-mindepth", "1", "-maxdepth", "1", "-type", "d", "-name", pattern,
+            "-printf", r"%T@ %f\0"]  # fmt: skip
+
+
+ACTIONS = (QuarantineLatest(),)

@@ -1,0 +1,465 @@
+"""Kubernetes actions: cordon/uncordon/taint nodes, evict/delete pods, restart training jobs, read pod logs.
+
+Every API call goes through :class:`app.clients.kube.KubeClient` (``ctx.clients.kube``); its errors become
+outcomes here with :func:`app.outcome.outcome_from_error`. Ownership is recorded on the objects themselves
+(annotations under ``nightshift.io/``), so a later step, another replica or a human can see what Nightshift
+did and undo only that.
+What "restart" means for each job kind is documented in docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import json
+from abc import abstractmethod
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from app import errors
+from app.actions.base import Action, ActionContext, Plan
+from app.outcome import Ambiguous, Failed, Ok, Outcome, outcome_from_error, tail
+from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, NODE_NAME, Param
+
+if TYPE_CHECKING:
+    from datetime import datetime
+
+    from app.clients.kube import KubeClient
+
+OWNER = "nightshift"
+CORDONED_BY = "nightshift.io/cordoned-by"
+CORDONED_AT = "nightshift.io/cordoned-at"
+SUSPENDED_BY = "nightshift.io/suspended-by"
+RESTARTED_AT = "nightshift.io/restarted-at"
+TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+JOB_KINDS = ("Job", "PyTorchJob", "JobSet")
+# Where each suspendable kind keeps its suspend flag.
+SUSPEND_PATHS: dict[str, tuple[str, ...]] = {
+    "PyTorchJob": ("spec", "runPolicy", "suspend"),
+    "JobSet": ("spec", "suspend"),
+}
+# Labels the apiserver derives from a Job's uid and name when it generates the selector; a recreated Job must
+# not carry the old ones, or validation rejects the selector as "not auto-generated".
+GENERATED_JOB_LABELS = (
+    "controller-uid",
+    "batch.kubernetes.io/controller-uid",
+    "job-name",
+    "batch.kubernetes.io/job-name",
+)
+MAX_LOG_LINES = 5000
+
+NODE = Param(pattern=NODE_NAME, description="Kubernetes node name")
+NAMESPACE = Param(pattern=K8S_NAMESPACE, description="namespace")
+POD = Param(pattern=K8S_NAME, description="pod name")
+GRACE = Param(
+    kind="integer", required=False, default=30, description="termination grace period, seconds (>= 0)"
+)
+
+
+def _stamp(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+class KubernetesAction(Action):
+    """Runs :meth:`act` with the Kubernetes client; a backend error becomes the outcome its type implies."""
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        for name, spec in self.params.items():
+            if spec.kind == "integer" and name in params and params[name] < 0:
+                raise errors.ParamError(self.name, name, f"must be >= 0, got {params[name]}")
+        return params
+
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
+        command = self.plan(params).command
+        try:
+            return self.act(params, ctx.clients.kube, ctx, command)
+        except errors.BackendError as exc:
+            return outcome_from_error(exc, command=command)
+
+    @abstractmethod
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        """Do the work; raise :mod:`app.errors` backend errors, return anything else as an outcome."""
+
+
+class CordonNode(KubernetesAction):
+    name = "kubernetes.cordon_node"
+    description = (
+        "Mark a node unschedulable and record that Nightshift did it (annotation nightshift.io/cordoned-by)."
+    )
+    params = {"node": NODE}
+    scope_keys = ("node",)
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        node = params["node"]
+        return Plan(
+            summary=f"cordon node {node} (unless already cordoned) and annotate {CORDONED_BY}={OWNER}",
+            command=f"PATCH /api/v1/nodes/{node} spec.unschedulable=true "
+            f"metadata.annotations.{CORDONED_BY}={OWNER}",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        node = params["node"]
+        changed = kube.cordon(node, {CORDONED_BY: OWNER, CORDONED_AT: _stamp(ctx.clock.now())})
+        if changed:
+            owner = OWNER
+            message = f"node {node} cordoned"
+        else:
+            owner = (kube.get_node(node)["metadata"].get("annotations") or {}).get(CORDONED_BY) or "unknown"
+            message = f"node {node} was already cordoned (by {owner}); left as it was"
+        # What still runs there: the next steps (evict, restart) act on it.
+        pods = sorted(
+            f"{p['metadata']['namespace']}/{p['metadata']['name']}" for p in kube.list_pods_on_node(node)
+        )
+        return Ok(
+            command=command,
+            output=f"{message}; {len(pods)} pod(s) on it",
+            data={"node": node, "changed": changed, "cordoned_by": owner, "pods": pods},
+        )
+
+
+class UncordonNode(KubernetesAction):
+    name = "kubernetes.uncordon_node"
+    description = (
+        "Make a node schedulable again, only if Nightshift cordoned it; removes the ownership annotations."
+    )
+    params = {"node": NODE}
+    scope_keys = ("node",)
+    return_to_service = True
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        node = params["node"]
+        return Plan(
+            summary=f"uncordon node {node} if it carries {CORDONED_BY}={OWNER}",
+            command=f"PATCH /api/v1/nodes/{node} spec.unschedulable=false (if {CORDONED_BY}={OWNER})",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        node = params["node"]
+        if kube.uncordon(node, only_if={CORDONED_BY: OWNER}, drop_annotations=(CORDONED_BY, CORDONED_AT)):
+            return Ok(command=command, output=f"node {node} uncordoned", data={"node": node, "changed": True})
+        # Not ours (someone else cordoned it, or nobody): whoever did it decides when it comes back.
+        return Ok(
+            command=command,
+            output=f"node {node} not uncordoned: it does not carry {CORDONED_BY}={OWNER}",
+            data={"node": node, "changed": False},
+        )
+
+
+class TaintNode(KubernetesAction):
+    name = "kubernetes.taint_node"
+    description = "Add a taint to a node, replacing any taint with the same key."
+    params = {
+        "node": NODE,
+        "key": Param(pattern=K8S_KEY, description="taint key, e.g. nightshift.io/gpu-fault"),
+        "value": Param(pattern=K8S_LABEL_VALUE, required=False, default="", description="taint value"),
+        "effect": Param(choices=TAINT_EFFECTS, description="NoSchedule | PreferNoSchedule | NoExecute"),
+    }
+    scope_keys = ("node",)
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        taint = f"{params['key']}={params['value']}:{params['effect']}"
+        return Plan(
+            summary=f"taint node {params['node']} with {taint}",
+            command=f"PATCH /api/v1/nodes/{params['node']} spec.taints += {taint} "
+            f"(replacing key {params['key']})",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        changed = kube.taint(params["node"], params["key"], params["value"], params["effect"])
+        state = "tainted" if changed else "already carried the taint"
+        return Ok(
+            command=command,
+            output=f"node {params['node']} {state} {params['key']}={params['value']}:{params['effect']}",
+            data={"node": params["node"], "changed": changed},
+        )
+
+
+class EvictPod(KubernetesAction):
+    name = "kubernetes.evict_pod"
+    description = (
+        "Evict a pod through the Eviction API (honours PodDisruptionBudgets: refused now means retry later)."
+    )
+    params = {"namespace": NAMESPACE, "pod": POD, "grace_seconds": GRACE}
+    scope_keys = ("namespace",)
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        ns, pod = params["namespace"], params["pod"]
+        return Plan(
+            summary=f"evict pod {ns}/{pod} (grace {params['grace_seconds']}s)",
+            command=f"POST /api/v1/namespaces/{ns}/pods/{pod}/eviction "
+            f"gracePeriodSeconds={params['grace_seconds']}",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        # A 429 (PodDisruptionBudget) is RateLimited, which outcome_from_error turns into Retry(after=...).
+        kube.evict(params["namespace"], params["pod"], params["grace_seconds"])
+        return Ok(command=command, output=f"pod {params['namespace']}/{params['pod']} evicted")
+
+
+class DeletePod(KubernetesAction):
+    name = "kubernetes.delete_pod"
+    description = "Delete a pod directly (bypasses PodDisruptionBudgets)."
+    params = {"namespace": NAMESPACE, "pod": POD, "grace_seconds": GRACE}
+    scope_keys = ("namespace",)
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        ns, pod = params["namespace"], params["pod"]
+        return Plan(
+            summary=f"delete pod {ns}/{pod} (grace {params['grace_seconds']}s)",
+            command=f"DELETE /api/v1/namespaces/{ns}/pods/{pod}?gracePeriodSeconds={params['grace_seconds']}",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        kube.delete_pod(params["namespace"], params["pod"], params["grace_seconds"])
+        return Ok(command=command, output=f"pod {params['namespace']}/{params['pod']} deleted")
+
+
+class PodLogs(KubernetesAction):
+    name = "kubernetes.pod_logs"
+    description = "Read the last lines of a pod's container log (through the apiserver)."
+    params = {
+        "namespace": NAMESPACE,
+        "pod": POD,
+        "container": Param(pattern=K8S_NAME, required=False, description="container (default: the only one)"),
+        "lines": Param(
+            kind="integer", required=False, default=200, description=f"lines, at most {MAX_LOG_LINES}"
+        ),
+    }
+    read_only = True
+    scope_keys = ("namespace",)
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        if params["lines"] > MAX_LOG_LINES:
+            raise errors.ParamError(self.name, "lines", f"at most {MAX_LOG_LINES}, got {params['lines']}")
+        return params
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        ns, pod, container = params["namespace"], params["pod"], params.get("container")
+        query = f"tailLines={params['lines']}" + (f"&container={container}" if container else "")
+        return Plan(
+            summary=f"read the last {params['lines']} log lines of {ns}/{pod}"
+            + (f" [{container}]" if container else ""),
+            command=f"GET /api/v1/namespaces/{ns}/pods/{pod}/log?{query}",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        text = kube.pod_logs(params["namespace"], params["pod"], params.get("container"), params["lines"])
+        return Ok(command=command, output=tail(text), data={"log": text})
+
+
+class RestartJob(KubernetesAction):
+    """Restart a whole training job. Job: delete (propagation Background) and recreate from its own spec.
+    PyTorchJob / JobSet: suspend, wait until the operator reports ``Suspended`` (it has deleted the pods),
+    then resume (it creates them again).
+
+    The suspend is recorded with ``nightshift.io/suspended-by``, so a run interrupted between suspend and
+    resume is completed by the next run instead of being mistaken for someone else's suspension.
+    """
+
+    name = "kubernetes.restart_job"
+    description = "Restart a Job, PyTorchJob or JobSet (all its pods are recreated); see docs/kubernetes.md."
+    params = {
+        "namespace": NAMESPACE,
+        "name": Param(pattern=K8S_NAME, description="job name"),
+        "kind": Param(choices=JOB_KINDS, description="Job | PyTorchJob | JobSet"),
+    }
+    scope_keys = ("namespace",)
+
+    def __init__(self, operator_timeout_seconds: float = 60.0, poll_seconds: float = 1.0):
+        # How long the operator may take to act on a suspend (or the Job to disappear) before we stop waiting.
+        self.operator_timeout_seconds = operator_timeout_seconds
+        self.poll_seconds = poll_seconds
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        ns, name, kind = params["namespace"], params["name"], params["kind"]
+        if kind == "Job":
+            return Plan(
+                summary=f"restart Job {ns}/{name}: delete it (propagation Background) and recreate it "
+                "from its spec",
+                command=f"DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name} (uid precondition); "
+                f"POST /apis/batch/v1/namespaces/{ns}/jobs",
+            )
+        field = ".".join(SUSPEND_PATHS[kind][1:])
+        return Plan(
+            summary=f"restart {kind} {ns}/{name}: set {field}=true, wait for the operator to suspend it, "
+            f"then set {field}=false",
+            command=f"PATCH {kind} {ns}/{name} {field}=true (merge patch, resourceVersion precondition); "
+            f"wait for condition Suspended=True; PATCH {field}=false",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        if params["kind"] == "Job":
+            return self._recreate_job(params["namespace"], params["name"], kube, ctx, command)
+        return self._suspend_and_resume(
+            params["kind"], params["namespace"], params["name"], kube, ctx, command
+        )
+
+    def _suspend_and_resume(
+        self, kind: str, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str
+    ) -> Outcome:
+        path = SUSPEND_PATHS[kind]
+        restarted_at = _stamp(ctx.clock.now())
+        seen: list[Mapping[str, Any]] = []
+
+        def suspend(current: Mapping[str, Any]) -> dict[str, Any] | None:
+            seen.append(current)
+            if _suspended(current, path):
+                return None
+            annotations = {SUSPENDED_BY: OWNER, RESTARTED_AT: restarted_at}
+            return {"metadata": {"annotations": annotations}, **_nested_patch(path, True)}
+
+        if kube.update_workload(kind, ns, name, suspend):
+            ctx.record("suspend", f"{kind} {ns}/{name} suspended", {"restarted_at": restarted_at})
+        elif (seen[-1]["metadata"].get("annotations") or {}).get(SUSPENDED_BY) != OWNER:
+            return Failed(
+                command=command,
+                reason=f"{kind} {ns}/{name} is suspended by someone else; restarting would resume it",
+            )
+        else:
+            ctx.record(
+                "resume", f"{kind} {ns}/{name} was left suspended by an earlier run; completing it", {}
+            )
+        acknowledged = self._wait(ctx, lambda: _condition(kube.get_workload(kind, ns, name), "Suspended"))
+        # Resume whatever happened: never leave a job suspended behind us.
+        try:
+            kube.patch_workload(
+                kind,
+                ns,
+                name,
+                {"metadata": {"annotations": {SUSPENDED_BY: None}}, **_nested_patch(path, False)},
+            )
+        except errors.BackendError as exc:
+            return _stranded(
+                exc,
+                command,
+                f"{kind} {ns}/{name} is left SUSPENDED: resume failed ({exc}); "
+                "running this action again resumes it",
+            )
+        if not acknowledged:
+            return Ambiguous(
+                command=command,
+                reason=f"{kind} {ns}/{name}: the operator did not report Suspended within "
+                f"{self.operator_timeout_seconds:g}s (is it running?); resumed, pods may not have been "
+                "recreated",
+            )
+        return Ok(command=command, output=f"{kind} {ns}/{name} suspended and resumed: its pods are recreated")
+
+    def _recreate_job(
+        self, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str
+    ) -> Outcome:
+        job = kube.get_workload("Job", ns, name)
+        owner = next((o for o in job["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
+        if owner is not None:
+            return Failed(
+                command=command,
+                reason=f"Job {ns}/{name} is managed by {owner['kind']} {owner['name']}: restart that instead",
+            )
+        manifest = fresh_job_manifest(job, _stamp(ctx.clock.now()))
+        old_uid = job["metadata"]["uid"]
+        kube.delete_workload("Job", ns, name, uid=old_uid)
+        ctx.record("delete", f"Job {ns}/{name} deleted", {"uid": old_uid})
+        # From here on the Job exists only in `manifest`: a failure hands it to a human to create again.
+        try:
+            if not self._wait(ctx, lambda: _gone(kube, ns, name, old_uid)):
+                raise errors.BackendError(
+                    f"Job {ns}/{name} still exists {self.operator_timeout_seconds:g}s after delete"
+                )
+            created = kube.create_workload("Job", ns, manifest)
+        except errors.BackendError as exc:
+            reason = f"Job {ns}/{name} was deleted but not recreated ({exc}); its manifest is in the output"
+            return _stranded(exc, command, reason, output=json.dumps(manifest, indent=1))
+        return Ok(
+            command=command,
+            output=f"Job {ns}/{name} recreated",
+            data={"previous_uid": old_uid, "uid": created["metadata"]["uid"]},
+        )
+
+    def _wait(self, ctx: ActionContext, done: Callable[[], bool]) -> bool:
+        """Poll ``done()`` every ``poll_seconds`` until true, or false once ``operator_timeout_seconds`` have
+        passed on the context's clock. A failed poll counts as "not yet": the caller must reach its clean-up
+        step either way."""
+        start = ctx.clock.now()
+        while True:
+            try:
+                if done():
+                    return True
+            except errors.BackendError as exc:
+                ctx.record("poll", f"poll failed: {exc}", {})
+            if (ctx.clock.now() - start).total_seconds() >= self.operator_timeout_seconds:
+                return False
+            ctx.clock.sleep(self.poll_seconds)
+
+
+def _stranded(exc: errors.BackendError, command: str, reason: str, output: str = "") -> Outcome:
+    """A failure after the first write of a two-step change: never a Retry (a blind re-run would find the
+    object half-changed). Ambiguous when the second write may have happened, else Failed: both go to a
+    human."""
+    result = Ambiguous if isinstance(exc, errors.OutcomeUnknown) else Failed
+    return result(command=command, reason=reason, output=output)
+
+
+def fresh_job_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, Any]:
+    """The create body for a new incarnation of ``job``: same name, labels, annotations and spec; none of the
+    server-owned fields (uid, resourceVersion, status...) and, unless the selector is manual, none of the
+    uid-derived selector and labels, which the apiserver generates afresh for the new uid."""
+    meta = job["metadata"]
+    spec = json.loads(json.dumps(job["spec"]))
+    labels = dict(meta.get("labels") or {})
+    if not spec.get("manualSelector"):
+        spec.pop("selector", None)
+        template_labels = spec.get("template", {}).get("metadata", {}).get("labels") or {}
+        for key in GENERATED_JOB_LABELS:
+            template_labels.pop(key, None)
+            labels.pop(key, None)
+    annotations = {**(meta.get("annotations") or {}), RESTARTED_AT: restarted_at}
+    # Non-controller owners (garbage-collection parents) still own the new incarnation.
+    owners = {"ownerReferences": meta["ownerReferences"]} if meta.get("ownerReferences") else {}
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {
+            **owners,
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "labels": labels,
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def _gone(kube: KubeClient, ns: str, name: str, uid: str) -> bool:
+    try:
+        return kube.get_workload("Job", ns, name)["metadata"]["uid"] != uid
+    except errors.NotFound:
+        return True
+
+
+def _condition(obj: Mapping[str, Any], kind: str) -> bool:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == kind and c.get("status") == "True" for c in conditions)
+
+
+def _suspended(obj: Mapping[str, Any], path: tuple[str, ...]) -> bool:
+    value: Any = obj
+    for key in path:
+        value = value.get(key) if isinstance(value, Mapping) else None
+    return value is True
+
+
+def _nested_patch(path: tuple[str, ...], value: Any) -> dict[str, Any]:
+    patch: Any = value
+    for key in reversed(path):
+        patch = {key: patch}
+    return patch
+
+
+ACTIONS: tuple[Action, ...] = (
+    CordonNode(),
+    UncordonNode(),
+    TaintNode(),
+    EvictPod(),
+    DeletePod(),
+    RestartJob(),
+    PodLogs(),
+)

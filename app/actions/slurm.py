@@ -1,0 +1,366 @@
+"""Slurm actions: drain and resume nodes, requeue and cancel jobs, read job state and logs.
+
+Every action talks to Slurm through ``ctx.clients.slurm`` (:class:`app.clients.slurm.SlurmClient`, over SSH).
+Nightshift marks what it does: drain reasons start with ``nightshift:``, and it only ever resumes nodes that
+carry that mark, so a drain set by a person is never cleared or overwritten by a playbook.
+"""
+
+from __future__ import annotations
+
+import shlex
+from abc import abstractmethod
+from collections.abc import Mapping
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from app.actions.base import Action, ActionContext, Plan
+from app.clients.slurm import (
+    MAX_TAIL_LINES,
+    JobInfo,
+    NodeInfo,
+    SlurmClient,
+    cancel_command,
+    drain_command,
+    exclude_command,
+    requeue_command,
+    resume_command,
+    show_job_command,
+    tail_command,
+)
+from app.errors import BackendError, CommandFailed, ConfigError, ParamError
+from app.outcome import Failed, Ok, Outcome, outcome_from_error, tail
+from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
+
+if TYPE_CHECKING:
+    from app.clients.ssh import CommandResult
+
+REASON_PREFIX = "nightshift:"
+# A validation command for resume_node: words of safe characters, split on blanks, no quoting or shell syntax.
+VALIDATION_COMMAND = r"[A-Za-z0-9_./=:,@%+-]+(?: [A-Za-z0-9_./=:,@%+-]+){0,31}"
+
+_NODE = Param(pattern=NODE_NAME, description="Slurm node name")
+_JOB = Param(pattern=SLURM_JOB_ID, description="Slurm job id (1234, 1234_7, 1234+1)")
+
+
+def ours(node: NodeInfo) -> bool:
+    """Whether the node's drain/down reason was set by Nightshift."""
+    return node.reason.startswith(REASON_PREFIX)
+
+
+def prefixed_reason(reason: str) -> str:
+    """The drain reason as Nightshift sets it: always starting with ``nightshift: ``."""
+    reason = reason.strip()
+    return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
+
+
+def exclusion(job: JobInfo, node: str, required: list[str]) -> tuple[str, str | None]:
+    """The (ExcNodeList, ReqNodeList) that keep ``job`` off ``node``. The node is added to the excluded
+    hostlist and removed from the required nodes (``required``: ReqNodeList expanded), else the job could run
+    nowhere. ReqNodeList is None when it needs no change."""
+    excluded = job.exc_nodes.split(",") if job.exc_nodes else []
+    exc = job.exc_nodes if node in excluded else ",".join([*excluded, node])
+    req = ",".join(name for name in required if name != node) if node in required else None
+    return exc, req
+
+
+def executed_commands(results: list[CommandResult]) -> str:
+    """The command lines run so far, one a line, for the ledger."""
+    return "\n".join(result.command for result in results)
+
+
+class SlurmAction(Action):
+    """An action carried out with commands on the Slurm host.
+
+    :meth:`run` checks ``params`` again (so a direct call is as safe as one through the engine), then calls
+    :meth:`execute`; backend errors become outcomes naming the commands ``execute`` appended to ``executed``,
+    and a value refused by a pattern, or missing settings, is :class:`Failed` rather than an exception.
+    """
+
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
+        executed: list[CommandResult] = []
+        try:
+            return self.execute(ctx.clients.slurm, self.validate(params), executed, ctx)
+        except BackendError as exc:
+            return outcome_from_error(exc, command=executed_commands(executed))
+        except (ParamError, ConfigError) as exc:
+            return Failed(reason=str(exc), command=executed_commands(executed))
+
+    @abstractmethod
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        """Do it with checked ``params``; append each finished command to ``executed``. May raise
+        :mod:`app.errors`."""
+
+
+class DrainNode(SlurmAction):
+    """Drain a node: running jobs finish, no new ones start. Never overwrites someone else's drain."""
+
+    name = "slurm.drain_node"
+    description = "Drain a Slurm node with a reason prefixed 'nightshift:'; leaves foreign drains alone"
+    params = {
+        "node": _NODE,
+        "reason": Param(pattern=SAFE_TEXT, max_length=180, description="why (prefixed with 'nightshift: ')"),
+    }
+    scope_keys = ("node", "partition")
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        argv = drain_command(params["node"], prefixed_reason(params["reason"]))
+        return Plan(f"drain node {params['node']} unless someone else drained it", shlex.join(argv))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        node, reason = params["node"], prefixed_reason(params["reason"])
+        before = slurm.node_info(node)
+        if before.drained and not ours(before):
+            return Ok(
+                output=f"node {node} already drained by someone else ({before.state_text}): {before.reason}",
+                data={
+                    "node": node,
+                    "state": before.state_text,
+                    "reason": before.reason,
+                    "changed": False,
+                },
+            )
+        executed.append(slurm.drain(node, reason))
+        after = slurm.node_info(node)
+        return Ok(
+            command=executed_commands(executed),
+            output=f"{executed[-1].output}node {node}: {after.state_text}, reason: {after.reason}",
+            exit_code=0,
+            data={"node": node, "state": after.state_text, "reason": after.reason, "changed": True},
+        )
+
+
+class ResumeNode(SlurmAction):
+    """Return a node Nightshift drained to service, after an optional validation command passes.
+
+    ``validate`` is a command line of plain words (no quotes or shell syntax, see ``VALIDATION_COMMAND``) run
+    over SSH on the Slurm login host, split with :func:`shlex.split`; e.g. ``ssh node1 nvidia-smi -q`` or a
+    site health-check script. A non-zero exit fails the action and the node stays drained.
+    """
+
+    name = "slurm.resume_node"
+    description = "Resume a node drained by nightshift, after an optional validation command succeeds"
+    params = {
+        "node": _NODE,
+        "validate": Param(
+            required=False,
+            pattern=VALIDATION_COMMAND,
+            max_length=400,
+            description="command run on the Slurm host first, e.g. 'ssh node1 nvidia-smi -q'",
+        ),
+    }
+    return_to_service = True
+    scope_keys = ("node", "partition")
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        commands = [shlex.join(resume_command(params["node"]))]
+        if params.get("validate"):
+            commands.insert(0, shlex.join(shlex.split(params["validate"])))
+        return Plan(f"resume node {params['node']} if nightshift drained it", "\n".join(commands))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        node = params["node"]
+        before = slurm.node_info(node)
+        if not (before.drained or before.state == "down"):
+            return Ok(
+                output=f"node {node} is {before.state_text}: nothing to resume",
+                data={"node": node, "state": before.state_text, "changed": False},
+            )
+        if not ours(before):
+            return Failed(
+                reason=f"node {node} is {before.state_text} for a reason nightshift did not set "
+                f"({before.reason or 'none'}); leaving it to whoever did",
+                data={"node": node, "state": before.state_text, "reason": before.reason},
+            )
+        if params.get("validate"):
+            check = slurm.runner.run(shlex.split(params["validate"]))
+            executed.append(check)
+            if check.exit_code != 0:
+                return Failed(
+                    reason=f"validation exited {check.exit_code}; node {node} stays drained",
+                    command=executed_commands(executed),
+                    output=tail(check.output),
+                    exit_code=check.exit_code,
+                )
+        executed.append(slurm.resume(node))
+        after = slurm.node_info(node)
+        return Ok(
+            command=executed_commands(executed),
+            output=tail("".join(r.output for r in executed) + f"node {node}: {after.state_text}"),
+            exit_code=0,
+            data={"node": node, "state": after.state_text, "changed": True},
+        )
+
+
+class RequeueJob(SlurmAction):
+    """Requeue a batch job, optionally keeping it off a node.
+
+    What works on Slurm 22.05 (verified live): ``scontrol update JobId=.. ExcNodeList=..`` on a RUNNING job is
+    refused ("Job is no longer pending execution"), but is accepted once the job is COMPLETING or PENDING. So
+    the job is requeued first, then updated. This is race-free because a requeued job only becomes eligible
+    ``cred_expire + 1`` seconds later (121 s by default). When the node is also in the job's ReqNodeList
+    (``sbatch -w``) it is removed from it, or the job would wait forever (Reason=BadConstraints). A job
+    already pending, or still COMPLETING after an earlier requeue ("Job is pending execution"), is only
+    updated.
+    """
+
+    name = "slurm.requeue_job"
+    description = "Requeue a Slurm batch job (optionally excluding a node)"
+    params = {
+        "job": _JOB,
+        "exclude_node": Param(pattern=NODE_NAME, required=False, description="node to avoid"),
+    }
+    scope_keys = ("node", "partition")
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        commands = [shlex.join(requeue_command(params["job"]))]
+        summary = f"requeue job {params['job']}"
+        if params.get("exclude_node"):
+            node = params["exclude_node"]
+            commands.append(
+                shlex.join(exclude_command(params["job"], node)) + " (merged with the job's lists)"
+            )
+            summary += f" and keep it off {node}"
+        return Plan(summary, "\n".join(commands))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        job_id, node = params["job"], params.get("exclude_node")
+        job = slurm.job_info(job_id)
+        if not job.requeue:
+            return Failed(reason=f"job {job_id} was submitted with --no-requeue; Slurm will not requeue it")
+        notes = []
+        try:
+            executed.append(slurm.requeue(job_id))
+        except CommandFailed as exc:
+            # 22.05 says "Job is pending execution" for a pending job and for one still COMPLETING after
+            # an earlier requeue: either way it is already waiting to run again.
+            if "is pending execution" not in str(exc):
+                raise
+            notes.append(f"job {job_id} is {job.state}: already waiting to run, not requeued again")
+        if node:
+            required = slurm.expand_hostlist(job.req_nodes) if job.req_nodes else []
+            exc_nodes, req_nodes = exclusion(job, node, required)
+            executed.append(slurm.update_job_exclude(job_id, exc_nodes, req_nodes))
+        after = slurm.job_info(job_id)
+        notes.append(f"job {job_id}: {after.state}, restarts {after.restarts}, excluded: {after.exc_nodes}")
+        return Ok(
+            command=executed_commands(executed),
+            output=tail("".join(r.output for r in executed) + "\n".join(notes)),
+            exit_code=0,
+            data=asdict(after),
+        )
+
+
+class CancelJob(SlurmAction):
+    """Cancel a job (``scancel``)."""
+
+    name = "slurm.cancel_job"
+    description = "Cancel a Slurm job"
+    params = {"job": _JOB}
+    scope_keys = ("node", "partition")
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        return Plan(f"cancel job {params['job']}", shlex.join(cancel_command(params["job"])))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        executed.append(slurm.cancel(params["job"]))
+        after = slurm.job_info(params["job"])
+        return Ok(
+            command=executed_commands(executed),
+            output=tail(f"{executed[-1].output}job {params['job']}: {after.state}"),
+            exit_code=0,
+            data=asdict(after),
+        )
+
+
+class JobInfoAction(SlurmAction):
+    """A job's state, nodes, restarts and log paths (read only)."""
+
+    name = "slurm.job_info"
+    description = "Show a Slurm job (state, nodes, restarts, log paths)"
+    params = {"job": _JOB}
+    read_only = True
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        return Plan(f"show job {params['job']}", shlex.join(show_job_command(params["job"])))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        job = slurm.job_info(params["job"])
+        return Ok(
+            command=shlex.join(show_job_command(params["job"])),
+            output=f"job {job.job_id}: {job.state} on {job.nodes or '-'} ({job.reason or 'no reason'})",
+            exit_code=0,
+            data=asdict(job),
+        )
+
+
+class JobLog(SlurmAction):
+    """The last lines of a job's StdOut and StdErr files (read only).
+
+    The paths come from ``scontrol show job`` and are chosen by the job's owner, so the files are read as the
+    job's owner: ``setpriv --reuid/--regid`` with the numeric ids ``squeue`` reports (needs the SSH user to be
+    root or the owner). A path pointing at a file the owner cannot read therefore yields an error, never its
+    content.
+    """
+
+    name = "slurm.job_log"
+    description = "Tail a Slurm job's stdout/stderr files"
+    params = {
+        "job": _JOB,
+        "lines": Param(kind="integer", required=False, default=200, description=f"1..{MAX_TAIL_LINES}"),
+    }
+    read_only = True
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        if not 1 <= params["lines"] <= MAX_TAIL_LINES:
+            raise ParamError(self.name, "lines", f"must be between 1 and {MAX_TAIL_LINES}")
+        return params
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        example = shlex.join(tail_command("/STDOUT", params["lines"], (1000, 1000)))
+        return Plan(
+            f"tail the last {params['lines']} lines of job {params['job']}'s output files as its owner",
+            f"{shlex.join(show_job_command(params['job']))}\n{example} (paths and ids from the job)",
+        )
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        job_id, lines = params["job"], params["lines"]
+        job = slurm.job_info(job_id)
+        paths = list(dict.fromkeys(p for p in (job.stdout_path, job.stderr_path) if p))
+        if not paths:
+            return Failed(reason=f"job {job_id} has no StdOut/StdErr path (not a batch job?)")
+        owner = slurm.job_owner(job_id)
+        sections, errors = [], []
+        for path in paths:
+            try:
+                text = slurm.tail_file(path, lines, run_as=owner)
+            except CommandFailed as exc:
+                errors.append(f"{path}: {exc}")
+                continue
+            sections.append(text if len(paths) == 1 else f"==> {path} <==\n{text}")
+        if not sections:
+            return Failed(reason=f"job {job_id}: no log could be read: {'; '.join(errors)}")
+        log = "\n".join(sections)
+        return Ok(
+            command="\n".join(shlex.join(tail_command(p, lines, owner)) for p in paths),
+            output=tail("\n".join([log, *errors])),
+            exit_code=0,
+            data={"log": log, "paths": paths, "errors": errors},
+        )
+
+
+ACTIONS = (DrainNode(), ResumeNode(), RequeueJob(), CancelJob(), JobInfoAction(), JobLog())

@@ -1,0 +1,326 @@
+"""Slurm commands (scontrol, squeue, scancel) built as argv, run over SSH, parsed by pure functions.
+
+Contract: every value is checked against a strict pattern (:mod:`app.params`) before it goes into an argv
+(:class:`~app.errors.ParamError` otherwise, and nothing runs). Methods return parsed data or raise
+:mod:`app.errors`: a non-zero exit is :class:`~app.errors.CommandFailed` (exit code and output kept), and
+Slurm's "Invalid job id specified" / "Invalid node name specified" / "Node X not found" are
+:class:`~app.errors.NotFound`. Transport errors come from the runner (:mod:`app.clients.ssh`).
+
+Parsing: ``scontrol show node|job -o`` prints one ``Key=value`` line whose values may contain spaces
+(``Reason=nightshift: Xid 79 [root@2026-...]``, ``JobName=my job``, paths). A value runs up to the next
+*known* key of the record type (the 22.05 field sets below), and the first occurrence of a key wins. Job
+owners choose JobName and Comment, so text inside them can shadow later job fields: nothing that grants
+access is decided from a job record alone (see :meth:`SlurmClient.job_owner` and ``run_as`` of
+:meth:`SlurmClient.tail_file`).
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Protocol
+
+from app.errors import CommandFailed, NotFound, ParamError
+from app.outcome import tail
+from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID
+
+if TYPE_CHECKING:
+    from app.clients.ssh import CommandResult
+    from app.config import Settings
+
+# A Slurm hostlist expression as scontrol prints it: node1,node[3-5],gpu[01-04].
+HOSTLIST = r"[A-Za-z0-9._\[\],-]{1,4096}"
+# A file path as Slurm reports it (StdOut=...): absolute, printable, no control characters.
+REMOTE_PATH = r"/[^\x00-\x1f\x7f]{0,4095}"
+MAX_TAIL_LINES = 10_000
+
+# Field names of `scontrol show node -o` in 22.05 (plus the optional ones of slurm_print_node_info_msg).
+NODE_KEYS = (
+    "NodeName", "Arch", "CoresPerSocket", "CPUAlloc", "CPUEfctv", "CPUTot", "CPULoad", "CPUSpecList",
+    "AvailableFeatures", "ActiveFeatures", "Gres", "GresDrain", "GresUsed", "NodeAddr", "NodeHostName",
+    "Port", "Version", "OS", "RealMemory", "AllocMem", "FreeMem", "MemSpecLimit", "Sockets", "Boards",
+    "State", "ThreadsPerCore", "TmpDisk", "Weight", "Owner", "MCS_label", "NextState", "Partitions",
+    "BootTime", "SlurmdStartTime", "LastBusyTime", "ResumeAfterTime", "CfgTRES", "AllocTRES", "CapWatts",
+    "CurrentWatts", "AveWatts", "LowestJoules", "ConsumedJoules", "ExtSensorsJoules", "ExtSensorsWatts",
+    "ExtSensorsTemp", "Reason", "Comment", "Extra", "InstanceId", "InstanceType", "ReservationName",
+    "CoreSpecCount",
+)  # fmt: skip
+# Field names of `scontrol show job -o` in 22.05 (plus the optional ones of slurm_sprint_job_info).
+JOB_KEYS = (
+    "JobId", "ArrayJobId", "ArrayTaskId", "ArrayTaskThrottle", "HetJobId", "HetJobOffset", "HetJobIdSet",
+    "JobName", "UserId", "GroupId", "MCS_label", "Priority", "Nice", "Account", "QOS", "WCKey", "JobState",
+    "Reason", "Dependency", "Requeue", "Restarts", "BatchFlag", "Reboot", "ExitCode", "DerivedExitCode",
+    "RunTime", "TimeLimit", "TimeMin", "SubmitTime", "EligibleTime", "AccrueTime", "StartTime", "EndTime",
+    "Deadline", "PreemptEligibleTime", "PreemptTime", "SuspendTime", "SecsPreSuspend", "LastSchedEval",
+    "Scheduler", "Partition", "AllocNode:Sid", "ReqNodeList", "ExcNodeList", "NodeList", "BatchHost",
+    "NumNodes", "NumCPUs", "NumTasks", "CPUs/Task", "ReqB:S:C:T", "TRES", "Socks/Node", "NtasksPerN:B:S:C",
+    "CoreSpec", "MinCPUsNode", "MinMemoryNode", "MinMemoryCPU", "MinTmpDiskNode", "Features",
+    "ClusterFeatures", "Prefer", "DelayBoot", "Reservation", "OverSubscribe", "Contiguous", "Licenses",
+    "Network", "Command", "WorkDir", "AdminComment", "Comment", "StdErr", "StdIn", "StdOut", "Power",
+    "CpusPerTres", "MemPerTres", "TresBind", "TresFreq", "TresPerJob", "TresPerNode", "TresPerSocket",
+    "TresPerTask", "NtasksPerTRES", "MailUser", "MailType", "Container",
+)  # fmt: skip
+
+_NULL = {"(null)", "None", "N/A", ""}
+
+
+@dataclass(frozen=True)
+class NodeInfo:
+    """A node as ``scontrol show node`` reports it. ``state`` is the base state (``mixed``), ``flags`` the
+    ``+FLAG`` parts (``drain``, ``not_responding``...), both lower case; ``reason`` is "" when none is set."""
+
+    name: str
+    state: str
+    flags: tuple[str, ...]
+    reason: str
+
+    @property
+    def drained(self) -> bool:
+        """Drained or draining: no new jobs start there."""
+        return "drain" in self.flags
+
+    @property
+    def state_text(self) -> str:
+        """``mixed+drain``: the whole state, as one word."""
+        return "+".join((self.state, *self.flags))
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """A job as ``scontrol show job`` reports it. Node lists are hostlist expressions, "" when empty."""
+
+    job_id: str
+    state: str
+    nodes: str
+    reason: str
+    restarts: int
+    stdout_path: str
+    stderr_path: str
+    requeue: bool
+    exc_nodes: str
+    req_nodes: str = ""
+    user: str = ""
+
+
+class CommandRunner(Protocol):
+    """What :class:`SlurmClient` needs from a transport (:class:`app.clients.ssh.SshRunner`)."""
+
+    def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult: ...
+
+    def close(self) -> None: ...
+
+
+def parse_record(line: str, keys: Iterable[str]) -> dict[str, str]:
+    """``Key=value`` pairs of one ``scontrol -o`` line. A value ends where the next known key starts;
+    the first occurrence of a key wins; trailing blanks are dropped."""
+    pattern = _boundary_pattern(tuple(keys))
+    matches = list(pattern.finditer(line))
+    record: dict[str, str] = {}
+    for match, following in zip(matches, [*matches[1:], None], strict=True):
+        end = following.start() if following is not None else len(line)
+        record.setdefault(match.group(1), line[match.end() : end].strip())
+    return record
+
+
+@cache
+def _boundary_pattern(keys: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(key) for key in sorted(set(keys), key=len, reverse=True))
+    return re.compile(rf"(?:^|(?<=\s))({alternatives})=")
+
+
+def parse_node(text: str) -> NodeInfo:
+    """The :class:`NodeInfo` of ``scontrol show node -o NAME`` output (its first line)."""
+    record = parse_record(text.strip().splitlines()[0] if text.strip() else "", NODE_KEYS)
+    if "NodeName" not in record or "State" not in record:
+        raise ValueError(f"not a node record: {text[:200]!r}")
+    base, *flags = record["State"].lower().split("+")
+    return NodeInfo(
+        name=record["NodeName"],
+        state=base,
+        flags=tuple(flags),
+        reason=_value(record.get("Reason", "")),
+    )
+
+
+def parse_job(text: str) -> JobInfo:
+    """The :class:`JobInfo` of ``scontrol show job -o ID`` output (its first line: one job)."""
+    record = parse_record(text.strip().splitlines()[0] if text.strip() else "", JOB_KEYS)
+    if "JobId" not in record or "JobState" not in record:
+        raise ValueError(f"not a job record: {text[:200]!r}")
+    restarts = record.get("Restarts", "0")
+    return JobInfo(
+        job_id=record["JobId"],
+        state=record["JobState"],
+        nodes=_value(record.get("NodeList", "")),
+        reason=_value(record.get("Reason", "")),
+        restarts=int(restarts) if restarts.isdigit() else 0,
+        stdout_path=_value(record.get("StdOut", "")),
+        stderr_path=_value(record.get("StdErr", "")),
+        requeue=record.get("Requeue", "0") == "1",
+        exc_nodes=_value(record.get("ExcNodeList", "")),
+        req_nodes=_value(record.get("ReqNodeList", "")),
+        user=record.get("UserId", ""),
+    )
+
+
+def _value(text: str) -> str:
+    return "" if text in _NULL else text
+
+
+def _checked(value: str, pattern: str, what: str) -> str:
+    """``value`` if it fully matches ``pattern``, else :class:`ParamError` (nothing is run)."""
+    if not isinstance(value, str) or not re.fullmatch(pattern, value):
+        raise ParamError("slurm", what, f"{value!r} does not match the pattern {pattern}")
+    return value
+
+
+def _checked_path(path: str) -> str:
+    """An absolute remote path without ``..`` components or control characters."""
+    _checked(path, REMOTE_PATH, "path")
+    if ".." in path.split("/"):
+        raise ParamError("slurm", "path", f"{path!r} contains a '..' component")
+    return path
+
+
+# --- argv builders: pure, validating; the actions' plan() shows exactly these ---
+
+
+def show_node_command(node: str) -> list[str]:
+    return ["scontrol", "show", "node", "-o", _checked(node, NODE_NAME, "node")]
+
+
+def drain_command(node: str, reason: str) -> list[str]:
+    node, reason = _checked(node, NODE_NAME, "node"), _checked(reason, SAFE_TEXT, "reason")
+    if not reason.strip():
+        raise ParamError("slurm", "reason", "Slurm needs a reason to drain a node")
+    return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
+
+
+def resume_command(node: str) -> list[str]:
+    return ["scontrol", "update", f"NodeName={_checked(node, NODE_NAME, 'node')}", "State=RESUME"]
+
+
+def show_job_command(job_id: str) -> list[str]:
+    return ["scontrol", "show", "job", "-o", _checked(job_id, SLURM_JOB_ID, "job")]
+
+
+def job_owner_command(job_id: str) -> list[str]:
+    # %U and %G are numeric ids: fields the job owner cannot shape, unlike the text of `scontrol show job`.
+    return [
+        "squeue",
+        "--noheader",
+        "--states=all",
+        f"--jobs={_checked(job_id, SLURM_JOB_ID, 'job')}",
+        "--format=%U %G",
+    ]
+
+
+def requeue_command(job_id: str) -> list[str]:
+    return ["scontrol", "requeue", _checked(job_id, SLURM_JOB_ID, "job")]
+
+
+def cancel_command(job_id: str) -> list[str]:
+    # --verbose: without it, scancel of an unknown job id exits 0 silently (22.05).
+    return ["scancel", "--verbose", _checked(job_id, SLURM_JOB_ID, "job")]
+
+
+def exclude_command(job_id: str, exc_nodes: str, req_nodes: str | None = None) -> list[str]:
+    """``scontrol update`` setting ExcNodeList (and ReqNodeList when given; "" clears it)."""
+    argv = ["scontrol", "update", f"JobId={_checked(job_id, SLURM_JOB_ID, 'job')}"]
+    argv.append(f"ExcNodeList={_checked(exc_nodes, HOSTLIST, 'exclude')}")
+    if req_nodes is not None:
+        argv.append(f"ReqNodeList={_checked(req_nodes, HOSTLIST, 'required') if req_nodes else ''}")
+    return argv
+
+
+def hostnames_command(hostlist: str) -> list[str]:
+    return ["scontrol", "show", "hostnames", _checked(hostlist, HOSTLIST, "hostlist")]
+
+
+def tail_command(path: str, lines: int, run_as: tuple[int, int] | None = None) -> list[str]:
+    """``tail -n N -- path``, under ``setpriv`` with the given (uid, gid) when ``run_as`` is set."""
+    if isinstance(lines, bool) or not isinstance(lines, int) or not 1 <= lines <= MAX_TAIL_LINES:
+        raise ParamError("slurm", "lines", f"expected 1..{MAX_TAIL_LINES}, got {lines!r}")
+    argv = ["tail", "-n", str(lines), "--", _checked_path(path)]
+    if run_as is None:
+        return argv
+    uid, gid = run_as
+    return ["setpriv", f"--reuid={uid:d}", f"--regid={gid:d}", "--clear-groups", "--", *argv]
+
+
+class SlurmClient:
+    """Slurm administration through a :class:`CommandRunner`. Build with :meth:`from_settings`."""
+
+    def __init__(self, runner: CommandRunner):
+        self.runner = runner
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> SlurmClient:
+        from app.clients.ssh import SshRunner
+
+        return cls(SshRunner.from_settings(settings))
+
+    def close(self) -> None:
+        self.runner.close()
+
+    def node_info(self, node: str) -> NodeInfo:
+        return parse_node(self.run(show_node_command(node)).stdout)
+
+    def drain(self, node: str, reason: str) -> CommandResult:
+        return self.run(drain_command(node, reason))
+
+    def resume(self, node: str) -> CommandResult:
+        return self.run(resume_command(node))
+
+    def job_info(self, job_id: str) -> JobInfo:
+        return parse_job(self.run(show_job_command(job_id)).stdout)
+
+    def job_owner(self, job_id: str) -> tuple[int, int]:
+        """The (uid, gid) the job runs as."""
+        result = self.run(job_owner_command(job_id))
+        match = re.fullmatch(r"\s*([0-9]+) ([0-9]+)\s*", result.stdout)
+        if not match:
+            raise NotFound(f"job {job_id}: squeue did not report its owner", output=tail(result.output))
+        return int(match.group(1)), int(match.group(2))
+
+    def requeue(self, job_id: str) -> CommandResult:
+        return self.run(requeue_command(job_id))
+
+    def cancel(self, job_id: str) -> CommandResult:
+        result = self.run(cancel_command(job_id))
+        if "Invalid job id specified" in result.stderr:
+            raise NotFound(f"job {job_id}: Invalid job id specified", output=tail(result.output))
+        return result
+
+    def update_job_exclude(self, job_id: str, nodes: str, required_nodes: str | None = None) -> CommandResult:
+        """Set the job's ExcNodeList to the hostlist ``nodes`` (and its ReqNodeList when given).
+        Slurm 22.05 only accepts this while the job is pending or completing, not while it runs."""
+        return self.run(exclude_command(job_id, nodes, required_nodes))
+
+    def expand_hostlist(self, hostlist: str) -> list[str]:
+        """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3)."""
+        return self.run(hostnames_command(hostlist)).stdout.split()
+
+    def tail_file(self, path: str, lines: int, *, run_as: tuple[int, int] | None = None) -> str:
+        """The last ``lines`` lines of the remote file ``path``, read as (uid, gid) ``run_as`` when given."""
+        return self.run(tail_command(path, lines, run_as)).stdout
+
+    def run(self, argv: list[str]) -> CommandResult:
+        """Run ``argv`` on the Slurm host; a non-zero exit raises :class:`CommandFailed` or :class:`NotFound`."""
+        result = self.runner.run(argv)
+        if result.exit_code == 0:
+            return result
+        text = result.stderr.strip() or result.stdout.strip()
+        output = tail(result.output)
+        if "Invalid job id specified" in text:
+            raise NotFound(f"{shlex.join(argv)}: {text}", output=output)
+        if "Invalid node name specified" in text or re.search(r"^Node \S+ not found", text, re.MULTILINE):
+            raise NotFound(f"{shlex.join(argv)}: {text}", output=output)
+        raise CommandFailed(
+            f"`{shlex.join(argv)}` exited {result.exit_code}: {tail(text, 500)}",
+            exit_code=result.exit_code,
+            output=output,
+        )

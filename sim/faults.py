@@ -1,0 +1,181 @@
+"""Fault injection for the simulator: the faults.json model, its queries, and inject/clear operations.
+
+GPU faults (read by :mod:`sim.dcgm_exporter` on every scrape; they last until cleared, as hardware faults do;
+``clear`` plays the GPU reset / node reboot, which also resets DCGM's volatile counters and the sticky Xid):
+
+- ``xid``: an Xid event on one GPU (also appended to ``D/nodes/<node>/kern.log`` as the driver would log it)
+- ``ecc``: one more double-bit (uncorrectable) volatile ECC error
+- ``row_remap``: row remapping failed (flag) and one more uncorrectable remapped row
+- ``nvlink``: NVLink CRC and replay errors at ``rate`` per second
+- ``thermal``: hardware thermal slowdown (clock event reasons HW_SLOWDOWN | HW_THERMAL, 91 C)
+- ``vanish``: the GPU disappears from the exporter (fell off the bus, DCGM no longer sees it)
+
+Job faults (read by :mod:`sim.trainer` on every step). ``slowdown`` lasts until cleared (a degraded node
+or file system); every other job fault is *consumed* by the trainer process that acts on it, so a restarted
+job runs clean, as it does after a real transient fault: ``hang``, ``nan``, ``corrupt_checkpoint`` and the
+crash faults of :data:`CRASH_FAULTS`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim import gpus, statedir
+
+GPU_FAULTS = ("ecc", "row_remap", "nvlink", "thermal", "vanish")
+# Crash faults and the training_errors_total error_class each one increments.
+CRASH_FAULTS = {"nccl": "nccl", "oom": "cuda_oom", "io": "storage_io", "s3_timeout": "object_store_timeout"}
+JOB_FAULTS = ("hang", "slowdown", "nan", "corrupt_checkpoint", *CRASH_FAULTS)
+DEFAULT_NVLINK_RATE = 50.0  # errors/s: far above the alert threshold (1/s)
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    node: str
+    gpu: int
+    xid: int
+    at: float  # Unix time
+
+
+@dataclass(frozen=True)
+class GpuFaults:
+    """The active hardware faults of one GPU (all off by default)."""
+
+    ecc_dbe: int = 0
+    row_remap_failure: bool = False
+    nvlink_rate: float = 0.0
+    nvlink_since: float = 0.0
+    thermal: bool = False
+    vanished: bool = False
+
+
+class FaultState:
+    """One read of faults.json, with the queries the exporter and the trainer need."""
+
+    def __init__(self, data: dict[str, Any]):
+        self.data = data
+
+    def xid_events(self, node: str, gpu: int) -> list[XidEvent]:
+        """Xid events of one GPU, oldest first."""
+        events = [XidEvent(**e) for e in self.data.get("xids", []) if e["node"] == node and e["gpu"] == gpu]
+        return sorted(events, key=lambda e: e.at)
+
+    def gpu(self, node: str, gpu: int) -> GpuFaults:
+        return GpuFaults(**self.data.get("gpus", {}).get(_gpu_key(node, gpu), {}))
+
+    def job(self, name: str) -> dict[str, Any]:
+        """The job's pending faults, kind → value (True, or the slowdown factor)."""
+        return dict(self.data.get("jobs", {}).get(name, {}))
+
+
+def load(state_dir: Path) -> FaultState:
+    return FaultState(statedir.read_json(statedir.faults_path(state_dir), {}))
+
+
+def _gpu_key(node: str, gpu: int) -> str:
+    return f"{node}/{gpu}"
+
+
+def _update(state_dir: Path, change) -> None:
+    """Apply ``change(data)`` to faults.json under the state directory's lock."""
+    with statedir.locked(state_dir):
+        path = statedir.faults_path(state_dir)
+        data = statedir.read_json(path, {})
+        change(data)
+        statedir.write_json(path, data)
+
+
+def inject_xid(state_dir: Path, node: str, gpu: int, xid: int, now: float | None = None) -> XidEvent:
+    """Record an Xid on ``node``/``gpu`` and log it to the node's kern.log the way the driver does."""
+    event = XidEvent(node=node, gpu=gpu, xid=xid, at=time.time() if now is None else now)
+    _update(state_dir, lambda data: data.setdefault("xids", []).append(event.__dict__))
+    pid = next(
+        (t["pid"] for t in statedir.read_trainers(state_dir) if t.get("hostname") == node and t.get("pid")),
+        None,
+    )
+    owner = f"pid={pid}, name=python" if pid else "pid='<unknown>', name=<unknown>"
+    line = (
+        f"[{time.monotonic():12.6f}] NVRM: Xid (PCI:{gpus.kernel_pci(gpu)}): {xid}, {owner}, "
+        f"{gpus.xid_text(xid)}.\n"
+    )
+    log = statedir.kern_log_path(state_dir, node)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as handle:
+        handle.write(line)
+    return event
+
+
+def inject_gpu_fault(
+    state_dir: Path, node: str, gpu: int, kind: str, rate: float | None = None, now: float | None = None
+) -> None:
+    """Switch on GPU fault ``kind`` (one of :data:`GPU_FAULTS`) on ``node``/``gpu``."""
+    if kind not in GPU_FAULTS:
+        raise ValueError(f"unknown GPU fault {kind!r}; expected one of {', '.join(GPU_FAULTS)}")
+
+    def change(data: dict[str, Any]) -> None:
+        faults = data.setdefault("gpus", {}).setdefault(_gpu_key(node, gpu), {})
+        if kind == "ecc":
+            faults["ecc_dbe"] = faults.get("ecc_dbe", 0) + 1
+        elif kind == "row_remap":
+            faults["row_remap_failure"] = True
+        elif kind == "nvlink":
+            faults["nvlink_rate"] = DEFAULT_NVLINK_RATE if rate is None else rate
+            faults["nvlink_since"] = time.time() if now is None else now
+        elif kind == "thermal":
+            faults["thermal"] = True
+        else:
+            faults["vanished"] = True
+
+    _update(state_dir, change)
+
+
+def inject_job_fault(state_dir: Path, job: str, kind: str, factor: float | None = None) -> None:
+    """Queue job fault ``kind`` (one of :data:`JOB_FAULTS`) for job ``job``; ``factor`` is for slowdown."""
+    if kind not in JOB_FAULTS:
+        raise ValueError(f"unknown job fault {kind!r}; expected one of {', '.join(JOB_FAULTS)}")
+    if kind == "slowdown" and (factor is None or factor < 1):
+        raise ValueError("slowdown needs a factor >= 1")
+    value = factor if kind == "slowdown" else True
+    _update(state_dir, lambda data: data.setdefault("jobs", {}).setdefault(job, {}).__setitem__(kind, value))
+
+
+def consume_job_fault(state_dir: Path, job: str, kind: str) -> bool:
+    """Remove fault ``kind`` of ``job``; True if it was pending (so exactly one process acts on it)."""
+    found = False
+
+    def change(data: dict[str, Any]) -> None:
+        nonlocal found
+        faults = data.get("jobs", {}).get(job, {})
+        found = faults.pop(kind, None) is not None
+        if not faults:
+            data.get("jobs", {}).pop(job, None)
+
+    _update(state_dir, change)
+    return found
+
+
+def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job: str | None = None) -> None:
+    """Clear faults: of one GPU, of every GPU of a node, of one job, or (no argument) everything."""
+
+    def keep_xid(event: dict[str, Any]) -> bool:
+        return event["node"] != node or (gpu is not None and event["gpu"] != gpu)
+
+    def change(data: dict[str, Any]) -> None:
+        if node is None and job is None:
+            data.clear()
+            return
+        if node is not None:
+            data["xids"] = [e for e in data.get("xids", []) if keep_xid(e)]
+            prefix = _gpu_key(node, gpu) if gpu is not None else f"{node}/"
+            data["gpus"] = {
+                key: value
+                for key, value in data.get("gpus", {}).items()
+                if not (key == prefix or (gpu is None and key.startswith(prefix)))
+            }
+        if job is not None:
+            data.get("jobs", {}).pop(job, None)
+
+    _update(state_dir, change)

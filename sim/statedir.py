@@ -1,0 +1,102 @@
+"""The state directory the simulator's processes share, and atomic JSON files in it.
+
+Layout (``D`` is ``--state-dir``)::
+
+    D/faults.json              injected faults (sim.faults); written under D/.lock
+    D/jobs/<node>              Slurm job id running on <node> (dcgm-exporter's HPC job mapping)
+    D/trainers/<name>.json     each trainer's status: pid, node, phase (running|hung|exited), step, ...
+    D/nodes/<node>/kern.log    dmesg-style kernel log lines (Xid events)
+
+Writers replace files atomically (write a temporary file, then ``os.replace``), so a reader never sees half a
+file; read-modify-write of ``faults.json`` holds an ``flock`` on ``D/.lock``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+
+def faults_path(state_dir: Path) -> Path:
+    return state_dir / "faults.json"
+
+
+def job_mapping_path(state_dir: Path, node: str) -> Path:
+    return state_dir / "jobs" / node
+
+
+def trainer_status_path(state_dir: Path, name: str) -> Path:
+    return state_dir / "trainers" / f"{name}.json"
+
+
+def kern_log_path(state_dir: Path, node: str) -> Path:
+    return state_dir / "nodes" / node / "kern.log"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step (readers see the old or the new file, never a mix)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def read_json(path: Path, default: Any) -> Any:
+    """The JSON in ``path``, or ``default`` when the file does not exist yet."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return default
+
+
+def write_json(path: Path, data: Any) -> None:
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def locked(state_dir: Path) -> Iterator[None]:
+    """Hold the state directory's lock (for read-modify-write of faults.json by several processes)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with (state_dir / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` is running: it exists (signal 0) and is not a zombie awaiting its parent."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        # /proc/<pid>/stat: "pid (comm) state ..."; comm may contain spaces, so split after the last ")".
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return True
+    return state != "Z"
+
+
+def read_trainers(state_dir: Path) -> list[dict[str, Any]]:
+    """Every trainer status file (see :mod:`sim.trainer`), oldest name first; unreadable ones are skipped."""
+    statuses = []
+    for path in sorted((state_dir / "trainers").glob("*.json")):
+        with contextlib.suppress(ValueError, OSError):
+            statuses.append(json.loads(path.read_text()))
+    return statuses

@@ -1,0 +1,332 @@
+"""A simulated training job: ``python -m sim.trainer --name llama-7b --port P --checkpoint-dir C --state-dir D``.
+
+It steps every ``--step-seconds`` (0.2 s), with a loss that decreases with noise; checkpoints every
+``--checkpoint-every`` steps into ``C/step_000123/`` (:mod:`sim.checkpoints`); at start resumes from the newest
+checkpoint (logging ``resuming from step N``) after checking its sha256, and fails with PyTorch's
+``PytorchStreamReader failed reading zip archive: failed finding central directory`` when it is corrupt. It
+serves the training metrics of rules/README.md on ``/metrics``, writes its Slurm job id to ``D/jobs/<Hostname>``
+(dcgm-exporter's job mapping) and its status to ``D/trainers/<name>.json``.
+
+Identity: ``--slurm-job-id`` (default ``$SLURM_JOB_ID``), ``--hostname`` (default ``$SLURMD_NODENAME``, then
+the host name), ``--namespace``/``--pod`` (default ``$POD_NAMESPACE``/``$POD_NAME``).
+
+Faults (:mod:`sim.faults`) are read on every step: hang (stops stepping, stays alive), slowdown (factor), nan
+(loss becomes NaN), corrupt_checkpoint (the newest checkpoint is torn and the process dies as if killed
+mid-save; at start-up, the resume then fails), and nccl/oom/io/s3_timeout (the job logs the real error text,
+increments ``training_errors_total{error_class}``, keeps serving metrics for ``--linger`` seconds so Prometheus
+scrapes the increment, and exits 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import random
+import signal
+import socket
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+
+from sim import checkpoints, faults, logtext, statedir
+from sim.exposition import serve
+
+LABELS = ("train_job", "slurm_job_id", "namespace", "pod", "Hostname")
+ERROR_CLASSES = ("nccl", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan")
+
+# Crash fault → the error text the job logs before it exits.
+CRASH_TEXT: dict[str, Callable[[logtext.Context, float], str]] = {
+    "nccl": logtext.nccl,
+    "oom": lambda ctx, now: logtext.cuda_oom(ctx),
+    "io": lambda ctx, now: logtext.storage_io(ctx),
+    "s3_timeout": lambda ctx, now: logtext.object_store_timeout(ctx),
+}
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who the job is; empty strings for what does not apply (Prometheus drops empty labels)."""
+
+    name: str
+    hostname: str
+    slurm_job_id: str = ""
+    namespace: str = ""
+    pod: str = ""
+
+    def labels(self) -> dict[str, str]:
+        return {
+            "train_job": self.name,
+            "slurm_job_id": self.slurm_job_id,
+            "namespace": self.namespace,
+            "pod": self.pod,
+            "Hostname": self.hostname,
+        }
+
+
+@dataclass(frozen=True)
+class Settings:
+    step_seconds: float = 0.2
+    checkpoint_every: int = 25
+    batch_size: int = 256
+    keep: int = 3
+    linger: float = 3.0
+    log_every: int = 25
+
+
+class Metrics:
+    """The job's training metrics in a registry of their own (names and labels: rules/README.md)."""
+
+    def __init__(self, identity: Identity):
+        self.registry = CollectorRegistry()
+        labels = identity.labels()
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=self.registry).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=self.registry).labels(**labels)
+
+        self.steps = counter("training_step", "Optimizer steps completed (the global step).")
+        self.samples = counter("training_samples", "Training samples consumed.")
+        self.last_checkpoint = gauge(
+            "training_last_checkpoint_timestamp_seconds", "Unix time of the newest checkpoint (0: none yet)."
+        )
+        self.checkpointing = gauge(
+            "training_checkpoint_in_progress", "1 while a checkpoint is being written."
+        )
+        self.evaluating = gauge("training_eval_in_progress", "1 while an evaluation runs.")
+        self.loss = gauge("training_loss", "Training loss of the last step.")
+        errors = Counter(
+            "training_errors",
+            "Errors logged by the job, by class.",
+            (*LABELS, "error_class"),
+            registry=self.registry,
+        )
+        # Every class starts at 0, so the first error is an increase Prometheus can see.
+        self.errors = {cls: errors.labels(**labels, error_class=cls) for cls in ERROR_CLASSES}
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class JobExit(Exception):
+    """The job is ending with ``code`` after logging an error of ``error_class``."""
+
+    def __init__(self, code: int, error_class: str):
+        super().__init__(error_class)
+        self.code = code
+        self.error_class = error_class
+
+
+class Trainer:
+    """One training process. :meth:`run` returns the exit status."""
+
+    def __init__(
+        self,
+        identity: Identity,
+        settings: Settings,
+        state_dir: Path,
+        checkpoint_dir: Path,
+        port: int,
+        host: str = "127.0.0.1",
+        out: TextIO = sys.stdout,
+    ):
+        self.identity = identity
+        self.settings = settings
+        self.state_dir = state_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.port = port
+        self.host = host
+        self.out = out
+        self.metrics = Metrics(identity)
+        self.rng = random.Random()
+        self.step = 0
+        self.samples = 0
+        self.nan = False
+        self.phase = "starting"
+
+    # -- bookkeeping ------------------------------------------------------------------------------------
+    def log(self, message: str) -> None:
+        print(message, file=self.out, flush=True)
+
+    def set_phase(self, phase: str) -> None:
+        """Record the phase (running | hung | failed | exited) where the exporter and ``sim.cli status`` see it."""
+        self.phase = phase
+        status = {
+            **self.identity.__dict__,
+            "pid": os.getpid(),
+            "port": self.port,
+            "checkpoint_dir": str(self.checkpoint_dir),
+            "phase": phase,
+            "step": self.step,
+            "updated": time.time(),
+        }
+        statedir.write_json(statedir.trainer_status_path(self.state_dir, self.identity.name), status)
+
+    def _job_mapping(self) -> Path:
+        return statedir.job_mapping_path(self.state_dir, self.identity.hostname)
+
+    def _context(self) -> logtext.Context:
+        return logtext.Context(self.identity.hostname, os.getpid(), self.identity.name, self.step)
+
+    # -- training ---------------------------------------------------------------------------------------
+    def resume(self) -> None:
+        """Continue from the newest checkpoint, or start at step 0; :class:`JobExit` if it is corrupt."""
+        checkpoint = checkpoints.newest(self.checkpoint_dir)
+        if checkpoint is None:
+            self.log(f"[rank0]: no checkpoint in {self.checkpoint_dir}, starting from step 0")
+            return
+        try:
+            checkpoints.validate(checkpoint)
+        except checkpoints.CorruptCheckpoint as exc:
+            self.log(logtext.checkpoint_corrupt(str(exc.path / exc.file)))
+            raise JobExit(1, "checkpoint_corrupt") from None
+        self.step, self.samples = checkpoint.step, checkpoint.samples
+        self.metrics.steps.inc(self.step)
+        self.metrics.samples.inc(self.samples)
+        self.metrics.last_checkpoint.set(checkpoint.created)
+        self.log(f"[rank0]: resuming from step {self.step} ({checkpoint.path})")
+
+    def loss(self) -> float:
+        if self.nan:
+            return math.nan
+        return 1.7 + 6.3 * math.exp(-self.step / 300) + self.rng.gauss(0, 0.02)
+
+    def checkpoint(self, loss: float) -> None:
+        self.metrics.checkpointing.set(1)
+        checkpoint = checkpoints.write(self.checkpoint_dir, self.step, loss, self.samples, time.time())
+        checkpoints.prune(self.checkpoint_dir, self.settings.keep)
+        self.metrics.last_checkpoint.set(checkpoint.created)
+        self.metrics.checkpointing.set(0)
+        self.log(f"[rank0]: saved checkpoint {checkpoint.path}")
+        self.set_phase(self.phase)
+
+    def corrupt_newest(self) -> None:
+        """Tear the newest checkpoint (the corrupt_checkpoint fault)."""
+        checkpoint = checkpoints.newest(self.checkpoint_dir)
+        if checkpoint is not None:
+            checkpoints.corrupt(checkpoint)
+
+    def apply_faults(self) -> float:
+        """Act on pending faults; returns the slowdown factor. May raise :class:`JobExit` or never return."""
+        name = self.identity.name
+        pending = faults.load(self.state_dir).job(name)
+        for kind, text in CRASH_TEXT.items():
+            if kind in pending and faults.consume_job_fault(self.state_dir, name, kind):
+                self.log(text(self._context(), time.time()))
+                raise JobExit(1, faults.CRASH_FAULTS[kind])
+        if "corrupt_checkpoint" in pending and faults.consume_job_fault(
+            self.state_dir, name, "corrupt_checkpoint"
+        ):
+            self.log(f"[rank0]: saving checkpoint step_{self.step:06d}")
+            self.corrupt_newest()
+            os.kill(os.getpid(), signal.SIGKILL)  # dies mid-save, as a node crash or the OOM killer would
+        if "nan" in pending and faults.consume_job_fault(self.state_dir, name, "nan"):
+            self.nan = True
+        if "hang" in pending and faults.consume_job_fault(self.state_dir, name, "hang"):
+            self.set_phase("hung")  # silent, as real hangs are: no log line, the process stays alive
+            while True:
+                time.sleep(1)
+        return max(float(pending.get("slowdown", 1.0)), 1.0)
+
+    def train_step(self, slowdown: float) -> None:
+        start = time.monotonic()
+        time.sleep(self.settings.step_seconds * slowdown)
+        self.step += 1
+        self.samples += self.settings.batch_size
+        loss = self.loss()
+        self.metrics.steps.inc()
+        self.metrics.samples.inc(self.settings.batch_size)
+        self.metrics.loss.set(loss)
+        if self.nan or self.step % self.settings.log_every == 0:
+            rate = self.settings.batch_size / (time.monotonic() - start)
+            self.log(f"[rank0]: step {self.step} loss: {loss:.4f} samples/s: {rate:.1f}")
+        if self.step % self.settings.checkpoint_every == 0:
+            self.checkpoint(loss)
+
+    def run(self) -> int:
+        """Train until a fault ends the job or a signal stops it; clean up the job mapping and status."""
+        server = serve(self.metrics.render, self.host, self.port)
+        ident = self.identity
+        self.log(
+            f"[rank0]: {ident.name} on {ident.hostname}, slurm job {ident.slurm_job_id or '-'}, :{self.port}"
+        )
+        if ident.slurm_job_id:
+            statedir.write_atomic(self._job_mapping(), ident.slurm_job_id + "\n")
+        try:
+            self.set_phase("starting")
+            self.metrics.evaluating.set(0)
+            self.metrics.checkpointing.set(0)
+            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            if faults.consume_job_fault(self.state_dir, ident.name, "corrupt_checkpoint"):
+                self.corrupt_newest()
+            self.resume()
+            self.set_phase("running")
+            while True:
+                self.train_step(self.apply_faults())
+        except JobExit as exit_:
+            self.metrics.errors[exit_.error_class].inc()
+            self.set_phase("failed")
+            self.log(logtext.child_failed(self._context(), exit_.code, time.time()))
+            time.sleep(self.settings.linger)  # let Prometheus scrape the error counter
+            return exit_.code
+        finally:
+            server.shutdown()
+            if ident.slurm_job_id:
+                with contextlib.suppress(FileNotFoundError):
+                    if self._job_mapping().read_text().strip() == ident.slurm_job_id:
+                        self._job_mapping().unlink()
+            self.set_phase("exited")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    env = os.environ
+    parser = argparse.ArgumentParser(prog="python -m sim.trainer", description="A simulated training job.")
+    parser.add_argument("--name", required=True, help="training job name (label train_job)")
+    parser.add_argument("--port", type=int, required=True, help="metrics port")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--checkpoint-dir", type=Path, required=True)
+    parser.add_argument("--state-dir", type=Path, required=True)
+    parser.add_argument("--slurm-job-id", default=env.get("SLURM_JOB_ID", ""))
+    parser.add_argument("--hostname", default=env.get("SLURMD_NODENAME") or socket.gethostname())
+    parser.add_argument("--namespace", default=env.get("POD_NAMESPACE", ""))
+    parser.add_argument("--pod", default=env.get("POD_NAME", ""))
+    defaults = Settings()
+    parser.add_argument("--step-seconds", type=float, default=defaults.step_seconds)
+    parser.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="steps")
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--keep", type=int, default=defaults.keep, help="checkpoints kept")
+    parser.add_argument(
+        "--linger", type=float, default=defaults.linger, help="seconds to serve after an error"
+    )
+    parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    disable_created_metrics()  # no *_created series: they add nothing to the contract
+    identity = Identity(args.name, args.hostname, args.slurm_job_id, args.namespace, args.pod)
+    settings = Settings(
+        args.step_seconds, args.checkpoint_every, args.batch_size, args.keep, args.linger, args.log_every
+    )
+    trainer = Trainer(identity, settings, args.state_dir, args.checkpoint_dir, args.port, args.host)
+
+    def stop(signum: int, _frame: object) -> None:
+        trainer.log(f"[rank0]: received signal {signum}, exiting")
+        raise SystemExit(128 + signum)  # unwinds run(), which cleans up
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    return trainer.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,160 @@
+"""The real server: `nightshift serve` (gunicorn, 2 workers, worker threads) on loopback, driven over HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+import requests
+import yaml
+
+from tests.fixtures.procs import Daemon, free_port, wait_until
+from tests.payloads import alert, body, xid
+
+TOKEN = "gunicorn-test-token"
+PLAYBOOK = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: gpu-xid-79, description: "Xid 79: drain the node, requeue the job"}
+match: ['alertname="GpuXidError"', 'xid="79"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
+serialize: node
+steps:
+  - action: slurm.drain_node
+    with: {node: "{{ target.node }}", reason: "Xid {{ labels.xid }}"}
+  - action: slurm.requeue_job
+    with: {job: "{{ target.job }}", exclude_node: "{{ target.node }}"}
+"""
+
+
+class Sink(BaseHTTPRequestHandler):
+    """A chat webhook receiver: records each JSON body."""
+
+    received: list[dict] = []
+
+    def do_POST(self):
+        length = int(self.headers.get("Content-Length", 0))
+        Sink.received.append(json.loads(self.rfile.read(length)))
+        self.send_response(200)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def sink():
+    Sink.received = []
+    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}/hook"
+    server.shutdown()
+
+
+@pytest.fixture
+def server(tmp_path, sink):
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "gpu.yaml").write_text(PLAYBOOK)
+    (tmp_path / "token").write_text(TOKEN)
+    config = {
+        "data_dir": str(tmp_path / "var"),
+        "playbook_paths": [str(tmp_path / "playbooks")],
+        "webhook": {"token_file": str(tmp_path / "token")},
+        "notify": {"webhook_url": sink},
+        "worker": {"poll_seconds": 0.2},
+    }
+    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(config))
+    port = free_port()
+    daemon = Daemon(
+        "nightshift",
+        [
+            sys.executable,
+            "-m",
+            "app.cli",
+            "serve",
+            "--config",
+            str(tmp_path / "settings.yaml"),
+            "--bind",
+            f"127.0.0.1:{port}",
+            "--workers",
+            "2",
+            "--threads",
+            "4",
+        ],
+        tmp_path,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_until(
+            lambda: requests.get(f"{url}/readyz", timeout=1).status_code == 200,
+            30,
+            f"nightshift serve to be ready (log: {daemon.log_path})",
+        )
+        yield url
+    finally:
+        daemon.stop()
+        print(daemon.log_tail())
+
+
+def post(url: str, data: bytes, token: str = TOKEN) -> requests.Response:
+    return requests.post(
+        f"{url}/api/v1/alerts",
+        data=data,
+        timeout=10,
+        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+    )
+
+
+def test_real_gunicorn_webhook_to_advisory_incident_with_notification(server, sink):
+    assert post(server, body(alert(xid())), token="wrong").status_code == 401
+    response = post(server, body(alert(xid())))
+    assert response.status_code == 200, response.text
+    incident_id = response.json()["opened"][0]
+
+    def closed():
+        detail = requests.get(f"{server}/api/v1/incidents/{incident_id}", timeout=5).json()
+        return detail if detail["incident"]["outcome"] else None
+
+    detail = wait_until(closed, 30, "the worker thread to finish the incident")
+    assert detail["incident"]["outcome"] == "advisory"
+    assert [(s["action"], s["status"]) for s in detail["steps"]] == [
+        ("slurm.drain_node", "would_run"),
+        ("slurm.requeue_job", "would_run"),
+    ]
+    assert "scontrol" in detail["steps"][0]["command"]
+    wait_until(lambda: Sink.received, 10, "the advisory notification")
+    assert "advisory" in Sink.received[0]["text"] and "slurm.drain_node" in Sink.received[0]["text"]
+
+
+def test_concurrent_duplicate_deliveries_across_workers_yield_one_incident(server):
+    payload = body(alert(xid(node="node7", job="77")))
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        statuses = list(pool.map(lambda _: post(server, payload).status_code, range(40)))
+    assert statuses == [200] * 40
+    incidents = requests.get(f"{server}/api/v1/incidents", params={"node": "node7"}, timeout=5).json()[
+        "incidents"
+    ]
+    assert len(incidents) == 1
+    metrics = requests.get(f"{server}/metrics", timeout=5).text
+    # Aggregated over both gunicorn workers (multiprocess mode), whichever served each request.
+    assert 'nightshift_alerts_received_total{status="firing"} 40.0' in metrics
+
+
+def test_real_gunicorn_limits_and_errors(server):
+    assert post(server, b'{"alerts": "nope"').status_code == 400
+    big = body(alert({**xid(), "blob": "x" * 2_000_000}))
+    assert post(server, big).status_code == 413
+    assert requests.get(f"{server}/api/v1/incidents/12345", timeout=5).status_code == 404
+
+
+def test_example_settings_file_is_valid():
+    from app.config import load_settings
+
+    settings = load_settings(Path(__file__).parents[2] / "examples" / "settings.yaml", env={})
+    assert settings.webhook.token_file

@@ -1,0 +1,100 @@
+"""The CLI as users run it: lint, explain, export, replay (subprocesses of the installed entry point)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+from tests.payloads import alert, body, xid
+from tests.unit.test_engine import PLAYBOOK
+
+ROOT = Path(__file__).parents[2]
+
+
+def nightshift(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=cwd,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin", "NIGHTSHIFT_LOG_LEVEL": "WARNING"},
+    )
+
+
+def test_lint_accepts_the_shipped_playbooks():
+    result = nightshift("lint", "playbooks/", "--permissions", "examples/permissions.yaml")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.startswith("ok: ")
+
+
+def test_lint_reports_file_and_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        PLAYBOOK.replace("action: fake.drain", "action: slurm.no_such_action").replace("fake.", "slurm.")
+    )
+    result = nightshift("lint", str(bad))
+    assert result.returncode == 1
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(f"{bad}:") and "unknown action" in first
+    line = int(first.split(":")[1])
+    assert "slurm.no_such_action" in bad.read_text().splitlines()[line - 1]
+
+
+def test_explain_shows_an_advisory_plan_and_touches_nothing(tmp_path):
+    payload = tmp_path / "xid.json"
+    payload.write_bytes(body(alert(xid())))
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(
+        yaml.safe_dump({"data_dir": str(tmp_path / "var"), "playbook_paths": [str(ROOT / "playbooks")]})
+    )
+    result = nightshift("explain", str(payload), "--config", str(settings))
+    assert result.returncode == 0, result.stderr
+    assert "guard permission: stop: no remediation step is whitelisted" in result.stdout
+    assert "[would_run]" in result.stdout and "=> advisory" in result.stdout
+    assert not (tmp_path / "var").exists()
+
+
+def test_explain_every_shipped_example_payload(tmp_path):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text(yaml.safe_dump({"playbook_paths": [str(ROOT / "playbooks")]}))
+    examples = sorted((ROOT / "alerts" / "examples").glob("*.json"))
+    assert examples, "alerts/examples/ holds captured payloads"
+    for example in examples:
+        result = nightshift("explain", str(example), "--config", str(settings), "--json")
+        assert result.returncode == 0, f"{example}: {result.stderr}"
+        assert isinstance(json.loads(result.stdout), list)
+
+
+def test_explain_rejects_a_bad_payload_with_the_reason(tmp_path):
+    payload = tmp_path / "bad.json"
+    payload.write_text('{"version": "4", "alerts": [')
+    result = nightshift("explain", str(payload))
+    assert result.returncode != 0 and "invalid JSON" in result.stderr
+
+
+def test_export_and_replay(tmp_path):
+    from app import build_engine
+    from app.alertmanager import parse_notification
+    from app.config import Settings
+
+    settings = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(ROOT / "playbooks")])
+    engine = build_engine(settings)
+    engine.ingest(parse_notification(body(alert(xid()))))
+    config = tmp_path / "settings.yaml"
+    config.write_text(
+        yaml.safe_dump({"data_dir": str(tmp_path / "var"), "playbook_paths": [str(ROOT / "playbooks")]})
+    )
+    exported = nightshift("export", "--config", str(config))
+    assert exported.returncode == 0, exported.stderr
+    rows = [json.loads(line) for line in exported.stdout.splitlines()]
+    assert rows[0]["kind"] == "alert_received" and rows[0]["data"]["labels"]["xid"] == "79"
+    replayed = nightshift("replay", "1", "--config", str(config))
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["opened"] == []  # the open incident already holds it
+    missing = nightshift("replay", "999", "--config", str(config))
+    assert missing.returncode != 0 and "alert 999 not found" in missing.stderr
