@@ -29,7 +29,9 @@ config_option = click.option(
 def _settings(config: str | None):
     from app.config import load_settings
 
-    return load_settings(config)
+    settings = load_settings(config)
+    logging.getLogger().setLevel(settings.log_level.upper())
+    return settings
 
 
 def main() -> None:
@@ -38,9 +40,8 @@ def main() -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     try:
-        cli(standalone_mode=False)
-    except click.exceptions.Exit as exc:
-        sys.exit(exc.exit_code)
+        # Without standalone mode click returns the code of a raised Exit instead of exiting.
+        code = cli(standalone_mode=False)
     except click.ClickException as exc:
         exc.show()
         sys.exit(exc.exit_code)
@@ -49,6 +50,8 @@ def main() -> None:
     except NightshiftError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
+    if isinstance(code, int):
+        sys.exit(code)
 
 
 @click.group()
@@ -267,3 +270,7 @@ def export(config: str | None, after_id: int) -> None:
     with engine.deps.store.transaction() as conn:
         for row in records.iter_ledger(conn, after_id=after_id):
             click.echo(json.dumps(row, default=str, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

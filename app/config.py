@@ -125,6 +125,7 @@ class Settings:
     operator_token_file: str | None = None  # protects pause/resume/approve
     external_url: str = "http://127.0.0.1:8080"
     embedded_worker: bool = True  # `nightshift serve` runs a worker thread in each gunicorn worker
+    log_level: str = "INFO"
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     guards: GuardSettings = field(default_factory=GuardSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)

@@ -39,10 +39,10 @@ def test_lint_reports_file_and_line(tmp_path):
     )
     result = nightshift("lint", str(bad))
     assert result.returncode == 1
-    first = result.stdout.splitlines()[0]
-    assert first.startswith(f"{bad}:") and "unknown action" in first
-    line = int(first.split(":")[1])
-    assert "slurm.no_such_action" in bad.read_text().splitlines()[line - 1]
+    reports = [line for line in result.stdout.splitlines() if "slurm.no_such_action" in line]
+    assert len(reports) == 1 and reports[0].startswith(f"{bad}:") and "unknown action" in reports[0]
+    line = int(reports[0].split(":")[1])
+    assert "action: slurm.no_such_action" in bad.read_text().splitlines()[line - 1]
 
 
 def test_explain_shows_an_advisory_plan_and_touches_nothing(tmp_path):
