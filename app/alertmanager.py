@@ -122,24 +122,31 @@ def parse_time(text: str) -> datetime:
 
     Raises ValueError when ``text`` is not one or is out of range.
     """
+    problem = f"not an RFC 3339 time: {_show(text)}"
     match = _RFC3339.fullmatch(text)
     if match is None:
-        raise ValueError(f"not an RFC 3339 time: {_show(text)}")
+        raise ValueError(problem)
     year, month, day, hour, minute, second, fraction, sign, off_hours, off_minutes = match.groups()
-    tz = UTC
+    offset = timedelta(0)
+    if sign is not None:
+        if int(off_hours) > 23 or int(off_minutes) > 59:
+            raise ValueError(problem)
+        offset = timedelta(hours=int(off_hours), minutes=int(off_minutes)) * (1 if sign == "+" else -1)
+    micros = int((fraction or "")[:6].ljust(6, "0"))
     try:
-        if sign is not None:
-            if int(off_hours) > 23 or int(off_minutes) > 59:
-                raise ValueError
-            offset = timedelta(hours=int(off_hours), minutes=int(off_minutes))
-            tz = timezone(offset if sign == "+" else -offset)
-        micros = int((fraction or "")[:6].ljust(6, "0"))
         local = datetime(
-            int(year), int(month), int(day), int(hour), int(minute), int(second), micros, tzinfo=tz
+            int(year),
+            int(month),
+            int(day),
+            int(hour),
+            int(minute),
+            int(second),
+            micros,
+            tzinfo=timezone(offset),
         )
         return local.astimezone(UTC)
-    except (ValueError, OverflowError):
-        raise ValueError(f"not an RFC 3339 time: {_show(text)}") from None
+    except (ValueError, OverflowError):  # day 30 of February; before year 1 or after 9999 once in UTC
+        raise ValueError(problem) from None
 
 
 # --- decoding -------------------------------------------------------------------------------------
@@ -248,6 +255,9 @@ def _string_map(value: Any, path: str, max_value: int) -> dict[str, str]:
             raise PayloadError(f"{where}: expected a string, got {_kind(item)}")
         if len(item) > max_value:
             raise PayloadError(f"{where}: value of {len(item)} characters exceeds the limit of {max_value}")
+        if "\x00" in key or "\x00" in item:
+            # No label source emits NUL, and PostgreSQL text cannot store it: refuse it here, loudly.
+            raise PayloadError(f"{where}: contains a NUL character")
         out[_clean(key)] = _clean(item)
     return out
 

@@ -211,8 +211,6 @@ def _closing_quote(text: str, start: int) -> int | None:
 
 # --- UTF-8 grammar: parser ------------------------------------------------------------------------
 
-_OPERATOR_EXPECTED = "expected an operator such as '=', '!=', '=~' or '!~'"
-
 
 class _Tokens:
     """One-token lookahead over :func:`_scan`."""
@@ -278,7 +276,7 @@ def _parse_one(tokens: _Tokens) -> tuple[str, str, str]:
         raise _unexpected(name, "expected label name")
     op = tokens.take()
     if op.kind not in OPERATORS:
-        raise _unexpected(op, _OPERATOR_EXPECTED)
+        raise _unexpected(op, "expected an operator such as '=', '!=', '=~' or '!~'")
     value = tokens.take()
     if value.kind not in ("quoted", "unquoted"):
         raise _unexpected(value, "expected label value")
@@ -294,8 +292,22 @@ def _token_text(token: _Token) -> str:
         raise MatcherError(f"{token.start}:{token.end}: {token.text}: invalid input ({exc})") from None
 
 
-_SIMPLE_ESCAPES = {"a": 7, "b": 8, "f": 12, "n": 10, "r": 13, "t": 9, "v": 11, "\\": 92, '"': 34}
+# Go string-literal escapes (RE2 shares them but for \b, its word boundary).
+_GO_ESCAPES = {
+    "a": 0x07,
+    "b": 0x08,
+    "f": 0x0C,
+    "n": 0x0A,
+    "r": 0x0D,
+    "t": 0x09,
+    "v": 0x0B,
+    "\\": 0x5C,
+    '"': 0x22,
+}
+_QUOTE_ESCAPES = {chr(code): "\\" + letter for letter, code in _GO_ESCAPES.items()}
 _HEX = frozenset("0123456789abcdefABCDEF")
+_OCTAL = frozenset("01234567")
+_MAX_RUNE = 0x10FFFF
 
 
 def _go_unquote(literal: str) -> str:
@@ -312,8 +324,8 @@ def _go_unquote(literal: str) -> str:
             i += 1
             continue
         kind = body[i + 1]  # the lexer guarantees a character after a backslash
-        if kind in _SIMPLE_ESCAPES:
-            buf.append(_SIMPLE_ESCAPES[kind])
+        if kind in _GO_ESCAPES:
+            buf.append(_GO_ESCAPES[kind])
             i += 2
         elif kind in "xuU":
             width = {"x": 2, "u": 4, "U": 8}[kind]
@@ -323,14 +335,14 @@ def _go_unquote(literal: str) -> str:
             code = int(digits, 16)
             if kind == "x":
                 buf.append(code)
-            elif code > 0x10FFFF or 0xD800 <= code <= 0xDFFF:
+            elif code > _MAX_RUNE or 0xD800 <= code <= 0xDFFF:
                 raise ValueError(f"\\{kind}{digits} is not a valid code point")
             else:
                 buf += chr(code).encode()
             i += 2 + width
-        elif kind in "01234567":
+        elif kind in _OCTAL:
             digits = body[i + 1 : i + 4]
-            if len(digits) != 3 or not set(digits) <= set("01234567") or int(digits, 8) > 255:
+            if len(digits) != 3 or not set(digits) <= _OCTAL or int(digits, 8) > 255:
                 raise ValueError("octal escape needs 3 digits up to \\377")
             buf.append(int(digits, 8))
             i += 4
@@ -347,12 +359,10 @@ def _go_quote(text: str) -> str:
     out = ['"']
     for char in text:
         code = ord(char)
-        if char in '"\\':
-            out.append("\\" + char)
+        if char in _QUOTE_ESCAPES:
+            out.append(_QUOTE_ESCAPES[char])
         elif char.isprintable():
             out.append(char)
-        elif char in "\a\b\f\n\r\t\v":
-            out.append("\\" + "abfnrtv"["\a\b\f\n\r\t\v".index(char)])
         elif code < 0x80:
             out.append(f"\\x{code:02x}")
         elif code < 0x10000:
@@ -453,7 +463,6 @@ def _classic_one(text: str) -> tuple[str, str, str] | None:
 _REPEAT = re.compile(r"\{([0-9]+)(,([0-9]*))?\}")
 _FLAG_GROUP = re.compile(r"\(\?([A-Za-z]*)(?:-([A-Za-z]*))?([:)])")
 _MAX_REPEAT = 1000
-_MAX_RUNE = 0x10FFFF
 
 # Character classes as sorted code point ranges: RE2's Perl classes are ASCII-only, unlike Python's.
 _Ranges = tuple[tuple[int, int], ...]
@@ -476,8 +485,6 @@ _POSIX_CLASSES: dict[str, _Ranges] = {
     "word": _WORD,
     "xdigit": ((0x30, 0x39), (0x41, 0x46), (0x61, 0x66)),
 }
-_SINGLE_ESCAPES = {"a": 0x07, "f": 0x0C, "n": 0x0A, "r": 0x0D, "t": 0x09, "v": 0x0B}
-_OCTAL = frozenset("01234567")
 
 
 @dataclass
@@ -492,10 +499,10 @@ def _re2_to_python(pattern: str) -> str:
     """Translate an RE2 pattern (Go's regexp syntax) into an equivalent Python ``re`` pattern.
 
     Raises ValueError for what RE2 rejects but Python would accept (backreferences, lookaround, atomic groups,
-    possessive quantifiers, ``\\Z``...), for RE2 features Python lacks (``\\pL``), and for a few inputs Go
-    accepts only by accident of Alertmanager's ``^(?:...)$`` wrapping (an unbalanced ``)``, ``\\Q`` without
-    ``\\E``). Classes (``\\d``, ``[[:alpha:]]``, ``\\b``) are spelled out as RE2's ASCII sets, so ``(?i)`` folds
-    case over Unicode in both.
+    possessive quantifiers, ``\\Z``...), for RE2 features Python lacks (``\\pL``), and, stricter than Go, for
+    an unbalanced ``)`` (Go accepts it only because Alertmanager wraps the pattern in ``^(?:...)$``) and for
+    a repetition of a flag group or an empty-width assertion (``a(?i)*``, ``^*``). Classes (``\\d``,
+    ``[[:alpha:]]``, ``\\b``) are spelled out as RE2's ASCII sets, so ``(?i)`` folds case over Unicode in both.
     """
     out: list[str] = []
     groups = [_Group(multiline=False)]
@@ -636,8 +643,8 @@ def _escaped_char(pattern: str, i: int) -> tuple[int, int]:
         elif len(digits := pattern[i + 2 : i + 4]) == 2 and set(digits) <= _HEX:
             return int(digits, 16), i + 4
         raise ValueError(f"invalid escape sequence {pattern[i : i + 12]}")
-    if kind in _SINGLE_ESCAPES:
-        return _SINGLE_ESCAPES[kind], i + 2
+    if kind in _GO_ESCAPES and kind != "b":
+        return _GO_ESCAPES[kind], i + 2
     if kind in "pP":
         raise ValueError(f"Unicode classes \\{kind} are not supported")
     if kind.isascii() and not kind.isalnum():

@@ -393,3 +393,21 @@ def test_modules_stay_pure():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_nul_in_a_label_or_annotation_is_refused():
+    import json
+
+    from app.errors import PayloadError
+
+    for where in ("labels", "annotations"):
+        alert = {
+            "status": "firing",
+            "labels": {"alertname": "X"},
+            "annotations": {},
+            "startsAt": "2026-12-02T03:00:00Z",
+        }
+        alert[where] = {**alert[where], "evil": "a\x00b"}
+        body = json.dumps({"version": "4", "status": "firing", "receiver": "r", "alerts": [alert]})
+        with pytest.raises(PayloadError, match=rf"alerts\[0\]\.{where}\.evil: contains a NUL character"):
+            parse_notification(body)
