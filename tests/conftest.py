@@ -1,3 +1,8 @@
 """Fixtures for every tier. Real-daemon fixtures live in tests/fixtures/ and are registered here."""
 
-pytest_plugins: list[str] = ["tests.fixtures.prometheus", "tests.fixtures.kube", "tests.fixtures.slurm"]
+pytest_plugins: list[str] = [
+    "tests.fixtures.prometheus",
+    "tests.fixtures.kube",
+    "tests.fixtures.slurm",
+    "tests.fixtures.postgres",
+]

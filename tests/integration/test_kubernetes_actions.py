@@ -15,13 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from app.actions.base import ActionContext
 from app.actions.kubernetes import CORDONED_AT, CORDONED_BY, RESTARTED_AT, SUSPENDED_BY, RestartJob
-from app.clients import Clients
 from app.clients.kube import CONFLICT_ATTEMPTS, KubeClient
-from app.config import KubernetesSettings, Settings
 from app.errors import CredentialRejected
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from tests.fixtures.fake_kubelet import FakeKubelet
@@ -94,37 +91,29 @@ def test_taint_adds_then_replaces_the_same_key(kube_admin: KubeAdmin, kube_conte
     ctx = kube_context()
     foreign = {"key": "dedicated", "value": "training", "effect": "NoSchedule"}
     node = kube_admin.create_node(taints=[foreign])
+    key = "nightshift.io/gpu-fault"
 
-    first = run_action(
-        "kubernetes.taint_node",
-        ctx,
-        node=node,
-        key="nightshift.io/gpu-fault",
-        value="xid-79",
-        effect="NoSchedule",
-    )
-    second = run_action(
-        "kubernetes.taint_node",
-        ctx,
-        node=node,
-        key="nightshift.io/gpu-fault",
-        value="xid-48",
-        effect="NoExecute",
-    )
-    repeat = run_action(
-        "kubernetes.taint_node",
-        ctx,
-        node=node,
-        key="nightshift.io/gpu-fault",
-        value="xid-48",
-        effect="NoExecute",
-    )
+    outcomes = [
+        run_action("kubernetes.taint_node", ctx, node=node, key=key, value=value, effect=effect)
+        for value, effect in (("xid-79", "NoSchedule"), ("xid-48", "NoExecute"), ("xid-48", "NoExecute"))
+    ]
 
-    assert [o.data["changed"] for o in (first, second, repeat)] == [True, True, False]
+    assert [o.data["changed"] for o in outcomes] == [True, True, False]
     taints = kube_admin.node(node)["spec"]["taints"]
-    ours = [t for t in taints if t["key"] == "nightshift.io/gpu-fault"]
-    assert ours == [{"key": "nightshift.io/gpu-fault", "value": "xid-48", "effect": "NoExecute"}]
+    assert [t for t in taints if t["key"] == key] == [{"key": key, "value": "xid-48", "effect": "NoExecute"}]
     assert foreign in taints
+
+
+def test_untaint_removes_only_that_key(kube_admin: KubeAdmin, kube_context: MakeContext) -> None:
+    foreign = {"key": "dedicated", "value": "training", "effect": "NoSchedule"}
+    ours = {"key": "nightshift.io/gpu-fault", "effect": "NoExecute"}
+    node = kube_admin.create_node(taints=[foreign, ours])
+    kube: KubeClient = kube_context().clients.kube
+
+    assert kube.untaint(node, ours["key"]) is True
+    assert kube.untaint(node, ours["key"]) is False
+    taints = kube_admin.node(node)["spec"]["taints"]
+    assert foreign in taints and not any(t["key"] == ours["key"] for t in taints)
 
 
 def test_taint_retries_when_a_concurrent_write_wins(
@@ -203,6 +192,22 @@ def test_evict_allowed_by_the_disruption_budget(
     assert evicted["metadata"]["deletionGracePeriodSeconds"] == 5
     budget = kube_admin.get("policy/v1beta1", "PodDisruptionBudget", pdb, kube_namespace)["status"]
     assert budget["disruptionsAllowed"] == 0 and pod in budget["disruptedPods"]
+
+
+@pytest.mark.parametrize(("api_version", "accepted"), [("policy/v1beta1", True), ("policy/v1", False)])
+def test_the_eviction_api_version_setting_reaches_the_server(
+    api_version: str, accepted: bool, kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """1.20 serves Eviction only as policy/v1beta1: the configured version is what the body carries."""
+    pod = kube_admin.create_pod(kube_namespace, node=kube_admin.create_node())
+    ctx = kube_context(eviction_api_version=api_version)
+
+    outcome = run_action("kubernetes.evict_pod", ctx, namespace=kube_namespace, pod=pod)
+
+    if accepted:
+        assert isinstance(outcome, Ok), outcome
+    else:
+        assert isinstance(outcome, Failed) and "HTTP 400" in outcome.reason and "policy/v1" in outcome.reason
 
 
 def test_evict_refused_by_the_disruption_budget_is_a_retry(
@@ -442,15 +447,20 @@ def test_a_token_without_rights_is_a_credential_error(
     assert 'User "norbac" cannot' in outcome.reason and "HTTP 403" in outcome.reason
 
 
-def test_check_reports_rejected_credentials(kube_context: MakeContext) -> None:
+def test_check_reports_rejected_credentials(
+    kube_cluster: KubeCluster, kube_context: MakeContext, tmp_path: Path
+) -> None:
+    unknown = kube_cluster.kubeconfig_copy(tmp_path / "kubeconfig", token="not-a-token")
+
     kube_context("admin").clients.kube.check()
-    with pytest.raises(CredentialRejected, match="norbac"):
+    with pytest.raises(CredentialRejected, match='User "norbac" cannot list resource "nodes"'):
         kube_context("norbac").clients.kube.check()
+    with pytest.raises(CredentialRejected, match="HTTP 401"):
+        kube_context(kubeconfig=str(unknown)).clients.kube.check()
 
 
-def test_unloadable_credentials_are_a_credential_error(tmp_path: Path) -> None:
-    settings = Settings(kubernetes=KubernetesSettings(kubeconfig=str(tmp_path / "missing")))
-    ctx = ActionContext(settings=settings, clients=Clients(settings))
+def test_unloadable_credentials_are_a_credential_error(kube_context: MakeContext, tmp_path: Path) -> None:
+    ctx = kube_context(kubeconfig=str(tmp_path / "missing"))
 
     outcome = run_action("kubernetes.cordon_node", ctx, node="gpu-1")
 
@@ -486,11 +496,9 @@ def silent_apiserver(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Path
 
     thread = threading.Thread(target=serve, daemon=True)
     thread.start()
-    config = yaml.safe_load(kube_cluster.kubeconfig("admin").read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{server.getsockname()[1]}"
-    path = tmp_path / "kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    yield path
+    yield kube_cluster.kubeconfig_copy(
+        tmp_path / "kubeconfig", server=f"https://127.0.0.1:{server.getsockname()[1]}"
+    )
     stop.set()
     thread.join(5)
     for conn in held:
@@ -498,11 +506,8 @@ def silent_apiserver(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Path
     server.close()
 
 
-def test_no_answer_to_a_mutating_call_is_ambiguous(silent_apiserver: Path) -> None:
-    settings = Settings(
-        kubernetes=KubernetesSettings(kubeconfig=str(silent_apiserver), request_timeout_seconds=0.5)
-    )
-    ctx = ActionContext(settings=settings, clients=Clients(settings))
+def test_no_answer_to_a_mutating_call_is_ambiguous(silent_apiserver: Path, kube_context: MakeContext) -> None:
+    ctx = kube_context(kubeconfig=str(silent_apiserver), request_timeout_seconds=0.5)
 
     evict = run_action("kubernetes.evict_pod", ctx, namespace="default", pod="p")
     logs = run_action("kubernetes.pod_logs", ctx, namespace="default", pod="p")
@@ -510,17 +515,15 @@ def test_no_answer_to_a_mutating_call_is_ambiguous(silent_apiserver: Path) -> No
     assert isinstance(evict, Ambiguous) and "may have applied it" in evict.reason
     # A read that got no answer changed nothing: safe to retry.
     assert isinstance(logs, Retry), logs
-    ctx.clients.close()
 
 
-def test_an_unreachable_apiserver_is_a_retry(kube_cluster: KubeCluster, tmp_path: Path) -> None:
-    config = yaml.safe_load(kube_cluster.kubeconfig("admin").read_text())
-    config["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{free_port()}"
-    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(config))
-    settings = Settings(kubernetes=KubernetesSettings(kubeconfig=str(tmp_path / "kubeconfig")))
-    ctx = ActionContext(settings=settings, clients=Clients(settings))
+def test_an_unreachable_apiserver_is_a_retry(
+    kube_cluster: KubeCluster, kube_context: MakeContext, tmp_path: Path
+) -> None:
+    nowhere = kube_cluster.kubeconfig_copy(tmp_path / "kubeconfig", server=f"https://127.0.0.1:{free_port()}")
 
-    outcome = run_action("kubernetes.delete_pod", ctx, namespace="default", pod="p")
+    outcome = run_action(
+        "kubernetes.delete_pod", kube_context(kubeconfig=str(nowhere)), namespace="default", pod="p"
+    )
 
     assert isinstance(outcome, Retry) and "cannot reach the API server" in outcome.reason
-    ctx.clients.close()
