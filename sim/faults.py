@@ -19,7 +19,7 @@ crash faults of :data:`CRASH_FAULTS`.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +91,7 @@ def _update(state_dir: Path, change) -> None:
 def inject_xid(state_dir: Path, node: str, gpu: int, xid: int, now: float | None = None) -> XidEvent:
     """Record an Xid on ``node``/``gpu`` and log it to the node's kern.log the way the driver does."""
     event = XidEvent(node=node, gpu=gpu, xid=xid, at=time.time() if now is None else now)
-    _update(state_dir, lambda data: data.setdefault("xids", []).append(event.__dict__))
+    _update(state_dir, lambda data: data.setdefault("xids", []).append(asdict(event)))
     pid = next(
         (t["pid"] for t in statedir.read_trainers(state_dir) if t.get("hostname") == node and t.get("pid")),
         None,

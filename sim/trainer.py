@@ -29,7 +29,7 @@ import socket
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
@@ -160,7 +160,7 @@ class Trainer:
         """Record the phase (running | hung | failed | exited) where the exporter and ``sim.cli status`` see it."""
         self.phase = phase
         status = {
-            **self.identity.__dict__,
+            **asdict(self.identity),
             "pid": os.getpid(),
             "port": self.port,
             "checkpoint_dir": str(self.checkpoint_dir),

@@ -5,4 +5,6 @@ pytest_plugins: list[str] = [
     "tests.fixtures.kube",
     "tests.fixtures.slurm",
     "tests.fixtures.postgres",
+    "tests.fixtures.alertmanager",
+    "tests.fixtures.sim",
 ]

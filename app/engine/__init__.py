@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from app.alertmanager import Notification
@@ -146,3 +147,33 @@ class Engine:
     def incidents(self, **filters: Any) -> list[dict[str, Any]]:
         with self.deps.store.transaction() as conn:
             return records.list_incidents(conn, **filters)
+
+    def job_incidents(self, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
+        """For the job view: the newest incident of each job seen (``latest``) and every open incident (``open``)."""
+        with self.deps.store.transaction() as conn:
+            return {
+                "latest": records.latest_incident_per_job(conn, limit),
+                "open": records.list_incidents(conn, open_only=True, limit=1000),
+            }
+
+    def blast_radius(self) -> dict[str, Any]:
+        """Distinct nodes disrupted within the blast-radius window now, and the limit the guard holds them to."""
+        g = self.deps.settings.guards
+        since = self.deps.clock.now() - timedelta(seconds=g.blast_radius_window_seconds)
+        with self.deps.store.transaction() as conn:
+            nodes = records.nodes_disrupted_since(conn, since)
+        return {
+            "nodes": sorted(nodes),
+            "limit": g.blast_radius_max_nodes,
+            "window_seconds": g.blast_radius_window_seconds,
+        }
+
+    def node_remediations(self, days: int) -> dict[str, Any]:
+        """Over the last ``days`` days: attempts per (node, outcome) and incidents opened per node."""
+        since = self.deps.clock.now() - timedelta(days=days)
+        with self.deps.store.transaction() as conn:
+            return {
+                "since": since,
+                "attempts": records.attempts_by_node(conn, since),
+                "incidents": records.incidents_by_node(conn, since),
+            }

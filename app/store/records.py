@@ -34,7 +34,9 @@ def upsert_alert(
 ) -> tuple[Row, str | None]:
     """Record one alert instance; return its row and its status before this notification (None when new)."""
     key = and_(alerts.c.fingerprint == alert.fingerprint, alerts.c.starts_at == alert.starts_at)
-    existing = _one(conn, select(alerts).where(key))
+    # FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a replica that read the
+    # row before another one resolved it must not write its stale status back.
+    existing = _one(conn, select(alerts).where(key).with_for_update())
     if existing is None:
         values = {
             "fingerprint": alert.fingerprint,
@@ -56,15 +58,20 @@ def upsert_alert(
                 new_id = conn.execute(insert(alerts).values(**values)).inserted_primary_key[0]
             return {**values, "id": new_id}, None
         except IntegrityError:  # a concurrent replica inserted the same instance first
-            existing = _one(conn, select(alerts).where(key))
+            existing = _one(conn, select(alerts).where(key).with_for_update())
             assert existing is not None
     previous = existing["status"]
-    changes: dict[str, Any] = {"last_received_at": now, "notifications": existing["notifications"] + 1}
+    changes: dict[str, Any] = {"last_received_at": now}
     # A resolved instance never goes back to firing: a late firing notification for it is out of order.
     if not (previous == "resolved" and alert.status == "firing"):
         changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
-    conn.execute(update(alerts).where(alerts.c.id == existing["id"]).values(**changes))
-    return {**existing, **changes}, previous
+    # Incremented in SQL: replicas updating the same row under READ COMMITTED must not lose a delivery.
+    conn.execute(
+        update(alerts)
+        .where(alerts.c.id == existing["id"])
+        .values(**changes, notifications=alerts.c.notifications + 1)
+    )
+    return {**existing, **changes, "notifications": existing["notifications"] + 1}, previous
 
 
 def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[Row]:
@@ -115,11 +122,14 @@ def link_alert(conn: Connection, incident_id: int, alert_id: int) -> bool:
 
 
 def incidents_for_alert(conn: Connection, alert_id: int) -> list[Row]:
+    """The alert's incidents, locked until the transaction ends: closing one on a resolved alert must not race
+    a worker claiming it (``claim_next`` skips locked rows)."""
     stmt = (
         select(incidents)
         .join(incident_alerts, incident_alerts.c.incident_id == incidents.c.id)
         .where(incident_alerts.c.alert_id == alert_id)
         .order_by(incidents.c.id)
+        .with_for_update(of=incidents)
     )
     return _all(conn, stmt)
 
@@ -362,3 +372,50 @@ def set_control(conn: Connection, key: str, value: Any, now: datetime) -> None:
                 conn.execute(insert(controls).values(key=key, value=value, updated_at=now))
         except IntegrityError:
             conn.execute(update(controls).where(controls.c.key == key).values(value=value, updated_at=now))
+
+
+# --- views (operator UI; read-only) -------------------------------------------------------------------------
+
+
+def latest_incident_per_job(conn: Connection, limit: int = 200) -> list[Row]:
+    """The newest incident of each job seen in incidents, newest first, at most ``limit``; each row also carries
+    ``firing_alerts``, how many of its alerts still fire."""
+    newest = (
+        select(func.max(incidents.c.id).label("id"))
+        .where(incidents.c.job.is_not(None))
+        .group_by(incidents.c.job)
+        .subquery()
+    )
+    firing = (
+        select(func.count())
+        .select_from(alerts.join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id))
+        .where(incident_alerts.c.incident_id == incidents.c.id, alerts.c.status == "firing")
+        .scalar_subquery()
+    )
+    stmt = (
+        select(incidents, firing.label("firing_alerts"))
+        .join(newest, newest.c.id == incidents.c.id)
+        .order_by(incidents.c.id.desc())
+        .limit(limit)
+    )
+    return _all(conn, stmt)
+
+
+def attempts_by_node(conn: Connection, since: datetime) -> list[Row]:
+    """Remediation attempts started since ``since``, counted per (node, outcome); outcome None = in progress."""
+    stmt = (
+        select(attempts.c.node, attempts.c.outcome, func.count().label("count"))
+        .where(attempts.c.started_at >= since, attempts.c.node.is_not(None))
+        .group_by(attempts.c.node, attempts.c.outcome)
+    )
+    return _all(conn, stmt)
+
+
+def incidents_by_node(conn: Connection, since: datetime) -> dict[str, int]:
+    """Incidents opened since ``since``, counted per node (acted on or not)."""
+    stmt = (
+        select(incidents.c.node, func.count())
+        .where(incidents.c.opened_at >= since, incidents.c.node.is_not(None))
+        .group_by(incidents.c.node)
+    )
+    return {str(node): int(n) for node, n in conn.execute(stmt)}

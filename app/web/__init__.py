@@ -30,12 +30,13 @@ def error(status: int, message: str, **extra: Any):
 
 
 def register(app: Flask) -> None:
-    from app.web import alerts, api, health
+    from app.web import alerts, api, health, ui
 
     app.json = JSONProvider(app)
     app.register_blueprint(alerts.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(health.bp)
+    app.register_blueprint(ui.bp)
 
     @app.errorhandler(HTTPException)
     def _http_error(exc: HTTPException):

@@ -40,15 +40,15 @@ class WebhookAuth:
         scheme, _, value = header.partition(" ")
         value = value.strip()
         if scheme.lower() == "bearer" and self.token:
-            return _same(value, self.token)
+            return same_secret(value, self.token)
         if scheme.lower() == "basic" and self.basic_password and self.basic_user:
             try:
                 user, _, password = base64.b64decode(value, validate=True).decode("utf-8").partition(":")
             except (binascii.Error, UnicodeDecodeError):
                 return False
             # Evaluate both compares so that timing does not reveal which part was wrong.
-            user_ok = _same(user, self.basic_user)
-            password_ok = _same(password, self.basic_password)
+            user_ok = same_secret(user, self.basic_user)
+            password_ok = same_secret(password, self.basic_password)
             return user_ok and password_ok
         return False
 
@@ -57,8 +57,9 @@ def check_bearer(header: str | None, token: str) -> bool:
     if not header:
         return False
     scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and _same(value.strip(), token)
+    return scheme.lower() == "bearer" and same_secret(value.strip(), token)
 
 
-def _same(given: str, expected: str) -> bool:
+def same_secret(given: str, expected: str) -> bool:
+    """Constant-time equality of two secrets."""
     return hmac.compare_digest(given.encode("utf-8"), expected.encode("utf-8"))

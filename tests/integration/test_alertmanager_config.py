@@ -1,0 +1,179 @@
+"""alerts/alertmanager.yml: amtool accepts it, and a real Alertmanager running it delivers to the webhook
+with the bearer token, groups as documented, and inhibits job alerts on a node being rebooted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.fixtures.alertmanager import (
+    SHIPPED_CONFIG,
+    AlertmanagerServer,
+    nightshift_config,
+    start_alertmanager,
+)
+from tests.fixtures.procs import require_binary, wait_until
+
+pytestmark = pytest.mark.integration
+__all__ = ["start_alertmanager"]  # the fixture, imported so pytest finds it
+
+
+class Sink:
+    """A stand-in webhook receiver that records every POST (headers and JSON body) and answers 200."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
+        sink = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                sink.requests.append((dict(self.headers), json.loads(body)))
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def payloads(self, **group_labels: str) -> list[tuple[dict[str, str], dict[str, Any]]]:
+        """Requests whose ``groupLabels`` include ``group_labels``."""
+        return [(h, b) for h, b in self.requests if group_labels.items() <= b["groupLabels"].items()]
+
+
+@pytest.fixture
+def sink() -> Iterator[Sink]:
+    receiver = Sink()
+    yield receiver
+    receiver.server.shutdown()
+
+
+def alert(ends: bool = False, **labels: str) -> dict[str, Any]:
+    body: dict[str, Any] = {"labels": labels, "annotations": {"summary": labels["alertname"]}}
+    if ends:
+        body["endsAt"] = datetime.now(UTC).isoformat()
+    return body
+
+
+def test_amtool_accepts_the_shipped_config() -> None:
+    amtool = require_binary("amtool", "apt-get install prometheus-alertmanager")
+    result = subprocess.run([amtool, "check-config", str(SHIPPED_CONFIG)], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout and "1 inhibit rules" in result.stdout
+
+
+def test_shipped_config_routes_everything_to_nightshift() -> None:
+    config = yaml.safe_load(SHIPPED_CONFIG.read_text())
+    route = config["route"]
+    assert route["receiver"] == "nightshift" and "routes" not in route
+    assert route["group_by"] == ["alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod"]
+    assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == ("10s", "1m", "4h")
+    (receiver,) = config["receivers"]
+    (webhook,) = receiver["webhook_configs"]
+    assert receiver["name"] == "nightshift"
+    assert webhook == {
+        "url": "http://127.0.0.1:8080/api/v1/alerts",
+        "send_resolved": True,
+        "max_alerts": 0,
+        "http_config": {
+            "authorization": {"type": "Bearer", "credentials_file": "/etc/alertmanager/nightshift.token"}
+        },
+    }
+
+
+def test_alerts_reach_the_webhook_grouped_with_the_bearer_token(
+    start_alertmanager: Callable[..., AlertmanagerServer], sink: Sink, tmp_path: Path
+) -> None:
+    token = tmp_path / "nightshift.token"
+    token.write_text("s3cret-1\n")
+    am = start_alertmanager(nightshift_config(sink.url, token))
+    xid = {"alertname": "GpuXidError", "Hostname": "node1", "xid": "79", "xid_class": "reboot"}
+    am.post_alerts([alert(**xid, gpu="3"), alert(**xid, gpu="5")])
+
+    (headers, body), *_ = wait_until(lambda: sink.payloads(alertname="GpuXidError"), 15, "GpuXidError POST")
+    assert headers["Authorization"] == "Bearer s3cret-1"
+    assert headers["Content-Type"] == "application/json"
+    assert (body["version"], body["receiver"], body["status"]) == ("4", "nightshift", "firing")
+    assert body["groupLabels"] == {"alertname": "GpuXidError", "Hostname": "node1"}
+    assert sorted(a["labels"]["gpu"] for a in body["alerts"]) == ["3", "5"]  # one POST for the node
+
+    # The token file is read per request: rotating it needs no reload.
+    token.write_text("s3cret-2\n")
+    job = {"alertname": "TrainingHang", "Hostname": "node2", "train_job": "llama-7b", "slurm_job_id": "4242"}
+    am.post_alerts([alert(**job)])
+    (headers, body), *_ = wait_until(lambda: sink.payloads(alertname="TrainingHang"), 15, "TrainingHang POST")
+    assert headers["Authorization"] == "Bearer s3cret-2"
+    assert body["groupLabels"] == {
+        "alertname": "TrainingHang",
+        "Hostname": "node2",
+        "train_job": "llama-7b",
+        "slurm_job_id": "4242",
+    }
+
+    # send_resolved: the end of an alert is delivered too.
+    am.post_alerts([alert(ends=True, **job)])
+    resolved = wait_until(
+        lambda: [b for _, b in sink.payloads(alertname="TrainingHang") if b["status"] == "resolved"],
+        15,
+        "resolved POST",
+    )
+    assert resolved[0]["alerts"][0]["status"] == "resolved"
+
+
+def test_reboot_class_xid_inhibits_job_alerts_on_its_node_only(
+    start_alertmanager: Callable[..., AlertmanagerServer], sink: Sink, tmp_path: Path
+) -> None:
+    token = tmp_path / "nightshift.token"
+    token.write_text("t\n")
+    am = start_alertmanager(nightshift_config(sink.url, token))
+    am.post_alerts(
+        [
+            alert(alertname="GpuXidError", Hostname="node1", gpu="3", xid="79", xid_class="reboot"),
+            alert(alertname="GpuXidError", Hostname="node3", gpu="0", xid="13", xid_class="restart_app"),
+            alert(alertname="TrainingHang", Hostname="node1", train_job="a"),
+            alert(alertname="TrainingJobError", Hostname="node1", train_job="a", error_class="nccl"),
+            alert(alertname="TrainingHang", Hostname="node2", train_job="a"),
+            alert(alertname="TrainingHang", Hostname="node3", train_job="b"),
+            alert(alertname="TrainingHang", train_job="c"),  # no Hostname: never inhibited
+        ]
+    )
+
+    def states() -> dict[tuple[str, str], str]:
+        return {
+            (a["labels"]["alertname"], a["labels"].get("Hostname", "")): a["status"]["state"]
+            for a in am.alerts()
+        }
+
+    expected = {
+        ("GpuXidError", "node1"): "active",
+        ("GpuXidError", "node3"): "active",
+        ("TrainingHang", "node1"): "suppressed",
+        ("TrainingJobError", "node1"): "suppressed",
+        ("TrainingHang", "node2"): "active",
+        ("TrainingHang", "node3"): "active",
+        ("TrainingHang", ""): "active",
+    }
+    wait_until(lambda: states() == expected, 15, f"inhibition states {expected}")
+    inhibited = [a for a in am.alerts() if a["status"]["state"] == "suppressed"]
+    assert all(a["status"]["inhibitedBy"] for a in inhibited)
+
+    # Delivered: the active job alerts; never: the inhibited ones.
+    wait_until(lambda: len(sink.payloads(alertname="TrainingHang")) == 3, 15, "three TrainingHang POSTs")
+    delivered = {
+        (a["labels"]["alertname"], a["labels"].get("Hostname", ""))
+        for _, body in sink.requests
+        for a in body["alerts"]
+    }
+    assert ("TrainingHang", "node1") not in delivered and ("TrainingJobError", "node1") not in delivered
