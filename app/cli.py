@@ -148,6 +148,26 @@ def lint(paths: tuple[str, ...], permissions: str | None) -> None:
     click.echo(f"ok: {count} playbook(s)")
 
 
+def actions_table() -> str:
+    """The registry as a Markdown table (docs/playbooks.md embeds it; a test keeps the two equal)."""
+    from app.actions import default_registry
+
+    rows = ["| action | parameters (? = optional) | kind | what it does |", "|---|---|---|---|"]
+    for action in default_registry():
+        params = ", ".join(
+            name + ("" if spec.required and spec.default is None else "?") for name, spec in action.params.items()
+        )
+        kind = "read-only" if action.read_only else "return-to-service" if action.return_to_service else "changes state"
+        rows.append(f"| `{action.name}` | {params} | {kind} | {action.description} |")
+    return "\n".join(rows)
+
+
+@cli.command()
+def actions() -> None:
+    """List the registered actions, their parameters and whether they need a grant (read-only ones do not)."""
+    click.echo(actions_table())
+
+
 @cli.command()
 @config_option
 @click.argument("payload", type=click.Path(exists=True, dir_okay=False))

@@ -98,3 +98,11 @@ def test_export_and_replay(tmp_path):
     assert json.loads(replayed.stdout)["opened"] == []  # the open incident already holds it
     missing = nightshift("replay", "999", "--config", str(config))
     assert missing.returncode != 0 and "alert 999 not found" in missing.stderr
+
+
+def test_docs_action_table_matches_the_registry():
+    from app.cli import actions_table
+
+    assert actions_table() in (ROOT / "docs" / "playbooks.md").read_text()
+    listed = nightshift("actions")
+    assert listed.returncode == 0 and "`slurm.drain_node`" in listed.stdout
