@@ -37,10 +37,6 @@ def ctx(slurm_cluster: SlurmCluster) -> Iterator[ActionContext]:
     clients.close()
 
 
-def _reason(cluster: SlurmCluster, node: str) -> str:
-    return cluster.command("sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%E").stdout.strip()
-
-
 def _wait_running(cluster: SlurmCluster, job: str, node: str, timeout: float = 20) -> None:
     wait_until(
         lambda: cluster.squeue_state(job) == "RUNNING" and cluster.job_nodes(job) == node,
@@ -56,8 +52,8 @@ def test_drain_prefixes_the_reason(clean_slurm: SlurmCluster, ctx: ActionContext
     outcome = DrainNode().run({"node": "node1", "reason": "Xid 79 on gpu 3"}, ctx)
 
     assert isinstance(outcome, Ok), outcome
-    assert clean_slurm.node_state("node1") == "drained"
-    assert _reason(clean_slurm, "node1") == "nightshift: Xid 79 on gpu 3"
+    assert clean_slurm.node_state("node1") == "idle+drain"
+    assert clean_slurm.node_reason("node1") == "nightshift: Xid 79 on gpu 3"
     assert outcome.data["changed"] is True
     assert outcome.data["state"] == "idle+drain"
     assert "scontrol update NodeName=node1 State=DRAIN" in outcome.command
@@ -72,7 +68,7 @@ def test_drain_never_clobbers_a_foreign_drain(clean_slurm: SlurmCluster, ctx: Ac
     assert isinstance(outcome, Ok), outcome
     assert outcome.data["changed"] is False
     assert "already drained by someone else" in outcome.output
-    assert _reason(clean_slurm, "node1") == "disk swap by alice"
+    assert clean_slurm.node_reason("node1") == "disk swap by alice"
 
 
 def test_resume_only_clears_our_own_drain(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
@@ -82,7 +78,7 @@ def test_resume_only_clears_our_own_drain(clean_slurm: SlurmCluster, ctx: Action
 
     assert isinstance(refused, Failed), refused
     assert "did not set" in refused.reason
-    assert clean_slurm.node_state("node1") == "drained"
+    assert clean_slurm.node_state("node1") == "idle+drain"
 
     clean_slurm.command("scontrol", "update", "NodeName=node1", "State=DRAIN", "Reason=nightshift: Xid 79")
     resumed = ResumeNode().run({"node": "node1", "validate": "test -r /etc/hostname"}, ctx)
@@ -109,7 +105,7 @@ def test_failing_validation_keeps_the_node_drained(clean_slurm: SlurmCluster, ct
     assert outcome.exit_code == 2
     assert "stays drained" in outcome.reason
     assert "No such file or directory" in outcome.output
-    assert clean_slurm.node_state("node2") == "drained"
+    assert clean_slurm.node_state("node2") == "idle+drain"
 
 
 def test_unknown_node_is_a_failure_not_an_exception(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
@@ -192,7 +188,7 @@ def test_job_info(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
 
 
 def test_job_log_tails_the_output(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
-    job = clean_slurm.sbatch('for i in $(seq 1 50); do echo "line $i"; done')
+    job = clean_slurm.sbatch(script='#!/bin/sh\nfor i in $(seq 1 50); do echo "line $i"; done\n')
     wait_until(lambda: clean_slurm.squeue_state(job) == "COMPLETED", 20, f"job {job} COMPLETED")
 
     outcome = JobLog().run(JobLog().validate({"job": job, "lines": "5"}), ctx)
