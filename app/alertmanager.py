@@ -287,6 +287,8 @@ def _optional_string(obj: dict[str, Any], key: str, default: str, parent: str = 
         return default
     if not isinstance(value, str):
         raise PayloadError(f"{_member(parent, key)}: expected a string, got {_kind(value)}")
+    if "\x00" in value:  # as in labels: PostgreSQL text cannot store it (a 500 there, retried forever)
+        raise PayloadError(f"{_member(parent, key)}: contains a NUL character")
     return _clean(value)
 
 

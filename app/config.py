@@ -35,6 +35,10 @@ class WebhookSettings:
     auth_disabled: bool = False  # must be set explicitly to accept unauthenticated webhooks
     max_body_bytes: int = 1_048_576
     max_alerts_per_payload: int = 1000
+    # Failed authentications per client address: a burst, refilled per minute; then 429 until one is back.
+    # Authenticated deliveries are never limited (docs/reliability.md). 0 disables the limit.
+    auth_failure_burst: int = 10
+    auth_failures_per_minute: float = 6.0
 
 
 @dataclass

@@ -17,6 +17,7 @@ Messages never contain the request URL: outgoing webhook URLs (Slack) are secret
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
@@ -172,6 +173,10 @@ class HttpPoster:
     def __init__(self, *, timeout: float = 10.0, session: requests.Session | None = None):
         self.timeout = timeout
         self._session = session or requests.Session()
+        # urllib3 logs each request line, URL path included, at DEBUG: a chat webhook's path is its secret.
+        pool_log = logging.getLogger("urllib3.connectionpool")
+        if pool_log.level < logging.INFO:
+            pool_log.setLevel(logging.INFO)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> HttpPoster:

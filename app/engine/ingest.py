@@ -25,6 +25,8 @@ class IngestResult:
     attached: list[int] = field(default_factory=list)
     closed: list[int] = field(default_factory=list)
     unmatched: int = 0
+    # The playbook of each opened incident, in order: labels the metric without another trip to the store.
+    opened_playbooks: list[str] = field(default_factory=list)
 
 
 def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
@@ -36,18 +38,11 @@ def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
             _ingest_alert(deps, conn, notification, alert, now, result)
     for alert in notification.alerts:
         deps.metrics.alerts_received.labels(alert.status).inc()
-    for incident_id in result.opened:
-        playbook = _playbook_of(deps, incident_id)
+    for playbook in result.opened_playbooks:
         deps.metrics.incidents_opened.labels(playbook).inc()
     for _ in result.closed:
         deps.metrics.incidents.labels("resolved").inc()
     return result
-
-
-def _playbook_of(deps: EngineDeps, incident_id: int) -> str:
-    with deps.store.transaction() as conn:
-        row = records.get_incident(conn, incident_id)
-    return row["playbook"] if row else "unknown"
 
 
 def _ingest_alert(
@@ -100,6 +95,8 @@ def _ingest_alert(
             continue
         open_key = f"{playbook.name}|{target.key}"
         incident = records.find_open_incident(conn, open_key)
+        if incident is None and _had_incident(conn, row["id"], playbook.name):
+            continue  # a repeat of an instance whose incident has closed: not a new fault, no second incident
         if incident is None:
             incident_id = records.insert_incident(
                 conn,
@@ -132,6 +129,7 @@ def _ingest_alert(
                     data={**facts, "target": dict(target.values)},
                 )
                 result.opened.append(incident_id)
+                result.opened_playbooks.append(playbook.name)
                 continue
             incident = records.find_open_incident(conn, open_key)  # a concurrent writer opened it first
             if incident is None:
@@ -207,3 +205,7 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
 def _has_on_resolved(deps: EngineDeps, incident) -> bool:
     playbook = deps.playbooks.get(incident["playbook"])
     return bool(playbook and playbook.on_resolved)
+
+
+def _had_incident(conn: Connection, alert_id: int, playbook: str) -> bool:
+    return any(incident["playbook"] == playbook for incident in records.incidents_for_alert(conn, alert_id))
