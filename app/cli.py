@@ -91,6 +91,8 @@ def serve(config: str | None, bind: str, workers: int, threads: int) -> None:
                 "worker_exit": gunicorn_conf.worker_exit,
                 "child_exit": gunicorn_conf.child_exit,
             }
+            if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 27: one socket per host otherwise
+                options["control_socket_disable"] = True
             for key, value in options.items():
                 self.cfg.set(key, value)
 

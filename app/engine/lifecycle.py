@@ -8,8 +8,10 @@ worker thread serves many incidents and a crash loses nothing: state lives in th
 from __future__ import annotations
 
 import logging
+import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -17,7 +19,7 @@ from app import guards
 from app.actions.base import ActionContext
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
-from app.errors import BackendError, ConfigError, ParamError
+from app.errors import BackendError, ConfigError, ParamError, StoreUnavailable
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Outcome, Retry, tail
 from app.planning import INVALID, RUN, PlannedStep, plan_steps, when_context
 from app.playbooks import Playbook, Step
@@ -49,7 +51,7 @@ class Lifecycle:
         if incident is None:
             return None
         try:
-            next_run = self._advance(incident, worker)
+            next_run = self._advance(incident)
         except Exception as exc:
             log.exception("incident %s: tick failed", incident["id"])
             next_run = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
@@ -58,7 +60,7 @@ class Lifecycle:
             records.release_claim(conn, incident["id"], worker, next_run)
         return incident["id"]
 
-    def _advance(self, inc: Incident, worker: str) -> datetime | None:
+    def _advance(self, inc: Incident) -> datetime | None:
         if inc["open_key"] is None:
             return self._closed_tick(inc)
         playbook = self.deps.playbooks.get(inc["playbook"])
@@ -70,11 +72,11 @@ class Lifecycle:
         state = inc["state"]
         if state in ("open", "diagnosing"):
             self._diagnose(inc, playbook)
-            return self._decide(inc, playbook, worker)
+            return self._decide(inc, playbook)
         if state == "waiting":
-            return self._decide(inc, playbook, worker)
+            return self._decide(inc, playbook)
         if state == "acting":
-            return self._act(inc, playbook, worker)
+            return self._act(inc, playbook)
         if state == "verifying":
             return self._verify(inc, playbook)
         return self._close(inc, "needs_human", f"unexpected state {state!r}")
@@ -109,7 +111,7 @@ class Lifecycle:
 
     # --- deciding ---------------------------------------------------------------------------------------------
 
-    def _decide(self, inc: Incident, playbook: Playbook, worker: str) -> datetime | None:
+    def _decide(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
         now = deps.clock.now()
         planned = self._plan(inc, playbook.steps, attempt=inc["attempt"] + 1)
@@ -135,7 +137,7 @@ class Lifecycle:
             if last.outcome == "advisory":
                 self._run_advisory(inc, planned)
             return self._close(inc, last.outcome or "needs_human", last.reason)
-        return self._start_attempt(inc, playbook, planned, worker)
+        return self._start_attempt(inc, playbook, planned)
 
     def _guard_facts(
         self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], now: datetime
@@ -209,7 +211,7 @@ class Lifecycle:
                 self._execute(inc, step)
 
     def _start_attempt(
-        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], worker: str
+        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep]
     ) -> datetime | None:
         now = self.deps.clock.now()
         number = inc["attempt"] + 1
@@ -229,9 +231,9 @@ class Lifecycle:
         self._update(inc, attempt=number, state="acting", acted=True, held_by_guard=False, reason="")
         self._ledger(inc, "attempt_started", f"attempt {number}", {"attempt": number})
         self._persist_plan(inc, planned, attempt=number, phase="steps")
-        return self._act(inc, playbook, worker)
+        return self._act(inc, playbook)
 
-    def _act(self, inc: Incident, playbook: Playbook, worker: str) -> datetime | None:
+    def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
         for step in self._steps(inc, attempt=inc["attempt"], phase="steps"):
             if step["status"] in DONE_STEP_STATUSES:
@@ -240,7 +242,6 @@ class Lifecycle:
                 return self._close(inc, "needs_human", f"step {step['name']} is {step['status']}")
             if step["approval"] and not step["approved_by"]:
                 return self._await_approval(inc, step)
-            self._renew(inc, worker)
             outcome = self._execute(inc, step)
             if isinstance(outcome, Ok):
                 continue
@@ -406,7 +407,8 @@ class Lifecycle:
         )
         t0 = time.monotonic()
         try:
-            outcome = action.run(action.validate(step["params"]), ctx)
+            with self._lease_kept(inc):
+                outcome = action.run(action.validate(step["params"]), ctx)
         except ParamError as exc:
             outcome = Failed(reason=str(exc))
         except Exception as exc:  # an action bug must not kill the worker; it is a failed step
@@ -496,10 +498,28 @@ class Lifecycle:
         self.deps.metrics.incidents.labels(outcome).inc()
         return self.effects.finalize(inc)
 
-    def _renew(self, inc: Incident, worker: str) -> None:
-        until = self.deps.clock.now() + timedelta(seconds=self.deps.settings.worker.lease_seconds)
-        with self.deps.store.transaction() as conn:
-            records.renew_claim(conn, inc["id"], worker, until)
+    @contextmanager
+    def _lease_kept(self, inc: Incident) -> Iterator[None]:
+        """Renew this worker's claim while a step runs, so a long step is never taken for a dead worker's."""
+        stop = threading.Event()
+        lease = self.deps.settings.worker.lease_seconds
+
+        def beat() -> None:
+            while not stop.wait(max(1.0, lease / 3)):
+                until = self.deps.clock.now() + timedelta(seconds=lease)
+                try:
+                    with self.deps.store.transaction() as conn:
+                        records.renew_claim(conn, inc["id"], inc["claimed_by"], until)
+                except StoreUnavailable as exc:
+                    log.warning("incident %s: lease renewal failed: %s", inc["id"], exc)
+
+        heart = threading.Thread(target=beat, name=f"lease-{inc['id']}", daemon=True)
+        heart.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            heart.join()
 
     def _update(self, inc: Incident, **values: Any) -> None:
         values["updated_at"] = self.deps.clock.now()

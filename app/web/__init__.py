@@ -31,8 +31,12 @@ def error(status: int, message: str, **extra: Any):
 
 def register(app: Flask) -> None:
     from app.web import alerts, api, health, ui
+    from app.web.auth import LIMITER_KEY, AuthFailureLimiter
 
     app.json = JSONProvider(app)
+    app.extensions[LIMITER_KEY] = AuthFailureLimiter.from_settings(
+        app.extensions["nightshift"].settings.webhook
+    )
     app.register_blueprint(alerts.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(health.bp)

@@ -8,7 +8,7 @@ from typing import Any
 from flask import Blueprint, current_app, jsonify, request
 
 from app.web import error
-from app.web.auth import check_bearer
+from app.web.auth import check_bearer, record_auth_failure, refuse_if_throttled
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
@@ -23,7 +23,11 @@ def operator_only(view: Any) -> Any:
         token = current_app.extensions["nightshift"].operator_token
         if token is None:
             return error(403, "operator API disabled: set operator_token_file in the settings")
+        throttled = refuse_if_throttled()
+        if throttled is not None:
+            return throttled
         if not check_bearer(request.headers.get("Authorization"), token):
+            record_auth_failure()
             return error(401, "missing or invalid operator token")
         return view(*args, **kwargs)
 

@@ -36,7 +36,7 @@ from werkzeug.exceptions import HTTPException
 from app.engine import Engine
 from app.errors import StoreUnavailable
 from app.web import views
-from app.web.auth import same_secret
+from app.web.auth import record_auth_failure, refuse_if_throttled, same_secret
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,11 @@ def login():
     if not OPERATOR_NAME.fullmatch(name):
         error = "Your name: 1 to 64 letters, digits, spaces or . _ @ -"
         return render_template("login.html", next_url=next_url, error=error, name=""), 400
+    throttled = refuse_if_throttled()
+    if throttled is not None:
+        return throttled
     if not same_secret(request.form.get("token", ""), token):
+        record_auth_failure()
         log.warning("ui login refused for %r from %s: wrong operator token", name, request.remote_addr)
         return render_template("login.html", next_url=next_url, error="Wrong operator token.", name=name), 401
     session.clear()  # a fresh session (and CSRF token) on every login: no fixation

@@ -532,3 +532,23 @@ def test_operator_marks_an_open_incident_handled(tmp_path):
     assert w.calls("fake.drain") == []
     with pytest.raises(ValueError, match="already closed"):
         w.engine.mark_handled(incident_id, by="bob", note="")
+
+
+def test_a_step_longer_than_the_lease_keeps_its_claim(tmp_path):
+    import time
+
+    w = make_world(tmp_path, GRANTS)
+    w.engine.deps.settings.worker.lease_seconds = 3
+    seen = {}
+
+    def slow(params, ctx):
+        w.clock.advance(10)  # the step outlives the lease it was claimed with...
+        time.sleep(1.5)  # ...while the heartbeat (every lease/3 s) renews it
+        with w.engine.deps.store.transaction() as conn:
+            seen["stolen"] = records.claim_next(conn, "intruder", w.clock.now(), timedelta(seconds=3))
+        return Ok()
+
+    w.actions["fake.drain"].run = slow
+    w.send(alert(xid()))
+    w.run()
+    assert seen == {"stolen": None}

@@ -16,7 +16,7 @@ import pytest
 from flask import Flask
 
 from app.config import Settings
-from app.web.alerts import LIMITER_KEY, AuthFailureLimiter
+from app.web.auth import LIMITER_KEY, AuthFailureLimiter
 from tests.fakes import FakeSample
 from tests.payloads import alert, body, payload, xid
 from tests.unit.test_engine import GRANTS, PLAYBOOK

@@ -216,3 +216,14 @@ def test_operator_handles_an_incident_over_the_api(client):
     assert client.post("/api/v1/incidents/999/handled", headers=auth(OPERATOR)).status_code == 404
     bad_step = client.post(f"/api/v1/incidents/{incident_id}/steps/1/approve", headers=auth(OPERATOR))
     assert bad_step.status_code == 404
+
+
+def test_operator_token_guessing_is_throttled_per_address(settings):
+    settings.webhook.auth_failure_burst = 2
+    client = make_app(settings).test_client()
+    for _ in range(2):
+        assert client.post("/api/v1/pause", headers=auth("guess")).status_code == 401
+    throttled = client.post("/api/v1/pause", headers=auth(OPERATOR))
+    assert throttled.status_code == 429 and int(throttled.headers["Retry-After"]) >= 1
+    # The same address is throttled at the webhook too: failures count wherever they happen.
+    assert client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth()).status_code == 429
