@@ -26,6 +26,17 @@ lint: deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/nightshift lint playbooks/
 
+bench: deps  ## every benchmark, then the tables (bench/README.md); about 9 minutes on 2 cores
+	$(PY) -m bench.decision
+	$(PY) -m bench.engine_ingest
+	$(PY) -m bench.ingest
+	$(PY) -m bench.memory
+	$(PY) -m bench.profile
+	$(PY) -m bench.report
+
+demo: deps  ## the whole loop on a simulated GPU cluster, about a minute (docs/demo.md); DEMO_ARGS=--keep stays up
+	$(PY) -m sim.demo $(DEMO_ARGS)
+
 clean:
 	rm -rf var test-output .pytest_cache
 

@@ -1,0 +1,72 @@
+"""Nightshift's own cost of ingesting an alert: ``Engine.ingest`` in-process, one thread, SQLite, no HTTP.
+
+What every webhook request pays inside the store's write transaction, without the server around it; SQLite
+serialises writers, so this per-alert time bounds the alerts/s one store can take whatever the gunicorn settings.
+Same workload as the load generator (groups of 1..50, half repeats), shipped playbooks, a fresh store.
+
+    python -m bench.engine_ingest [--notifications 300] [--rounds 3] [--out bench/results/engine_ingest.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from app import build_engine
+from app.alertmanager import parse_notification
+from app.config import Settings
+from bench import record
+from bench.stats import spread
+from bench.workload import Fleet
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def measure_round(notifications: int, seed: int, workdir: Path) -> dict[str, float]:
+    """Median and mean µs per alert over ``notifications`` ingested into a fresh store."""
+    engine = build_engine(Settings(data_dir=str(workdir), playbook_paths=[str(REPO / "playbooks")]))
+    fleet = Fleet(seed)
+    parsed = [parse_notification(fleet.next().body) for _ in range(notifications)]
+    per_alert = []
+    started = time.perf_counter()
+    for notification in parsed:
+        begin = time.perf_counter()
+        engine.ingest(notification)
+        per_alert.append((time.perf_counter() - begin) / len(notification.alerts) * 1e6)
+    elapsed = time.perf_counter() - started
+    engine.deps.store.dispose()
+    alerts = sum(len(n.alerts) for n in parsed)
+    return {"median_us": statistics.median(per_alert), "mean_us": elapsed / alerts * 1e6, "alerts": alerts}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--notifications", type=int, default=300, help="notifications per round")
+    parser.add_argument("--rounds", type=int, default=3, help="fresh stores, one seed each")
+    parser.add_argument("--out", type=Path, default=record.RESULTS / "engine_ingest.json")
+    args = parser.parse_args(argv)
+    rounds: list[dict[str, Any]] = []
+    for seed in range(1, args.rounds + 1):
+        with tempfile.TemporaryDirectory(prefix="bench-engine-ingest-") as tmp:
+            rounds.append(measure_round(args.notifications, seed, Path(tmp)))
+        print(
+            f"round {seed}: {rounds[-1]['median_us']:.0f}us per alert (median over notifications)", flush=True
+        )
+    results = {
+        "per_alert_us": {k: round(v, 1) for k, v in spread([r["median_us"] for r in rounds]).items()},
+        "rounds": rounds,
+    }
+    params = {
+        "notifications": args.notifications,
+        "rounds": args.rounds,
+        "store": "SQLite (WAL), fresh per round",
+    }
+    print(f"wrote {record.write(args.out, 'engine_ingest', params, results)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,124 @@
+"""Every benchmark script runs end to end with tiny parameters and writes well-formed results. No timings asserted.
+
+The ingest, memory and profile scripts start real gunicorn servers (fresh SQLite under a temporary directory,
+free ports) and the load generator as a separate process, exactly as ``make bench`` does, only briefly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import decision, engine_ingest, ingest, memory, profile, report
+from bench.stats import percentile
+from bench.workload import Fleet, schedule
+from tests.fixtures.procs import require_binary
+
+
+def read(path):
+    document = json.loads(path.read_text())
+    assert document["machine"]["nproc"] >= 1 and document["machine"]["python"]
+    assert len(document["loadavg_at_finish"]) == 3
+    return document["results"]
+
+
+def test_schedule_offers_exactly_the_alert_rate_in_groups_of_one_to_fifty():
+    planned = schedule(Fleet(3), 500, duration_s=4)
+    sizes = [n.alerts for _, n in planned]
+    assert min(sizes) >= 1 and max(sizes) <= 50
+    # Notification i is due when the alerts before it were offered at 500/s.
+    assert [offset for offset, _ in planned[:3]] == [0, sizes[0] / 500, (sizes[0] + sizes[1]) / 500]
+    assert planned[-1][0] < 4 <= (sum(sizes)) / 500
+    bodies = [json.loads(n.body) for _, n in planned]
+    assert all(
+        b["version"] == "4" and len(b["alerts"]) == n.alerts
+        for b, (_, n) in zip(bodies, planned, strict=True)
+    )
+    statuses = {a["status"] for b in bodies for a in b["alerts"]}
+    assert statuses == {"firing", "resolved"}  # repeats resolve too
+    assert len(schedule(Fleet(3), 100, total_alerts=1000)) >= 1000 / 50
+
+
+def test_percentile_is_nearest_rank():
+    values = list(range(1, 101))
+    assert (percentile(values, 50), percentile(values, 99), percentile(values, 100)) == (50, 99, 100)
+    assert percentile([7.0], 99) == 7.0
+
+
+def test_decision_benchmark_writes_both_series(tmp_path):
+    out = tmp_path / "decision.json"
+    decision.main(["--sizes", "10,100", "--alerts", "20", "--repeats", "2", "--out", str(out)])
+    series = read(out)["series"]
+    assert set(series) == {"indexed", "unindexed_1pct"}
+    for rows in series.values():
+        assert [r["synthetic_playbooks"] for r in rows] == [10, 100]
+        assert all(r["match_us"]["median"] > 0 and r["decision_us"]["n"] == 2 for r in rows)
+        assert rows[0]["ratio_to_first"] == {"match_us": 1.0, "decision_us": 1.0}
+    # The index keeps the candidates per alert independent of the number of playbooks.
+    assert series["indexed"][0]["candidates_per_alert"] == series["indexed"][1]["candidates_per_alert"]
+
+
+def test_engine_ingest_benchmark_times_each_round(tmp_path):
+    out = tmp_path / "engine_ingest.json"
+    engine_ingest.main(["--notifications", "5", "--rounds", "2", "--out", str(out)])
+    results = read(out)
+    assert results["per_alert_us"]["n"] == 2 and results["per_alert_us"]["median"] > 0
+    assert all(r["alerts"] >= 5 for r in results["rounds"])
+
+
+def test_ingest_benchmark_measures_nightshift_and_the_floor(tmp_path):
+    out = tmp_path / "ingest.json"
+    ingest.main(["--rates", "60", "--rounds", "1", "--duration", "2", "--warmup", "0.5", "--out", str(out)])
+    results = read(out)
+    assert sorted(r["server"] for r in results["runs"]) == ["floor", "nightshift"]
+    for run in results["runs"]:
+        assert run["errors"] == 0, run["errors_by_kind"]
+        assert set(run["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
+        assert run["offered"]["alerts_per_s"] > 0 and run["measured"]["notifications"] >= 1
+    nightshift = next(r for r in results["summary"] if r["server"] == "nightshift")
+    assert set(nightshift["ratio_to_floor"]) == {"p50", "p99"}
+    assert results["verdict"] == {"measured": False}  # 500 alerts/s was not offered
+
+
+def test_memory_benchmark_reads_worker_rss_at_each_step(tmp_path):
+    out = tmp_path / "memory.json"
+    memory.main(["--alerts", "150", "--step", "75", "--rate", "150", "--settle", "0.2", "--out", str(out)])
+    results = read(out)
+    assert [c["alerts"] >= 75 * i for i, c in enumerate(results["checkpoints"])] == [True, True, True]
+    assert all(len(c["rss_mib"]) == 2 for c in results["checkpoints"])  # both gunicorn workers
+    assert results["summary"]["errors"] == 0 and results["summary"]["idle_rss_mib"] > 10
+
+
+def test_profile_benchmark_attributes_samples_to_app_code(tmp_path):
+    if profile.py_spy() is None:
+        require_binary("py-spy", "pip install py-spy (dev extra)")
+    out = tmp_path / "profile.json"
+    profile.main(["--rate", "200", "--duration", "3", "--out", str(out)])
+    result = read(out)["profile"]
+    assert result["samples"] > 0
+    assert any("app/engine/ingest.py" in frame for frame in result["app_inclusive_pct"])
+
+
+def test_collapse_counts_a_frame_once_per_sample_whatever_the_line():
+    lines = [
+        'process 1:"x";process 2:"y";main (app/cli.py:3);f (app/a.py:1);f (app/a.py:2) 3\n',
+        "main (app/cli.py:3);g (lib.py:9) 1\n",
+    ]
+    total, inclusive, own = profile.collapse(lines)
+    assert total == 4
+    assert inclusive["f (app/a.py)"] == 3 and inclusive["main (app/cli.py)"] == 4
+    assert own == {"f (app/a.py)": 3, "g (lib.py)": 1}
+
+
+@pytest.mark.parametrize("with_before", [False, True])
+def test_report_renders_tables_from_results(tmp_path, with_before):
+    decision.main(
+        ["--sizes", "10", "--alerts", "10", "--repeats", "1", "--out", str(tmp_path / "decision.json")]
+    )
+    if with_before:
+        (tmp_path / "before-fix").mkdir()
+        (tmp_path / "before-fix" / "decision.json").write_text((tmp_path / "decision.json").read_text())
+    text = report.render(tmp_path)
+    assert "### Decision cost" in text and "| indexed | 10 |" in text
+    assert "Webhook ingest" not in text  # no ingest results here
