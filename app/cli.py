@@ -62,13 +62,20 @@ def cli() -> None:
 @cli.command()
 @config_option
 @click.option("--bind", default="127.0.0.1:8080", show_default=True)
-@click.option("--workers", default=2, show_default=True, help="gunicorn worker processes")
+@click.option(
+    "--workers",
+    type=int,
+    default=None,
+    help="gunicorn worker processes [default: 1 on SQLite, whose writes serialise anyway; 2 on PostgreSQL]",
+)
 @click.option("--threads", default=4, show_default=True, help="threads per gunicorn worker")
-def serve(config: str | None, bind: str, workers: int, threads: int) -> None:
+def serve(config: str | None, bind: str, workers: int | None, threads: int) -> None:
     """Run the webhook, API and UI under gunicorn, with a worker thread in each gunicorn worker."""
     from gunicorn.app.base import BaseApplication
 
     settings = _settings(config)
+    if workers is None:
+        workers = 1 if settings.resolved_store_url.startswith("sqlite") else 2
     metrics_dir = Path(settings.data_dir) / "prometheus-multiproc"
     shutil.rmtree(metrics_dir, ignore_errors=True)
     metrics_dir.mkdir(parents=True)
@@ -157,9 +164,16 @@ def actions_table() -> str:
     rows = ["| action | parameters (? = optional) | kind | what it does |", "|---|---|---|---|"]
     for action in default_registry():
         params = ", ".join(
-            name + ("" if spec.required and spec.default is None else "?") for name, spec in action.params.items()
+            name + ("" if spec.required and spec.default is None else "?")
+            for name, spec in action.params.items()
         )
-        kind = "read-only" if action.read_only else "return-to-service" if action.return_to_service else "changes state"
+        kind = (
+            "read-only"
+            if action.read_only
+            else "return-to-service"
+            if action.return_to_service
+            else "changes state"
+        )
         rows.append(f"| `{action.name}` | {params} | {kind} | {action.description} |")
     return "\n".join(rows)
 

@@ -112,7 +112,7 @@ class Engine:
         return self.incident(incident_id) or {}
 
     def status(self) -> dict[str, Any]:
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             pause = records.get_control(conn, "pause") or {"paused": False}
             credentials = {
                 "slurm": {"state": "unknown"},
@@ -133,7 +133,7 @@ class Engine:
     # --- views ------------------------------------------------------------------------------------------------
 
     def incident(self, incident_id: int) -> dict[str, Any] | None:
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             row = records.get_incident(conn, incident_id)
             if row is None:
                 return None
@@ -145,12 +145,12 @@ class Engine:
             }
 
     def incidents(self, **filters: Any) -> list[dict[str, Any]]:
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             return records.list_incidents(conn, **filters)
 
     def job_incidents(self, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
         """For the job view: the newest incident of each job seen (``latest``) and every open incident (``open``)."""
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             return {
                 "latest": records.latest_incident_per_job(conn, limit),
                 "open": records.list_incidents(conn, open_only=True, limit=1000),
@@ -160,7 +160,7 @@ class Engine:
         """Distinct nodes disrupted within the blast-radius window now, and the limit the guard holds them to."""
         g = self.deps.settings.guards
         since = self.deps.clock.now() - timedelta(seconds=g.blast_radius_window_seconds)
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             nodes = records.nodes_disrupted_since(conn, since)
         return {
             "nodes": sorted(nodes),
@@ -171,7 +171,7 @@ class Engine:
     def node_remediations(self, days: int) -> dict[str, Any]:
         """Over the last ``days`` days: attempts per (node, outcome) and incidents opened per node."""
         since = self.deps.clock.now() - timedelta(days=days)
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             return {
                 "since": since,
                 "attempts": records.attempts_by_node(conn, since),

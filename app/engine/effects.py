@@ -124,7 +124,7 @@ class Effects:
         return ok
 
     def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             steps = records.get_steps(conn, inc["id"])
         lines = [
             self._text(inc),

@@ -93,10 +93,12 @@ def _ingest_alert(
                 data={**facts, "labels": dict(alert.labels)},
             )
             continue
+        # An instance already tied to an incident of this playbook is a repeat: attached already when that incident
+        # is open, and not a new fault when it has closed. Either way it never joins a second one.
+        if previous is not None and _had_incident(conn, row["id"], playbook.name):
+            continue
         open_key = f"{playbook.name}|{target.key}"
         incident = records.find_open_incident(conn, open_key)
-        if incident is None and _had_incident(conn, row["id"], playbook.name):
-            continue  # a repeat of an instance whose incident has closed: not a new fault, no second incident
         if incident is None:
             incident_id = records.insert_incident(
                 conn,

@@ -46,6 +46,9 @@ class Lifecycle:
         deps = self.deps
         now = deps.clock.now()
         lease = timedelta(seconds=deps.settings.worker.lease_seconds)
+        with deps.store.read() as conn:
+            if not records.any_due(conn, now):
+                return None
         with deps.store.transaction() as conn:
             incident = records.claim_next(conn, worker, now, lease)
         if incident is None:
@@ -145,7 +148,7 @@ class Lifecycle:
         deps = self.deps
         g = deps.settings.guards
         blast_window = timedelta(seconds=g.blast_radius_window_seconds)
-        with deps.store.transaction() as conn:
+        with deps.store.read() as conn:
             history = records.attempts_for_target(
                 conn, playbook.name, inc["target_key"], now - playbook.budget.window
             )
@@ -312,7 +315,7 @@ class Lifecycle:
 
     def _run_on_resolved(self, inc: Incident) -> datetime | None:
         playbook = self.deps.playbooks.get(inc["playbook"])
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             pause = records.get_control(conn, "pause") or {}
         if self.deps.settings.guards.kill_switch or pause.get("paused"):
             self._ledger(inc, "guard", "kill_switch: wait: undo steps held while automation is paused")
@@ -387,7 +390,7 @@ class Lifecycle:
             return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
 
     def _steps(self, inc: Incident, attempt: int, phase: str) -> list[dict[str, Any]]:
-        with self.deps.store.transaction() as conn:
+        with self.deps.store.read() as conn:
             return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
 
     def _execute(self, inc: Incident, step: dict[str, Any]) -> Outcome:

@@ -7,8 +7,9 @@ compose them into one transaction.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,9 @@ class Store:
         self.engine = engine
         self.clock = clock or SystemClock()
         self.dialect = engine.dialect.name
+        # SQLite admits one writer at a time and makes the others back off in sleeps of up to 100 ms; queueing this
+        # process's writers on a lock instead turns that into a short, orderly wait (other processes still back off).
+        self._writers: AbstractContextManager[Any] = threading.Lock() if self.dialect == "sqlite" else nullcontext()
 
     @classmethod
     def from_url(cls, url: str, clock: Clock | None = None) -> Store:
@@ -47,16 +51,17 @@ class Store:
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
-        """One atomic unit of work; driver-level outages surface as StoreUnavailable."""
-        try:
-            with self.engine.begin() as conn:
+        """One atomic unit of work that may write; driver-level outages surface as StoreUnavailable."""
+        with self._writers, _translated(), self.engine.begin() as conn:
+            yield conn
+
+    @contextmanager
+    def read(self) -> Iterator[Connection]:
+        """A consistent read-only snapshot. On SQLite it does not queue behind writers (WAL readers never block)."""
+        with _translated(), self.engine.connect() as conn:
+            conn.execution_options(nightshift_read_only=True)
+            with conn.begin():
                 yield conn
-        except OperationalError as exc:
-            raise StoreUnavailable(f"store unavailable: {_first_line(exc)}") from exc
-        except DBAPIError as exc:
-            if exc.connection_invalidated:
-                raise StoreUnavailable(f"store connection lost: {_first_line(exc)}") from exc
-            raise
 
     def create_schema(self) -> None:
         """Create missing tables and record the schema version; refuse a store written by a newer version."""
@@ -75,15 +80,27 @@ class Store:
                 )
 
     def ping(self) -> None:
-        with self.transaction() as conn:
+        with self.read() as conn:
             conn.execute(text("SELECT 1"))
 
     def dispose(self) -> None:
         self.engine.dispose()
 
 
+@contextmanager
+def _translated() -> Iterator[None]:
+    try:
+        yield
+    except OperationalError as exc:
+        raise StoreUnavailable(f"store unavailable: {_first_line(exc)}") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise StoreUnavailable(f"store connection lost: {_first_line(exc)}") from exc
+        raise
+
+
 def _configure_sqlite(engine: Engine) -> None:
-    """WAL for concurrent readers; BEGIN IMMEDIATE so that two writers queue instead of failing to upgrade a lock."""
+    """WAL for concurrent readers; writers BEGIN IMMEDIATE so that two writers queue instead of failing to upgrade."""
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
@@ -97,7 +114,8 @@ def _configure_sqlite(engine: Engine) -> None:
 
     @event.listens_for(engine, "begin")
     def _on_begin(conn: Connection) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        read_only = conn.get_execution_options().get("nightshift_read_only", False)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 def _first_line(exc: Exception) -> str:

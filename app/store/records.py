@@ -213,13 +213,22 @@ def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> R
     return _one(conn, stmt)
 
 
-def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
-    """Claim the most overdue incident no live worker holds. SKIP LOCKED on PostgreSQL; SQLite serialises writers."""
-    due = and_(
+def _due(now: datetime) -> Any:
+    return and_(
         incidents.c.next_run_at.is_not(None),
         incidents.c.next_run_at <= now,
         or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < now),
     )
+
+
+def any_due(conn: Connection, now: datetime) -> bool:
+    """Whether an incident is due and unclaimed: a cheap read that spares idle workers a write transaction."""
+    return conn.execute(select(incidents.c.id).where(_due(now)).limit(1)).first() is not None
+
+
+def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
+    """Claim the most overdue incident no live worker holds. SKIP LOCKED on PostgreSQL; SQLite serialises writers."""
+    due = _due(now)
     candidate = conn.execute(
         select(incidents.c.id)
         .where(due)

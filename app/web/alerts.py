@@ -11,6 +11,8 @@ address (:class:`app.web.auth.AuthFailureLimiter`), which bounds online guessing
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, current_app, jsonify, request
 
 from app.alertmanager import parse_notification
@@ -19,6 +21,7 @@ from app.web import error
 from app.web.auth import record_auth_failure, refuse_if_throttled
 
 bp = Blueprint("alerts", __name__)
+log = logging.getLogger(__name__)
 
 
 @bp.post("/api/v1/alerts")
@@ -45,6 +48,14 @@ def receive():
         metrics.webhook_requests.labels("400").inc()
         return error(400, str(exc))
     result = services.engine.ingest(notification)
+    log.debug(
+        "webhook: %d alert(s) from receiver %r: opened %s, attached %s, closed %s",
+        result.alerts,
+        notification.receiver,
+        result.opened,
+        result.attached,
+        result.closed,
+    )
     metrics.webhook_requests.labels("200").inc()
     return jsonify(
         {
