@@ -68,7 +68,7 @@ def cli() -> None:
     default=None,
     help="gunicorn worker processes [default: 1 on SQLite, whose writes serialise anyway; 2 on PostgreSQL]",
 )
-@click.option("--threads", default=4, show_default=True, help="threads per gunicorn worker")
+@click.option("--threads", default=8, show_default=True, help="threads per gunicorn worker")
 def serve(config: str | None, bind: str, workers: int | None, threads: int) -> None:
     """Run the webhook, API and UI under gunicorn, with a worker thread in each gunicorn worker."""
     from gunicorn.app.base import BaseApplication

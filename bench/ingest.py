@@ -33,8 +33,8 @@ def measure(
     warmup_s: float,
     workdir: Path,
     *,
-    workers: int = 2,
-    threads: int = 4,
+    workers: int = 1,
+    threads: int = 8,
 ) -> list[dict[str, Any]]:
     """One entry per (round, server, rate) with the load generator's summary."""
     runs = []
@@ -119,8 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--duration", type=float, default=12.0, help="seconds per load, warm-up included")
     parser.add_argument("--warmup", type=float, default=2.0, help="seconds left out of the statistics")
-    parser.add_argument("--workers", type=int, default=2, help="gunicorn workers (both servers)")
-    parser.add_argument("--threads", type=int, default=4, help="gunicorn threads per worker (both servers)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="gunicorn workers (both servers; nightshift serve's SQLite default)",
+    )
+    parser.add_argument("--threads", type=int, default=8, help="gunicorn threads per worker (both servers)")
     parser.add_argument("--out", type=Path, default=record.RESULTS / "ingest.json")
     args = parser.parse_args(argv)
     rates = [float(r) for r in args.rates.split(",")]

@@ -41,7 +41,7 @@ class Server:
 
 
 @contextmanager
-def serve(kind: str, workdir: Path, *, workers: int = 2, threads: int = 4) -> Iterator[Server]:
+def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> Iterator[Server]:
     """Start ``kind`` (floor | nightshift) on a free loopback port; yield once every worker is up."""
     workdir.mkdir(parents=True, exist_ok=True)
     token_file = workdir / "token"
