@@ -1,0 +1,884 @@
+"""The real daemons around Nightshift on loopback, for ``python -m sim.demo`` and the test fixtures.
+
+Launchers: :func:`launch_prometheus`, :func:`launch_alertmanager`, :func:`launch_slurm` (munged, slurmctld, two
+slurmd, sshd), :func:`launch_grafana_standin`, :func:`launch_nightshift`; and :func:`launch_stack`, the whole loop
+(simulated cluster, Grafana stand-in, Alertmanager, Prometheus with the fast rules, ``nightshift serve``) around a
+Slurm cluster. Each launcher binds 127.0.0.1 on free ports, keeps every file under the directory it is given, waits
+until its daemon answers, and returns a handle whose ``stop()`` ends it by PID. A launcher that fails stops what it
+started and raises AssertionError with the daemon's log tail.
+
+Binaries are looked up with ``find_binary(name, hint)``: :func:`find_binary` raises :class:`MissingBinary`; the test
+fixtures pass ``tests.fixtures.procs.require_binary`` (skip locally, fail under ``CI=true``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import os
+import re
+import secrets
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+import requests
+import yaml
+
+from app.config import CheckpointSettings, Settings, SlurmSettings
+from sim.cluster import REPO_ROOT, TrainerSpec
+from tests.fixtures.procs import Daemon, free_port, wait_until
+
+if TYPE_CHECKING:
+    from tests.fixtures.sim import SimCluster
+
+BinaryFinder = Callable[[str, str], str]
+START_TIMEOUT = 20.0
+SLURM_START_TIMEOUT = 30.0
+NIGHTSHIFT_START_TIMEOUT = 30.0
+
+
+class MissingBinary(RuntimeError):
+    """A daemon's binary is not installed."""
+
+
+def find_binary(name: str, hint: str = "run `make deps`") -> str:
+    """Path of ``name`` on PATH or in /usr/sbin, /usr/bin (daemons live in sbin, often off a user's PATH)."""
+    path = shutil.which(name, path=os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/usr/bin"]))
+    if path is None:
+        raise MissingBinary(f"{name} not found ({hint})")
+    return path
+
+
+def _started(daemon: Daemon, ready: Callable[[], object], what: str, timeout: float = START_TIMEOUT) -> None:
+    """Wait until ``ready``; on timeout stop the daemon and raise with its log tail."""
+    try:
+        wait_until(lambda: daemon.alive() and ready(), timeout, what)
+    except AssertionError as exc:
+        daemon.stop()
+        raise AssertionError(f"{exc}\n{daemon.log_tail()}") from None
+
+
+def _http_ok(url: str) -> bool:
+    return requests.get(url, timeout=1).status_code == 200
+
+
+# --- Prometheus --------------------------------------------------------------------------------------------------
+
+
+def prometheus_config(
+    targets: Sequence[str],
+    rule_files: Sequence[str | Path] = (),
+    alertmanager_url: str | None = None,
+    self_address: str | None = None,
+) -> dict[str, Any]:
+    """A prometheus.yml as a dict: job ``targets`` scrapes ``host:port`` targets every second.
+
+    ``self_address`` adds job ``prometheus`` scraping the server itself (a series that always exists).
+    """
+    scrape_configs: list[dict[str, Any]] = []
+    if self_address:
+        scrape_configs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]})
+    if targets:
+        scrape_configs.append({"job_name": "targets", "static_configs": [{"targets": list(targets)}]})
+    config: dict[str, Any] = {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
+        "rule_files": [str(Path(path).resolve()) for path in rule_files],
+        "scrape_configs": scrape_configs,
+    }
+    if alertmanager_url:
+        parts = urlsplit(alertmanager_url)
+        config["alerting"] = {
+            "alertmanagers": [
+                {
+                    "scheme": parts.scheme or "http",
+                    "path_prefix": parts.path or "/",
+                    "static_configs": [{"targets": [parts.netloc]}],
+                }
+            ]
+        }
+    return config
+
+
+class PrometheusServer:
+    """A running Prometheus; ``config`` is the dict in force (copy, change, pass it to :meth:`reload`)."""
+
+    def __init__(self, daemon: Daemon, url: str, config_path: Path, config: dict[str, Any]):
+        self.daemon = daemon
+        self.url = url
+        self.config_path = config_path
+        self.config = config
+
+    def reload(self, config: Mapping[str, Any] | None = None) -> None:
+        """Write ``config`` (default: the current one, e.g. after editing a rule file) and apply it now."""
+        if config is not None:
+            self.config = copy.deepcopy(dict(config))
+        self.config_path.write_text(yaml.safe_dump(self.config))
+        response = requests.post(f"{self.url}/-/reload", timeout=10)
+        assert response.status_code == 200, f"reload failed: {response.status_code} {response.text}"
+
+    def query(self, expr: str) -> list[dict[str, Any]]:
+        """The instant vector ``expr`` evaluates to now (``metric`` and ``value`` of each series)."""
+        response = requests.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        body = response.json()
+        assert body["status"] == "success", f"{expr}: {body}"
+        return body["data"]["result"]
+
+    def alerts(self, name: str, state: str = "firing") -> list[dict[str, Any]]:
+        """Alerts ``name`` in ``state`` (pending | firing) as the rule manager holds them now."""
+        response = requests.get(f"{self.url}/api/v1/alerts", timeout=10)
+        response.raise_for_status()
+        return [
+            alert
+            for alert in response.json()["data"]["alerts"]
+            if alert["labels"].get("alertname") == name and alert["state"] == state
+        ]
+
+    def log_tail(self) -> str:
+        return self.daemon.log_tail()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def launch_prometheus(
+    base_dir: Path,
+    targets: Sequence[str],
+    rule_files: Sequence[str | Path] = (),
+    alertmanager_url: str | None = None,
+    scrape_self: bool = True,
+    find_binary: BinaryFinder = find_binary,
+) -> PrometheusServer:
+    """Start Prometheus under ``base_dir`` and wait until ``/-/ready``. The caller must ``stop()`` it.
+
+    Prometheus scrapes new targets only about 5 s after start or reload (its discovery manager throttles
+    updates), so poll for the first samples.
+    """
+    binary = find_binary("prometheus", "apt-get install prometheus")
+    base_dir.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{free_port()}"
+    config = prometheus_config(
+        targets, rule_files, alertmanager_url, self_address=address if scrape_self else None
+    )
+    config_path = base_dir / "prometheus.yml"
+    config_path.write_text(yaml.safe_dump(config))
+    daemon = Daemon(
+        "prometheus",
+        [
+            binary,
+            f"--config.file={config_path}",
+            f"--storage.tsdb.path={base_dir / 'data'}",
+            f"--web.listen-address={address}",
+            "--web.enable-lifecycle",
+            "--log.level=warn",
+        ],
+        base_dir,
+    )
+    server = PrometheusServer(daemon, f"http://{address}", config_path, config)
+    _started(daemon, lambda: _http_ok(f"{server.url}/-/ready"), "prometheus /-/ready")
+    return server
+
+
+# --- Alertmanager ------------------------------------------------------------------------------------------------
+
+SHIPPED_ALERTMANAGER_CONFIG = REPO_ROOT / "alerts" / "alertmanager.yml"
+
+
+def nightshift_config(
+    webhook_url: str, credentials_file: Path, group_wait: str = "1s", group_interval: str = "1s"
+) -> dict[str, Any]:
+    """The shipped configuration with the webhook URL, the token file and the group timers replaced.
+
+    Everything else (grouping, receiver options, inhibition) is what ships, so tests and the demo exercise it.
+    """
+    config = yaml.safe_load(SHIPPED_ALERTMANAGER_CONFIG.read_text())
+    config["route"].update(group_wait=group_wait, group_interval=group_interval)
+    (webhook,) = config["receivers"][0]["webhook_configs"]
+    webhook["url"] = webhook_url
+    webhook["http_config"]["authorization"]["credentials_file"] = str(credentials_file)
+    return config
+
+
+class AlertmanagerServer:
+    """A running Alertmanager and its API v2."""
+
+    def __init__(self, daemon: Daemon, url: str, config_path: Path):
+        self.daemon = daemon
+        self.url = url
+        self.config_path = config_path
+
+    def post_alerts(self, alerts: Sequence[Mapping[str, Any]]) -> None:
+        """POST ``alerts`` (``labels``, ``annotations``, optional ``startsAt``/``endsAt``) as Prometheus does."""
+        response = requests.post(f"{self.url}/api/v2/alerts", json=list(alerts), timeout=10)
+        assert response.status_code == 200, f"{response.status_code} {response.text}"
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """Every alert Alertmanager holds, with ``status.state`` (active|suppressed) and ``status.inhibitedBy``."""
+        response = requests.get(f"{self.url}/api/v2/alerts", timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def reload(self, config: Mapping[str, Any]) -> None:
+        self.config_path.write_text(yaml.safe_dump(dict(config)))
+        response = requests.post(f"{self.url}/-/reload", timeout=10)
+        assert response.status_code == 200, f"reload failed: {response.status_code} {response.text}"
+
+    def log_tail(self) -> str:
+        return self.daemon.log_tail()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def launch_alertmanager(
+    base_dir: Path, config: Mapping[str, Any], find_binary: BinaryFinder = find_binary
+) -> AlertmanagerServer:
+    """Start Alertmanager with ``config`` under ``base_dir`` and wait for ``/-/ready``; the caller stops it."""
+    binary = find_binary("prometheus-alertmanager", "apt-get install prometheus-alertmanager")
+    base_dir.mkdir(parents=True, exist_ok=True)
+    address = f"127.0.0.1:{free_port()}"
+    config_path = base_dir / "alertmanager.yml"
+    config_path.write_text(yaml.safe_dump(copy.deepcopy(dict(config))))
+    daemon = Daemon(
+        "alertmanager",
+        [
+            binary,
+            f"--config.file={config_path}",
+            f"--storage.path={base_dir / 'data'}",
+            f"--web.listen-address={address}",
+            "--cluster.listen-address=",  # no gossip: it would bind *:9094 and collide between instances
+            "--log.level=warn",
+        ],
+        base_dir,
+    )
+    server = AlertmanagerServer(daemon, f"http://{address}", config_path)
+    _started(daemon, lambda: _http_ok(f"{server.url}/-/ready"), "alertmanager /-/ready")
+    return server
+
+
+# --- Slurm + munge + sshd ----------------------------------------------------------------------------------------
+
+NODES = ("node1", "node2")
+
+SLURM_CONF = """\
+ClusterName=nightshift
+SlurmctldHost=localhost(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+AuthType=auth/munge
+CredType=cred/munge
+# cred_expire=5 with bf_interval=1 makes a requeued job eligible again after ~6 s instead of ~141 s.
+AuthInfo=socket={base}/munge/munge.socket,cred_expire=5
+StateSaveLocation={base}/slurm/state
+SlurmdSpoolDir={base}/slurm/spool-%n
+SlurmctldPidFile={base}/slurm/slurmctld.pid
+SlurmdPidFile={base}/slurm/slurmd-%n.pid
+SlurmctldLogFile={base}/slurm/log/slurmctld.log
+SlurmdLogFile={base}/slurm/log/slurmd-%n.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+JobCompType=jobcomp/none
+MpiDefault=none
+MailProg=/bin/true
+SchedulerType=sched/backfill
+SchedulerParameters=bf_interval=1,sched_interval=1
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+JobRequeue=1
+SlurmctldTimeout=30
+SlurmdTimeout=30
+{node_lines}
+PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
+"""
+NODE_LINE = (
+    "NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+    "CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
+)
+
+SSHD_CONFIG = """\
+Port {port}
+ListenAddress 127.0.0.1
+HostKey {base}/ssh/host_ed25519_key
+PidFile {base}/ssh/sshd.pid
+AuthorizedKeysFile {base}/ssh/authorized_keys
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+SetEnv SLURM_CONF={slurm_conf}
+LogLevel VERBOSE
+"""
+
+
+@dataclass
+class SlurmCluster:
+    """The running cluster. ``settings`` reach it over SSH; the methods drive it locally (setup, checks)."""
+
+    base: Path
+    env: dict[str, str]
+    settings: Settings
+    ssh_port: int
+    client_key: Path
+    known_hosts: Path
+    jobs_dir: Path
+    checkpoint_root: Path
+    daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """Run a Slurm client command here, against this cluster."""
+        return subprocess.run(
+            argv, env={**os.environ, **self.env}, capture_output=True, text=True, timeout=30, check=check
+        )
+
+    def sbatch(self, wrap: str | None = None, *args: str, script: str | None = None) -> str:
+        """Submit ``--wrap`` text or a script (file contents) with extra sbatch ``args``; the job id.
+
+        The job's output goes to ``jobs_dir/<id>.out``."""
+        argv = ["sbatch", "--parsable", f"--chdir={self.jobs_dir}", f"--output={self.jobs_dir}/%j.out", *args]
+        if script is not None:
+            path = Path(tempfile.mkstemp(prefix="job-", suffix=".sh", dir=self.jobs_dir)[1])
+            path.write_text(script)
+            argv.append(str(path))
+        else:
+            assert wrap is not None, "sbatch needs wrap text or a script"
+            argv.append(f"--wrap={wrap}")
+        return self.command(*argv).stdout.strip().split(";")[0]
+
+    def squeue_state(self, job_id: str) -> str:
+        """RUNNING, PENDING, COMPLETING, CANCELLED...; "" once Slurm forgot the job."""
+        result = self.command(
+            "squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%T", check=False
+        )
+        return result.stdout.strip() if result.returncode == 0 else ""
+
+    def job_nodes(self, job_id: str) -> str:
+        return self.command(
+            "squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%N"
+        ).stdout.strip()
+
+    def job_restarts(self, job_id: str) -> int:
+        """How many times the job was requeued (``Restarts=`` of ``scontrol show job``)."""
+        record = self.command("scontrol", "show", "job", "--oneliner", job_id).stdout
+        match = re.search(r"(?:^|\s)Restarts=(\d+)", record)
+        assert match, f"no Restarts= in {record!r}"
+        return int(match.group(1))
+
+    def node_state(self, node: str) -> str:
+        """scontrol's state, lower case: idle, mixed, idle+drain, mixed+drain, idle+not_responding...
+
+        Not sinfo's: right after a requeued job ends, 22.05's sinfo can report its first node as mixed for
+        ~20 s while scontrol already shows it idle with no CPU allocated."""
+        record = self.command("scontrol", "show", "node", "--oneliner", node).stdout
+        match = re.search(r"(?:^|\s)State=(\S+)", record)
+        assert match, f"no State= in {record!r}"
+        return match.group(1).lower()
+
+    def node_reason(self, node: str) -> str:
+        """The drain reason as sinfo shows it (without scontrol's [user@time] suffix)."""
+        return self.command("sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%E").stdout.strip()
+
+    def reset(self) -> None:
+        """Cancel every job and resume every drained or down node; wait until both nodes are idle."""
+        jobs = self.command("squeue", "--noheader", "--format=%i").stdout.split()
+        if jobs:
+            self.command("scancel", *jobs)
+        for node in NODES:
+            state = self.node_state(node).split("+")
+            if "drain" in state or state[0] == "down":
+                self.command("scontrol", "update", f"NodeName={node}", "State=RESUME")
+        seen: list[tuple[list[str], str]] = []
+
+        def settled() -> bool:
+            seen.append(
+                ([self.node_state(node) for node in NODES], self.command("squeue", "--noheader").stdout)
+            )
+            return seen[-1] == (["idle"] * len(NODES), "")
+
+        try:
+            wait_until(settled, timeout=20, what="idle nodes and an empty queue")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\nlast seen: {seen[-3:]}\n{self.log_tails()}") from None
+
+    def log_tails(self, lines: int = 25) -> str:
+        """The last lines of every daemon's output and of Slurm's own log files."""
+        tails = [(name, daemon.log_tail(lines)) for name, daemon in self.daemons.items()]
+        for path in sorted((self.base / "slurm" / "log").glob("*.log")):
+            tails.append((path.name, "\n".join(path.read_text(errors="replace").splitlines()[-lines:])))
+        return "\n".join(f"--- {name} ---\n{text}" for name, text in tails)
+
+    def stop(self) -> None:
+        """Cancel the jobs (their processes belong to slurmstepd, not to a daemon's process group), then stop
+        every daemon by PID, newest first."""
+        if self.daemons.get("slurmctld") and self.daemons["slurmctld"].alive():
+            jobs = self.command("squeue", "--noheader", "--format=%i", check=False).stdout.split()
+            if jobs:
+                self.command("scancel", *jobs, check=False)
+                with contextlib.suppress(AssertionError):  # stop the daemons anyway
+                    wait_until(
+                        lambda: not self.command("squeue", "--noheader").stdout.strip(), 15, "jobs to end"
+                    )
+        for daemon in reversed(list(self.daemons.values())):
+            daemon.stop()
+
+
+def _write_ssh_files(base: Path, port: int, slurm_conf: Path, keygen: str) -> tuple[Path, Path]:
+    ssh_dir = base / "ssh"
+    ssh_dir.mkdir()
+    for name in ("host_ed25519_key", "client_ed25519"):
+        subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_dir / name)], check=True)
+    shutil.copy(ssh_dir / "client_ed25519.pub", ssh_dir / "authorized_keys")
+    host_key = (ssh_dir / "host_ed25519_key.pub").read_text().split()
+    known_hosts = ssh_dir / "known_hosts"
+    # Non-22 ports are listed as [host]:port.
+    known_hosts.write_text(f"[127.0.0.1]:{port} {host_key[0]} {host_key[1]}\n")
+    (ssh_dir / "sshd_config").write_text(SSHD_CONFIG.format(port=port, base=base, slurm_conf=slurm_conf))
+    return ssh_dir / "client_ed25519", known_hosts
+
+
+def _port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.5)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _start(cluster: SlurmCluster, name: str, argv: Sequence[str]) -> Daemon:
+    daemon = Daemon(name, argv, cluster.base / "log", env=cluster.env)
+    cluster.daemons[name] = daemon
+    return daemon
+
+
+def _ready(cluster: SlurmCluster, check: Callable[[], object], what: str) -> None:
+    dead = [name for name, daemon in cluster.daemons.items() if not daemon.alive()]
+    assert not dead, f"{', '.join(dead)} exited while starting\n{cluster.log_tails()}"
+    try:
+        wait_until(check, SLURM_START_TIMEOUT, what)
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}\n{cluster.log_tails()}") from None
+
+
+def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCluster:
+    """Start munged, slurmctld, slurmd node1/node2 (both on 127.0.0.1, told apart by their ``Port=``) and an
+    sshd whose ``SetEnv SLURM_CONF`` reaches commands run under ``bash -lc``, all state under ``base``.
+
+    ``base`` may exist but must be empty, and every directory above it must be world-executable: munged
+    insists on that for its socket. The caller must ``stop()`` the cluster.
+    """
+    hint = "apt-get install slurmctld slurmd slurm-client munge openssh-server"
+    names = ("munged", "mungekey", "slurmctld", "slurmd", "sshd", "ssh-keygen")
+    binaries = {name: find_binary(name, hint) for name in names}
+    for directory in ("munge", "slurm/state", "slurm/log", "log", "jobs", "checkpoints"):
+        (base / directory).mkdir(parents=True)
+    (base / "munge").chmod(0o755)
+    (base / "jobs").chmod(0o1777)  # jobs of other users (tests) write their output here
+    key = base / "munge" / "munge.key"
+    subprocess.run([binaries["mungekey"], "--create", f"--keyfile={key}"], check=True)
+    key.chmod(0o400)
+
+    ctld_port, ssh_port, *node_ports = (free_port() for _ in range(2 + len(NODES)))
+    slurm_conf = base / "slurm" / "slurm.conf"
+    node_lines = "\n".join(NODE_LINE.format(name=n, port=p) for n, p in zip(NODES, node_ports, strict=True))
+    slurm_conf.write_text(
+        SLURM_CONF.format(base=base, ctld_port=ctld_port, node_lines=node_lines, nodes=",".join(NODES))
+    )
+    client_key, known_hosts = _write_ssh_files(base, ssh_port, slurm_conf, binaries["ssh-keygen"])
+    settings = Settings(
+        data_dir=str(base / "data"),
+        slurm=SlurmSettings(
+            host="127.0.0.1",
+            port=ssh_port,
+            user="root",
+            key_file=str(client_key),
+            known_hosts_file=str(known_hosts),
+            connect_timeout_seconds=5.0,
+            command_timeout_seconds=20.0,
+            login_shell=True,
+        ),
+        checkpoint=CheckpointSettings(allowed_roots=[str(base / "checkpoints")]),
+    )
+    cluster = SlurmCluster(
+        base=base,
+        env={"SLURM_CONF": str(slurm_conf)},
+        settings=settings,
+        ssh_port=ssh_port,
+        client_key=client_key,
+        known_hosts=known_hosts,
+        jobs_dir=base / "jobs",
+        checkpoint_root=base / "checkpoints",
+    )
+    try:
+        munge = base / "munge"
+        _start(
+            cluster,
+            "munged",
+            [
+                binaries["munged"], "-F", f"--key-file={key}", f"--socket={munge}/munge.socket",
+                f"--pid-file={munge}/munged.pid", f"--seed-file={munge}/munged.seed",
+                f"--log-file={munge}/munged.log",
+            ],
+        )  # fmt: skip
+        _ready(cluster, lambda: (munge / "munge.socket").exists(), "munged socket")
+        _start(cluster, "slurmctld", [binaries["slurmctld"], "-D", "-f", str(slurm_conf)])
+        _ready(
+            cluster, lambda: "UP" in cluster.command("scontrol", "ping", check=False).stdout, "slurmctld UP"
+        )
+        for node in NODES:
+            _start(cluster, f"slurmd-{node}", [binaries["slurmd"], "-D", "-N", node, "-f", str(slurm_conf)])
+        _ready(cluster, lambda: all(cluster.node_state(n) == "idle" for n in NODES), "both slurmd idle")
+        # sshd refuses to start without its compiled-in privilege separation directory.
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        sshd_config = base / "ssh" / "sshd_config"
+        subprocess.run([binaries["sshd"], "-t", "-f", str(sshd_config)], check=True)
+        # -D: stay in the foreground (stoppable by PID); -e: log to stderr, i.e. the daemon log file.
+        _start(cluster, "sshd", [binaries["sshd"], "-D", "-e", "-f", str(sshd_config)])
+        _ready(cluster, lambda: _port_open(ssh_port), "sshd listening")
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+# --- Grafana stand-in --------------------------------------------------------------------------------------------
+
+
+class GrafanaStandin:
+    """A running ``sim.grafana_standin`` and the annotations it holds."""
+
+    def __init__(self, daemon: Daemon, url: str, token_file: Path):
+        self.daemon = daemon
+        self.url = url
+        self.token_file = token_file
+
+    def annotations(self, *tags: str) -> list[dict[str, Any]]:
+        """Annotations carrying every one of ``tags``, newest first (``id``, ``time``, ``timeEnd``, ``tags``...)."""
+        response = requests.get(
+            f"{self.url}/api/annotations",
+            params={"tags": list(tags), "limit": 1000},
+            headers={"Authorization": f"Bearer {self.token_file.read_text().strip()}"},
+            timeout=5,
+        )
+        response.raise_for_status()
+        return response.json()
+
+    def log_tail(self) -> str:
+        return self.daemon.log_tail()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def launch_grafana_standin(base_dir: Path, token_file: Path) -> GrafanaStandin:
+    """Start the Grafana stand-in, expecting the service-account token in ``token_file``."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    argv = [sys.executable, "-m", "sim.grafana_standin", "--port", str(port), "--token-file", str(token_file)]
+    daemon = Daemon("grafana-standin", argv, base_dir, cwd=REPO_ROOT)
+    standin = GrafanaStandin(daemon, f"http://127.0.0.1:{port}", token_file)
+    _started(daemon, lambda: _http_ok(f"{standin.url}/api/health"), "grafana stand-in /api/health")
+    return standin
+
+
+# --- Nightshift --------------------------------------------------------------------------------------------------
+
+
+class NightshiftServer:
+    """A running ``nightshift serve`` and the reads of its JSON API the demo and the e2e tests make."""
+
+    def __init__(self, daemon: Daemon, url: str, settings_path: Path):
+        self.daemon = daemon
+        self.url = url
+        self.settings_path = settings_path
+
+    def get(self, path: str, **params: Any) -> Any:
+        response = requests.get(f"{self.url}{path}", params=params, timeout=10)
+        response.raise_for_status()
+        return response.json()
+
+    def incidents(self, **filters: Any) -> list[dict[str, Any]]:
+        """Incidents, newest first (filters: state, outcome, playbook, node, job)."""
+        return self.get("/api/v1/incidents", **filters)["incidents"]
+
+    def incident(self, incident_id: int) -> dict[str, Any]:
+        """``incident``, ``alerts``, ``steps`` and ``ledger`` of one incident."""
+        return self.get(f"/api/v1/incidents/{incident_id}")
+
+    def metrics(self) -> str:
+        response = requests.get(f"{self.url}/metrics", timeout=10)
+        response.raise_for_status()
+        return response.text
+
+    def log_tail(self) -> str:
+        return self.daemon.log_tail()
+
+    def stop(self) -> None:
+        self.daemon.stop()
+
+
+def launch_nightshift(
+    base_dir: Path, settings: Mapping[str, Any], port: int | None = None, workers: int = 2
+) -> NightshiftServer:
+    """Write ``settings`` to ``base_dir/settings.yaml`` and run ``nightshift serve`` on it; wait for /readyz."""
+    base_dir.mkdir(parents=True, exist_ok=True)
+    settings_path = base_dir / "settings.yaml"
+    settings_path.write_text(yaml.safe_dump(dict(settings), sort_keys=False))
+    port = port or free_port()
+    argv = [sys.executable, "-m", "app.cli", "serve", "--config", str(settings_path)]
+    argv += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "4"]
+    daemon = Daemon("nightshift", argv, base_dir, cwd=REPO_ROOT)
+    server = NightshiftServer(daemon, f"http://127.0.0.1:{port}", settings_path)
+    _started(daemon, lambda: _http_ok(f"{server.url}/readyz"), "nightshift /readyz", NIGHTSHIFT_START_TIMEOUT)
+    return server
+
+
+# --- fast playbooks ----------------------------------------------------------------------------------------------
+
+PLAYBOOKS = REPO_ROOT / "playbooks"
+FAST_RULES = sorted((REPO_ROOT / "rules" / "sim").glob("*.yml"))
+# The fast rules (rules/sim/) judge a job over 10 s windows, the shipped playbooks over minutes.
+FAST_WINDOW = "10s"
+# Longer than FAST_WINDOW: the first verification poll, one interval after the last step, then only sees samples
+# written after the steps, so progress from before the fault (or by the process that was just killed) cannot pass.
+FAST_VERIFY_INTERVAL = "12s"
+FAST_VERIFY_TIMEOUT = "3m"
+_MINUTE_RANGE = re.compile(r"\[\d+[mh]\]")
+
+
+def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
+    """Copy the playbooks of ``source`` into ``dest`` with PromQL range windows (``[2m]``) in ``recheck`` and
+    ``verify`` shortened to :data:`FAST_WINDOW` and verification polled every :data:`FAST_VERIFY_INTERVAL`, to
+    match the fast rules. Everything else is unchanged; ``source`` is never edited. Returns ``dest``."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for path in sorted(source.glob("*.yaml")):
+        documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
+        for doc in documents:
+            if doc.get("recheck"):
+                doc["recheck"] = _MINUTE_RANGE.sub(f"[{FAST_WINDOW}]", doc["recheck"])
+            if doc.get("verify"):
+                doc["verify"]["promql"] = _MINUTE_RANGE.sub(f"[{FAST_WINDOW}]", doc["verify"]["promql"])
+                doc["verify"].update(interval=FAST_VERIFY_INTERVAL, timeout=FAST_VERIFY_TIMEOUT)
+        header = (
+            f"# GENERATED from {path.relative_to(REPO_ROOT)} by sim.stack.fast_playbooks: recheck/verify windows"
+            f" shortened to {FAST_WINDOW} for the fast rules (rules/sim/).\n"
+        )
+        (dest / path.name).write_text(header + yaml.safe_dump_all(documents, sort_keys=False, width=1000))
+    return dest
+
+
+# --- the whole loop ----------------------------------------------------------------------------------------------
+
+PERMISSIONS_EXAMPLE = REPO_ROOT / "examples" / "permissions.yaml"
+# The trainer's identity under Slurm comes from SLURMD_NODENAME and SLURM_JOB_ID (they change on a requeue).
+_IDENTITY_OPTIONS = ("--hostname", "--slurm-job-id")
+
+
+def batch_argv(spec: TrainerSpec) -> list[str]:
+    """The trainer's command line for a Slurm batch job: ``spec.argv()`` without the identity options."""
+    argv = spec.argv()
+    for option in _IDENTITY_OPTIONS:
+        index = argv.index(option)
+        del argv[index : index + 2]
+    return argv
+
+
+def _secret_file(path: Path) -> Path:
+    path.write_text(secrets.token_urlsafe(24) + "\n")
+    path.chmod(0o600)
+    return path
+
+
+@dataclass
+class Stack:
+    """The whole loop on loopback around a Slurm cluster; :meth:`close` stops what :func:`launch_stack` started
+    (and cancels the jobs submitted through it), not the Slurm cluster."""
+
+    base: Path
+    slurm: SlurmCluster
+    sim: SimCluster
+    grafana: GrafanaStandin
+    alertmanager: AlertmanagerServer
+    prometheus: PrometheusServer
+    nightshift: NightshiftServer
+    trainer_port: int
+    playbooks: Path
+    operator_token_file: Path
+    jobs: list[str] = field(default_factory=list)
+    closers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+
+    def submit_trainer(self, name: str, node: str, **options: Any) -> str:
+        """Submit ``sim.trainer`` as a requeueable batch job pinned to ``node`` (``sbatch --requeue -w``); the
+        job id. It serves metrics on :attr:`trainer_port`, which Prometheus scrapes; ``options`` are
+        :class:`TrainerSpec` fields (step_seconds, checkpoint_every...)."""
+        spec = TrainerSpec(
+            name=name,
+            port=self.trainer_port,
+            state_dir=self.sim.state_dir,
+            checkpoint_dir=self.sim.base_dir / "checkpoints" / name,
+            hostname="",
+            **options,
+        )
+        wrap = f"cd {shlex.quote(str(REPO_ROOT))} && exec {shlex.join(batch_argv(spec))}"
+        # --open-mode=append: a requeued run adds to the log instead of replacing the first run's lines.
+        job = self.slurm.sbatch(
+            wrap, "--requeue", f"--nodelist={node}", f"--job-name={name}", "--open-mode=append"
+        )
+        self.jobs.append(job)
+        return job
+
+    def wait_training(self, job: str, node: str, timeout: float = 60) -> int:
+        """Wait until ``job`` runs on ``node``, Prometheus scrapes its steps, and the node's GPUs are mapped to
+        it (dcgm-exporter's ``hpc_job``: only then does a GPU alert name the job); the step Prometheus saw."""
+        wait_until(lambda: self.slurm.squeue_state(job) == "RUNNING", timeout, f"job {job} RUNNING")
+        assert self.slurm.job_nodes(job) == node, f"job {job} runs on {self.slurm.job_nodes(job)}, not {node}"
+        selector = f'slurm_job_id="{job}",Hostname="{node}"'
+        steps = wait_until(
+            lambda: self.prometheus.query(f"training_step_total{{{selector}}} > 0"),
+            timeout,
+            f"job {job}'s steps on {node} in Prometheus",
+        )
+        wait_until(
+            lambda: self.prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{node}",hpc_job="{job}"}}'),
+            timeout,
+            f"{node}'s GPUs mapped to job {job}",
+        )
+        return int(float(steps[0]["value"][1]))  # type: ignore[index]
+
+    def wait_window(self, job: str, node: str, timeout: float = 60) -> None:
+        """Wait until the job's series on ``node`` is older than the fast rules' window: TrainingHang (``offset
+        10s`` in the rule) cannot fire for a job younger than that."""
+        wait_until(
+            lambda: self.prometheus.query(
+                f'training_step_total{{slurm_job_id="{job}",Hostname="{node}"}} offset {FAST_WINDOW}'
+            ),
+            timeout,
+            f"job {job} on {node} for {FAST_WINDOW}",
+        )
+
+    def wait_incident(self, playbook: str, after: int = 0, timeout: float = 30) -> dict[str, Any]:
+        """The oldest incident of ``playbook`` with an id above ``after``, once Nightshift has opened it."""
+
+        def opened() -> dict[str, Any] | None:
+            newer = [i for i in self.nightshift.incidents(playbook=playbook) if i["id"] > after]
+            return min(newer, key=lambda i: i["id"]) if newer else None
+
+        return wait_until(opened, timeout, f"an incident of playbook {playbook}")  # type: ignore[return-value]
+
+    def wait_closed(self, incident_id: int, timeout: float = 90) -> dict[str, Any]:
+        """The incident (``incident``, ``alerts``, ``steps``, ``ledger``) once it has an outcome."""
+
+        def closed() -> dict[str, Any] | None:
+            detail = self.nightshift.incident(incident_id)
+            return detail if detail["incident"]["outcome"] else None
+
+        return wait_until(closed, timeout, f"incident #{incident_id} to close")  # type: ignore[return-value]
+
+    def job_log(self, job: str) -> str:
+        """The job's output so far (every run of it)."""
+        path = self.slurm.jobs_dir / f"{job}.out"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def resumes(self, job: str) -> list[int]:
+        """The checkpoint step each run of the job resumed from, per its log (a run with no checkpoint yet
+        starts from 0 and is not listed)."""
+        return [int(step) for step in re.findall(r"resuming from step (\d+)", self.job_log(job))]
+
+    def close(self) -> None:
+        if self.jobs:
+            self.slurm.command("scancel", *self.jobs, check=False)
+        self.closers.close()
+
+
+def launch_stack(
+    base: Path, slurm: SlurmCluster, permissions: bool = True, find_binary: BinaryFinder = find_binary
+) -> Stack:
+    """Start, under ``base``: the simulated exporters of node1/node2, the Grafana stand-in, Alertmanager (the
+    shipped alerts/alertmanager.yml pointed at Nightshift, 1 s group timers), Prometheus (rules/sim/, scraping the
+    exporters, the trainer's port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm`` over
+    SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
+    (examples/permissions.yaml: drain, requeue, resume), else Nightshift is advisory."""
+    # Imported here, not at the top: tests.fixtures.sim is a pytest plugin, and a plugin imported before pytest
+    # registers it loses its assertion rewriting (the fixtures of tests/conftest.py import this module).
+    from tests.fixtures.sim import launch_sim_cluster
+
+    base.mkdir(parents=True, exist_ok=True)
+    closers = contextlib.ExitStack()
+    with closers:
+        webhook_token = _secret_file(base / "webhook.token")
+        operator_token = _secret_file(base / "operator.token")
+        grafana_token = _secret_file(base / "grafana.token")
+        sim = launch_sim_cluster(base / "sim", nodes=NODES)
+        closers.callback(sim.close)
+        nightshift_port, trainer_port = free_port(), free_port()
+        nightshift_url = f"http://127.0.0.1:{nightshift_port}"
+        grafana = launch_grafana_standin(base / "grafana", grafana_token)
+        closers.callback(grafana.stop)
+        alertmanager = launch_alertmanager(
+            base / "alertmanager",
+            nightshift_config(f"{nightshift_url}/api/v1/alerts", webhook_token),
+            find_binary,
+        )
+        closers.callback(alertmanager.stop)
+        targets = [*sim.targets, f"127.0.0.1:{trainer_port}", f"127.0.0.1:{nightshift_port}"]
+        prometheus = launch_prometheus(
+            base / "prometheus", targets, FAST_RULES, alertmanager.url, find_binary=find_binary
+        )
+        closers.callback(prometheus.stop)
+        playbooks = fast_playbooks(base / "playbooks")
+        permissions_file = None
+        if permissions:
+            permissions_file = base / "permissions.yaml"
+            shutil.copy(PERMISSIONS_EXAMPLE, permissions_file)
+        settings = {
+            "data_dir": str(base / "nightshift" / "data"),
+            "playbook_paths": [str(playbooks)],
+            "permissions_file": str(permissions_file) if permissions_file else None,
+            "operator_token_file": str(operator_token),
+            "external_url": nightshift_url,
+            "webhook": {"token_file": str(webhook_token)},
+            # A guard that holds an incident looks again after 5 s (default 30 s): the demo runs in minutes.
+            "guards": {"defer_seconds": 5},
+            "prometheus": {"url": prometheus.url},
+            "grafana": {"url": grafana.url, "token_file": str(grafana_token)},
+            "slurm": dataclasses.asdict(slurm.settings.slurm),
+            "checkpoint": {"allowed_roots": [str(sim.base_dir / "checkpoints")]},
+            "worker": {"poll_seconds": 0.5},
+        }
+        nightshift = launch_nightshift(base / "nightshift", settings, nightshift_port)
+        closers.callback(nightshift.stop)
+        stack = Stack(
+            base=base,
+            slurm=slurm,
+            sim=sim,
+            grafana=grafana,
+            alertmanager=alertmanager,
+            prometheus=prometheus,
+            nightshift=nightshift,
+            trainer_port=trainer_port,
+            playbooks=playbooks,
+            operator_token_file=operator_token,
+            closers=closers.pop_all(),
+        )
+    return stack
+
+
+@contextlib.contextmanager
+def running_stack(base: Path, slurm: SlurmCluster, **options: Any) -> Iterator[Stack]:
+    """:func:`launch_stack` as a context manager: closed on exit, whatever happened."""
+    stack = launch_stack(base, slurm, **options)
+    try:
+        yield stack
+    finally:
+        stack.close()

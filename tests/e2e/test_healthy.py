@@ -1,0 +1,54 @@
+"""A healthy job on the real stack raises nothing: no alert pending or firing, nothing at the webhook.
+
+The fast rules (rules/sim/) judge windows of 10 s to 70 s; a job watched for 90 s covers every one of them,
+including TrainingThroughputDrop's 70 s baseline, several times over.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.stack import Stack
+from tests.fixtures.procs import wait_until
+
+pytestmark = pytest.mark.e2e
+
+WATCHED = 90  # seconds of the job's life that Prometheus must have evaluated every rule over
+
+
+@pytest.fixture(scope="module")
+def watched_job(stack: Stack) -> str:
+    """A job that has trained on node1 for ``WATCHED`` seconds of scraped samples."""
+    job = stack.submit_trainer("healthy", "node1")
+    stack.wait_training(job, "node1")
+    wait_until(
+        lambda: stack.prometheus.query(f'training_step_total{{slurm_job_id="{job}"}} offset {WATCHED}s'),
+        WATCHED + 30,
+        f"{WATCHED} s of job {job}",
+    )
+    return job
+
+
+def test_no_alert_was_pending_or_firing(stack: Stack, watched_job: str) -> None:
+    # ALERTS has a sample for every evaluation where an alert was pending or firing.
+    assert stack.prometheus.query(f"ALERTS[{WATCHED + 15}s]") == []
+    assert stack.alertmanager.alerts() == []
+
+
+def test_rules_were_evaluated_over_the_job(stack: Stack, watched_job: str) -> None:
+    """Guards the test above: the rule groups ran and the job's metrics were there to judge."""
+    assert stack.prometheus.query(
+        'prometheus_rule_group_last_evaluation_timestamp_seconds{rule_group=~".*training"}'
+    )
+    assert stack.prometheus.query(
+        f'count_over_time(training_step_total{{slurm_job_id="{watched_job}"}}[{WATCHED}s]) > 60'
+    )
+    assert stack.slurm.squeue_state(watched_job) == "RUNNING"
+
+
+def test_nothing_reached_nightshift(stack: Stack, watched_job: str) -> None:
+    assert stack.nightshift.incidents() == []
+    assert not any(
+        line.startswith("nightshift_alerts_received_total")
+        for line in stack.nightshift.metrics().splitlines()
+    )
