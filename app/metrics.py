@@ -11,6 +11,10 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
 
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Created at zero up front: a counter series that first appears at 1 reads as increase() == 0 on dashboards.
+OUTCOMES = ("recovered", "advisory", "needs_human", "failed", "credential_error", "unverified", "blocked",
+            "resolved", "ignored", "handled")
+ALERT_STATUSES = ("firing", "resolved")
 
 
 class Metrics:
@@ -47,6 +51,10 @@ class Metrics:
         self.steps = Counter(
             "nightshift_steps", "Steps recorded, by action and status.", ["action", "status"], registry=r
         )
+        for outcome in OUTCOMES:
+            self.incidents.labels(outcome)
+        for status in ALERT_STATUSES:
+            self.alerts_received.labels(status)
         self.paused = Gauge(
             "nightshift_paused",
             "1 while automation is paused (kill switch).",

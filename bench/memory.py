@@ -1,8 +1,8 @@
 """Memory of a serving Nightshift worker: RSS idle, then after every ``--step`` alerts up to ``--alerts`` (100k).
 
 The alerts go through HTTP (``bench.loadgen`` in its own process, a fresh seed per step so each step brings new
-alert instances as well as repeats) at ``--rate`` alerts/s, to ``nightshift serve`` (1 gunicorn worker on SQLite, embedded
-worker threads, SQLite). RSS is read from /proc for each gunicorn worker after each step, once the incidents it
+alert instances as well as repeats) at ``--rate`` alerts/s, to ``nightshift serve`` (one gunicorn worker with its
+embedded worker thread, SQLite). RSS is read from /proc for each gunicorn worker after each step, once the incidents it
 opened have had ``--settle`` seconds to be worked. The growth over the second half of the run is the number to
 bound: a leak keeps growing there, caches and pools have levelled off.
 

@@ -8,8 +8,13 @@ down alone); one exporter may also serve several nodes.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
+
+import requests
+
+from sim.procs import Daemon, free_port, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,3 +73,109 @@ class TrainerSpec:
             "--linger": str(self.linger),
         }
         return [python, "-m", "sim.trainer", *(item for pair in options.items() for item in pair)]
+
+
+# --- running it -----------------------------------------------------------------------------------------------
+
+START_TIMEOUT = 20.0
+
+
+def scrape(target: str) -> str:
+    """The ``/metrics`` text of ``host:port``."""
+    response = requests.get(f"http://{target}/metrics", timeout=5)
+    response.raise_for_status()
+    return response.text
+
+
+@dataclass
+class SimProcess:
+    """A started simulator process and the spec it was started from."""
+
+    daemon: Daemon
+    spec: ExporterSpec | TrainerSpec
+
+    @property
+    def target(self) -> str:
+        return self.spec.target
+
+    def log(self) -> str:
+        return self.daemon.log_path.read_text(errors="replace")
+
+
+class SimCluster:
+    """Processes of one simulated cluster sharing ``state_dir``; :meth:`close` stops them all."""
+
+    def __init__(self, base_dir: Path, gpus: int = 8, kubernetes: bool = False, xid_window_ms: int = 300_000):
+        self.base_dir = base_dir
+        self.state_dir = base_dir / "state"
+        self.log_dir = base_dir / "logs"
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.gpus = gpus
+        self.kubernetes = kubernetes
+        self.xid_window_ms = xid_window_ms
+        self.processes: list[SimProcess] = []
+        self.exporters: dict[str, SimProcess] = {}
+
+    def _start(self, name: str, spec: ExporterSpec | TrainerSpec, ready: str) -> SimProcess:
+        process = SimProcess(Daemon(name, spec.argv(), self.log_dir, cwd=REPO_ROOT), spec)
+        self.processes.append(process)
+        try:
+            wait_until(
+                lambda: process.daemon.alive() and ready in scrape(spec.target),
+                START_TIMEOUT,
+                f"{name} metrics",
+            )
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}\n{process.daemon.log_tail()}") from None
+        return process
+
+    def start_exporter(self, node: str) -> SimProcess:
+        """Start (or start again) the exporter of ``node`` on a fresh port."""
+        spec = ExporterSpec(
+            free_port(), (node,), self.state_dir, self.gpus, self.kubernetes, self.xid_window_ms
+        )
+        self.exporters[node] = self._start(f"exporter-{node}", spec, ready="# TYPE")
+        return self.exporters[node]
+
+    def start_trainer(self, name: str, node: str, slurm_job_id: str = "", **options: object) -> SimProcess:
+        """Start ``sim.trainer`` on ``node``; options are :class:`TrainerSpec` fields (step_seconds, ...)."""
+        spec = TrainerSpec(
+            name=name,
+            port=free_port(),
+            state_dir=self.state_dir,
+            checkpoint_dir=self.base_dir / "checkpoints" / name,
+            hostname=node,
+            slurm_job_id=slurm_job_id,
+        )
+        return self.restart(replace(spec, **options))
+
+    def restart(self, spec: TrainerSpec) -> SimProcess:
+        """Start a trainer from ``spec`` (again: same identity and checkpoints, a new process and log)."""
+        runs = sum(1 for p in self.processes if isinstance(p.spec, TrainerSpec) and p.spec.name == spec.name)
+        return self._start(f"{spec.name}-{runs}", spec, ready="training_step_total")
+
+    @property
+    def targets(self) -> list[str]:
+        """Scrape targets of the exporters (trainers' targets are on their :class:`SimProcess`)."""
+        return [process.target for process in self.exporters.values()]
+
+    def close(self) -> None:
+        for process in reversed(self.processes):
+            process.daemon.stop()
+
+
+def launch_sim_cluster(
+    base_dir: Path, nodes: Sequence[str] = ("node1", "node2"), **options: object
+) -> SimCluster:
+    """Start one exporter per node under ``base_dir`` (options: gpus, kubernetes, xid_window_ms).
+
+    The caller must ``close()`` the cluster; if a start fails, what was started is stopped.
+    """
+    cluster = SimCluster(base_dir, **options)
+    try:
+        for node in nodes:
+            cluster.start_exporter(node)
+    except BaseException:
+        cluster.close()
+        raise
+    return cluster

@@ -34,6 +34,7 @@ from typing import Any, TextIO, TypeVar
 
 from sim import faults
 from sim.cluster import REPO_ROOT
+from sim.procs import wait_until
 from sim.stack import (
     FAST_VERIFY_INTERVAL,
     FAST_WINDOW,
@@ -43,7 +44,6 @@ from sim.stack import (
     launch_slurm,
     launch_stack,
 )
-from tests.fixtures.procs import wait_until
 
 DEMO_DIR = REPO_ROOT / "var" / "demo"
 MARKER = ".nightshift-demo"

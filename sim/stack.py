@@ -28,18 +28,15 @@ import tempfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 import requests
 import yaml
 
 from app.config import CheckpointSettings, Settings, SlurmSettings
-from sim.cluster import REPO_ROOT, TrainerSpec
-from tests.fixtures.procs import Daemon, free_port, wait_until
-
-if TYPE_CHECKING:
-    from tests.fixtures.sim import SimCluster
+from sim.cluster import REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
+from sim.procs import Daemon, free_port, wait_until
 
 BinaryFinder = Callable[[str, str], str]
 START_TIMEOUT = 20.0
@@ -809,10 +806,6 @@ def launch_stack(
     exporters, the trainer's port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm`` over
     SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
     (examples/permissions.yaml: drain, requeue, resume), else Nightshift is advisory."""
-    # Imported here, not at the top: tests.fixtures.sim is a pytest plugin, and a plugin imported before pytest
-    # registers it loses its assertion rewriting (the fixtures of tests/conftest.py import this module).
-    from tests.fixtures.sim import launch_sim_cluster
-
     base.mkdir(parents=True, exist_ok=True)
     closers = contextlib.ExitStack()
     with closers:

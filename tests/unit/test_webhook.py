@@ -192,6 +192,7 @@ def test_health_and_metrics(client):
     assert 'nightshift_alerts_received_total{status="firing"} 1.0' in text
     assert 'nightshift_incidents_opened_total{playbook="gpu-xid-79"} 1.0' in text
     assert 'nightshift_webhook_requests_total{code="200"} 1.0' in text
+    assert 'nightshift_incidents_total{outcome="recovered"} 0.0' in text  # present before the first one
 
 
 def test_unknown_incident_is_a_json_404(client):
