@@ -6,16 +6,11 @@ import re
 
 import requests
 
-GUARDS = [
-    "kill_switch",
-    "permission",
-    "blast_radius",
-    "serialisation",
-    "budget",
-    "cooldown",
-    "stale_signal",
-    "recheck",
-]
+from app.guards import CHAIN
+
+GUARDS = [guard.__name__ for guard in CHAIN] + [
+    "recheck"
+]  # the chain's order; the re-check is the engine's last
 
 
 def csrf_from(html: str) -> str:
