@@ -26,12 +26,13 @@ lint: deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/nightshift lint playbooks/
 
-bench: deps  ## every benchmark, then the tables (bench/README.md); about 9 minutes on 2 cores
+bench: deps  ## every benchmark, then the tables (bench/README.md); about 10.5 minutes on 2 cores
 	$(PY) -m bench.decision
 	$(PY) -m bench.engine_ingest
 	$(PY) -m bench.ingest
 	$(PY) -m bench.memory
 	$(PY) -m bench.profile
+	$(PY) -m bench.e2e
 	$(PY) -m bench.report
 
 demo: deps  ## the whole loop on a simulated GPU cluster, about a minute (docs/demo.md); DEMO_ARGS=--keep stays up

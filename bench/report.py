@@ -2,9 +2,9 @@
 
     python -m bench.report [--results bench/results] [--out bench/results/summary.md]
 
-Reads ``ingest.json``, ``engine_ingest.json``, ``decision.json``, ``memory.json`` and ``profile.json`` where
-present, and the same names under ``before-fix/`` (runs made before the profile-driven fixes) for the before/after
-rows.
+Reads ``ingest.json``, ``engine_ingest.json``, ``decision.json``, ``memory.json``, ``profile.json`` and
+``e2e.json`` where present, and the same names under the history folders of :data:`VERSIONS` for the rows of
+earlier code.
 """
 
 from __future__ import annotations
@@ -15,7 +15,17 @@ from pathlib import Path
 from typing import Any
 
 from bench import record
+from bench.e2e import SPANS
 from bench.profile import TOP as TOP_FRAMES
+
+# (label, folder under the results directory), oldest first; the last is the current code's run.
+VERSIONS = (
+    ("before fix", "before-fix"),  # before the profile-driven fix (prebuilt statements, one transaction)
+    ("after fix", "after-fix"),  # that fix, before the lead's SQLite changes
+    ("after SQLite changes", "."),  # writer lock, read-only snapshots, 1 gunicorn worker x 8 threads
+)
+# The in-process writer lock (Store.transaction) as py-spy names the frame that waits on it.
+WRITER_LOCK_FRAME = "Store.transaction (app/store/__init__.py)"
 
 
 def _ms(spread: dict[str, float]) -> str:
@@ -31,6 +41,11 @@ def _ratio(spread: dict[str, float] | None) -> str:
     if spread["n"] == 1:
         return f"{spread['median']:.1f}x"
     return f"{spread['median']:.1f}x ({spread['min']:.1f}-{spread['max']:.1f})"
+
+
+def _pct(share: float | None) -> str:
+    """A profile share, or "-" for a frame that was not among a run's top frames."""
+    return "-" if share is None else f"{share}%"
 
 
 def _table(header: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
@@ -106,21 +121,28 @@ def decision_table(doc: dict[str, Any]) -> list[str]:
     return _table(header, rows)
 
 
-def memory_table(doc: dict[str, Any]) -> list[str]:
-    summary = doc["results"]["summary"]
-    header = ["alerts sent", "idle RSS MiB", "final RSS MiB", "peak RSS MiB", "growth MiB"]
-    header += ["2nd-half growth MiB", "MiB / 10k alerts (2nd half)", "errors"]
-    row = [
-        f"{summary['alerts']:,}",
-        f"{summary['idle_rss_mib']:.1f}",
-        f"{summary['final_rss_mib']:.1f}",
-        f"{summary['peak_rss_mib']:.1f}",
-        f"{summary['growth_mib']:.1f}",
-        f"{summary['second_half_growth_mib']:.1f}",
-        f"{summary['second_half_mib_per_10k_alerts']}",
-        str(summary["errors"]),
-    ]
-    return _table(header, [row])
+def memory_table(documents: dict[str, dict[str, Any]]) -> list[str]:
+    """One row per code version: RSS of the larger worker idle, at the end, at its peak, and its growth."""
+    header = ["code", "alerts sent", "gunicorn workers", "idle RSS MiB", "final RSS MiB", "peak RSS MiB"]
+    header += ["growth MiB", "2nd-half growth MiB", "MiB / 10k alerts (2nd half)", "errors"]
+    rows = []
+    for label, doc in documents.items():
+        summary = doc["results"]["summary"]
+        rows.append(
+            [
+                label,
+                f"{summary['alerts']:,}",
+                str(len(doc["results"]["checkpoints"][0]["rss_mib"])),
+                f"{summary['idle_rss_mib']:.1f}",
+                f"{summary['final_rss_mib']:.1f}",
+                f"{summary['peak_rss_mib']:.1f}",
+                f"{summary['growth_mib']:.1f}",
+                f"{summary['second_half_growth_mib']:.1f}",
+                f"{summary['second_half_mib_per_10k_alerts']}",
+                str(summary["errors"]),
+            ]
+        )
+    return _table(header, rows)
 
 
 def profile_table(documents: dict[str, dict[str, Any]], at_least: float = 3.0) -> list[str]:
@@ -135,25 +157,80 @@ def profile_table(documents: dict[str, dict[str, Any]], at_least: float = 3.0) -
     }
     rows = [
         [
-            "waiting for the SQLite write lock",
+            "waiting for the SQLite write lock (`BEGIN IMMEDIATE`)",
             *(f"{p['sqlite_write_lock_wait_pct']}%" for p in profiles.values()),
-        ]
+        ],
+        [
+            "self time in `Store.transaction` (waiting for the in-process writer lock)",
+            *(_pct(p["self_pct"].get(WRITER_LOCK_FRAME)) for p in profiles.values()),
+        ],
     ]
     for frame in sorted(frames, key=lambda f: (-largest(f), f)):
         shares = (p["app_inclusive_pct"].get(frame) for p in profiles.values())
-        rows.append([f"`{frame}`", *("-" if share is None else f"{share}%" for share in shares)])
+        rows.append([f"`{frame}`", *(_pct(share) for share in shares)])
     rows.append(["samples", *(str(p["samples"]) for p in profiles.values())])
     lines = _table(["share of samples (inclusive)", *profiles], rows)
     lines.append(f"\n-: not among that run's top {TOP_FRAMES} app/ functions.")
     return lines
 
 
+def e2e_floors(configured: dict[str, float], slurm_s: float) -> dict[str, tuple[float, str]]:
+    """Per span key of :data:`bench.e2e.SPANS`, the floor the parts around Nightshift set and where it comes from;
+    ``total`` is the sum along the critical path. Spans without an entry are Nightshift's or the job's own."""
+    detect = configured["scrape_interval_s"] + configured["evaluation_interval_s"] + configured["rule_for_s"]
+    after_steps = max(configured["verify_interval_s"], slurm_s + configured["scrape_interval_s"])
+    return {
+        "detect": (detect, "scrape interval + rule evaluation interval + `for` (worst case)"),
+        "scrape": (configured["scrape_interval_s"], "scrape interval (worst case)"),
+        "evaluate": (
+            configured["evaluation_interval_s"] + configured["rule_for_s"],
+            "rule evaluation interval + `for` (worst case)",
+        ),
+        "deliver": (configured["group_wait_s"], "Alertmanager group_wait"),
+        "act": (slurm_s, "Slurm requeue → RUNNING, measured without Nightshift"),
+        "slurm": (slurm_s, "Slurm requeue → RUNNING, measured without Nightshift"),
+        "restart": (
+            configured["scrape_interval_s"],
+            "scrape interval (worst case), plus the job's own start",
+        ),
+        "verify_after_steps": (configured["verify_interval_s"], "the playbook's verify interval"),
+        "total": (
+            detect + configured["group_wait_s"] + after_steps,
+            "detect + group_wait + max(verify interval, Slurm + scrape)",
+        ),
+    }
+
+
+def e2e_table(doc: dict[str, Any]) -> list[str]:
+    """Each stage's seconds (median, min-max over rounds) beside its floor; then Nightshift's own share."""
+    results = doc["results"]
+    summary, configured = results["summary"], results["configured"]
+    slurm = results["slurm_requeue_to_running_s"]
+    floors = e2e_floors(configured, slurm["median"])
+    rows = []
+    for key, label, _, _ in SPANS:
+        floor, source = floors.get(key, (None, ""))
+        name = f"&nbsp;&nbsp;{label.strip()}" if label.startswith(" ") else label
+        rows.append([name, _ms(summary[key]), "" if floor is None else f"{floor:.1f}", source])
+    rows.append(["Nightshift's own: decide + steps' execution", _ms(summary["own"]), "", ""])
+    rows.append(["&nbsp;&nbsp;of which the steps' execution (SSH)", _ms(summary["steps"]), "", ""])
+    share = {key: 100 * value if key != "n" else value for key, value in summary["share"].items()}
+    lines = _table(["stage", "seconds", "floor s", "floor from"], rows)
+    lines.append(
+        f"\nNightshift's own share of fault → recovered: {_ms(share)} %. Slurm requeue → RUNNING without "
+        f"Nightshift, per round: {', '.join(f'{s:.1f}' for s in slurm['rounds'])} s. Configured: "
+        + ", ".join(f"{key} {value:g}" for key, value in configured.items())
+        + "."
+    )
+    return lines
+
+
 def render(results: Path) -> str:
     def load(name: str) -> dict[str, dict[str, Any]]:
         found = {}
-        for label, folder in (("before fix", results / "before-fix"), ("after fix", results)):
-            if (folder / name).exists():
-                found[label] = record.read(folder / name)
+        for label, folder in VERSIONS:
+            if (results / folder / name).exists():
+                found[label] = record.read(results / folder / name)
         return found
 
     lines: list[str] = []
@@ -165,8 +242,13 @@ def render(results: Path) -> str:
             engine_ingest_table,
         ),
         ("Decision cost", "decision.json", lambda docs: decision_table(docs[list(docs)[-1]])),
-        ("Memory", "memory.json", lambda docs: memory_table(docs[list(docs)[-1]])),
+        ("Memory", "memory.json", memory_table),
         ("Profile (py-spy, 500 alerts/s)", "profile.json", profile_table),
+        (
+            "End to end (real stack, Xid 79 → recovered)",
+            "e2e.json",
+            lambda docs: e2e_table(docs[list(docs)[-1]]),
+        ),
     )
     for title, name, table in sections:
         documents = load(name)

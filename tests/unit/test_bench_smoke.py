@@ -2,6 +2,8 @@
 
 The ingest, memory and profile scripts start real gunicorn servers (fresh SQLite under a temporary directory,
 free ports) and the load generator as a separate process, exactly as ``make bench`` does, only briefly.
+``bench.e2e`` runs one round (about 35 s) on the session's Slurm cluster, marked ``e2e`` like the tier that
+drives the same stack.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import json
 
 import pytest
 
-from bench import decision, engine_ingest, ingest, memory, profile, report
+from bench import decision, e2e, engine_ingest, ingest, memory, profile, record, report
 from bench.stats import percentile
 from bench.workload import Fleet, schedule
 from tests.fixtures.procs import require_binary
@@ -86,7 +88,7 @@ def test_memory_benchmark_reads_worker_rss_at_each_step(tmp_path):
     memory.main(["--alerts", "150", "--step", "75", "--rate", "150", "--settle", "0.2", "--out", str(out)])
     results = read(out)
     assert [c["alerts"] >= 75 * i for i, c in enumerate(results["checkpoints"])] == [True, True, True]
-    assert all(len(c["rss_mib"]) == 2 for c in results["checkpoints"])  # both gunicorn workers
+    assert all(len(c["rss_mib"]) == 1 for c in results["checkpoints"])  # serve's SQLite default: one worker
     assert results["summary"]["errors"] == 0 and results["summary"]["idle_rss_mib"] > 10
 
 
@@ -122,3 +124,76 @@ def test_report_renders_tables_from_results(tmp_path, with_before):
     text = report.render(tmp_path)
     assert "### Decision cost" in text and "| indexed | 10 |" in text
     assert "Webhook ingest" not in text  # no ingest results here
+
+
+E2E_MARKS = {
+    "fault": 0.0,
+    "scraped": 0.6,
+    "firing": 1.2,
+    "opened": 2.5,
+    "acting": 4.0,
+    "requeued": 4.5,
+    "steps_done": 5.0,
+    "running": 11.0,
+    "progress": 12.5,
+    "recovered": 17.0,
+}
+
+
+def test_e2e_spans_add_up_to_fault_to_recovery_and_give_nightshifts_share():
+    spans = e2e.spans(E2E_MARKS, [0.4, 0.6])
+    stages = ("detect", "deliver", "decide", "act", "restart", "verify")
+    assert sum(spans[key] for key in stages) == pytest.approx(spans["total"]) and spans["total"] == 17.0
+    assert spans["scrape"] + spans["evaluate"] == pytest.approx(spans["detect"])
+    assert (spans["decide"], spans["steps"], spans["own"]) == (1.5, 1.0, 2.5)
+    assert spans["share"] == round(2.5 / 17, 4)
+    assert (spans["slurm"], spans["verify_after_steps"]) == (6.5, 12.0)
+
+
+def test_e2e_first_sample_is_the_earliest_one_after_the_fault_above_the_threshold():
+    series = [{"values": [[99.0, "79"], [101.0, "0"], [102.5, "79"]]}, {"values": [[103.0, "5"]]}]
+    assert e2e.first_sample(series, after=100) == 101.0
+    assert e2e.first_sample(series, after=100, above=0) == 102.5
+    assert e2e.first_sample(series, after=100, above=10) == 102.5
+    assert e2e.first_sample(series, after=200) is None
+
+
+@pytest.mark.e2e
+def test_e2e_benchmark_times_every_stage_of_a_round(slurm_cluster, tmp_path):
+    results = e2e.measure(slurm_cluster, 1, tmp_path, find_binary=require_binary)
+    (measured,) = results["rounds"]
+    marks = measured["marks_s"]
+    order = ("fault", "scraped", "firing", "opened", "acting", "requeued", "steps_done", "recovered")
+    assert [marks[m] for m in order] == sorted(marks[m] for m in order), marks
+    assert marks["acting"] < marks["running"] < marks["progress"] < marks["recovered"], marks
+    assert [s["phase"] for s in measured["steps"]] == ["collect", "steps", "steps"]
+    assert 0 < measured["spans"]["share"] < 1
+    assert (
+        results["slurm_requeue_to_running_s"]["n"] == 1 and results["slurm_requeue_to_running_s"]["min"] > 0
+    )
+    assert results["configured"]["verify_interval_s"] == 12 and results["configured"]["group_wait_s"] == 1
+    assert results["summary"]["total"]["median"] == measured["spans"]["total"]
+
+
+def test_report_renders_the_e2e_table_with_floors(tmp_path):
+    rounds = [{"spans": e2e.spans(E2E_MARKS, [0.4, 0.6])}, {"spans": e2e.spans(E2E_MARKS, [0.5, 0.5])}]
+    configured = {
+        "scrape_interval_s": 1.0,
+        "evaluation_interval_s": 1.0,
+        "rule_for_s": 0.0,
+        "group_wait_s": 1.0,
+        "verify_interval_s": 12.0,
+        "worker_poll_s": 0.5,
+    }
+    results = {
+        "configured": configured,
+        "slurm_requeue_to_running_s": {"rounds": [6.0, 6.4], "median": 6.2, "min": 6.0, "max": 6.4, "n": 2},
+        "summary": e2e.summarize(rounds),
+        "rounds": rounds,
+    }
+    record.write(tmp_path / "e2e.json", "e2e", {}, results)
+    text = report.render(tmp_path)
+    assert "### End to end" in text
+    assert "| fault → incident recovered | 17.0 (17.0-17.0) | 15.0 |" in text  # 2 + 1 + max(12, 6.2 + 1)
+    assert "| alert firing → incident opened (Alertmanager → webhook) | 1.3 (1.3-1.3) | 1.0 |" in text
+    assert "Nightshift's own share of fault → recovered: 14.7 (14.7-14.7) %" in text
