@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from app import errors
-from app.clients.http import json_body, send
+from app.clients.http import bearer_session, json_body, send
 from app.clock import epoch_ms
 from app.config import read_secret
 
@@ -36,9 +36,7 @@ class GrafanaClient:
         self.url = url.rstrip("/")
         self.dashboard_uid = dashboard_uid
         self.timeout = timeout
-        self._session = session or requests.Session()
-        if token:
-            self._session.headers["Authorization"] = f"Bearer {token}"
+        self._session = bearer_session(token, session)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> GrafanaClient:

@@ -37,6 +37,14 @@ DEFAULT_RETRY_AFTER = 30.0
 EXCERPT_CHARS = 200
 
 
+def bearer_session(token: str | None, session: requests.Session | None = None) -> requests.Session:
+    """A session (``session`` or a new one) that sends ``Authorization: Bearer <token>`` when a token is given."""
+    session = session or requests.Session()
+    if token:
+        session.headers["Authorization"] = f"Bearer {token}"
+    return session
+
+
 def send(
     session: requests.Session,
     method: str,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import requests
 
 from app import errors
-from app.clients.http import json_body, send
+from app.clients.http import bearer_session, json_body, send
 from app.config import read_secret
 
 if TYPE_CHECKING:
@@ -45,9 +45,7 @@ class PrometheusClient:
     ):
         self.url = url.rstrip("/")
         self.timeout = timeout
-        self._session = session or requests.Session()
-        if bearer_token:
-            self._session.headers["Authorization"] = f"Bearer {bearer_token}"
+        self._session = bearer_session(bearer_token, session)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> PrometheusClient:

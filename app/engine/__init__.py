@@ -114,6 +114,7 @@ class Engine:
     def status(self) -> dict[str, Any]:
         with self.deps.store.read() as conn:
             pause = records.get_control(conn, "pause") or {"paused": False}
+            paused, _ = self.deps.pause_state(conn)
             credentials = {
                 "slurm": {"state": "unknown"},
                 "kubernetes": {"state": "unknown"},
@@ -121,7 +122,7 @@ class Engine:
             }
             by_state = records.count_incidents_by(conn, "state")
         return {
-            "paused": self.deps.settings.guards.kill_switch or bool(pause.get("paused")),
+            "paused": paused,
             "pause": pause,
             "kill_switch_setting": self.deps.settings.guards.kill_switch,
             "credentials": credentials,

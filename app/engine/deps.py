@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy import Connection
+
 from app.actions.registry import ActionRegistry
 from app.clients import Clients
 from app.clock import Clock
@@ -14,7 +16,7 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.permissions import Permissions
 from app.playbooks import Playbook, PlaybookSet
-from app.store import Store
+from app.store import Store, records
 
 
 @dataclass
@@ -28,6 +30,20 @@ class EngineDeps:
     clock: Clock
     metrics: Metrics
     diagnose: Callable[..., Any]
+
+    def ledger(
+        self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
+    ) -> None:
+        """One ledger row, in its own transaction."""
+        with self.store.transaction() as conn:
+            records.record(conn, self.clock.now(), kind, message, incident_id=incident_id, data=data)
+
+    def pause_state(self, conn: Connection) -> tuple[bool, str]:
+        """Whether automation is paused (settings kill switch or ``POST /api/v1/pause``), and why."""
+        if self.settings.guards.kill_switch:
+            return True, "kill_switch set in settings"
+        pause = records.get_control(conn, "pause") or {}
+        return bool(pause.get("paused")), str(pause.get("reason", ""))
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,7 @@ class Effects:
     def _ledger(
         self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
     ) -> None:
-        with self.deps.store.transaction() as conn:
-            records.record(conn, self.deps.clock.now(), kind, message, incident_id=incident_id, data=data)
+        self.deps.ledger(incident_id, kind, message, data)
 
     # --- Grafana ----------------------------------------------------------------------------------------------
 

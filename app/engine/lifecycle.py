@@ -159,15 +159,15 @@ class Lifecycle:
                 if inc["serialize_key"]
                 else None
             )
-            pause = records.get_control(conn, "pause") or {}
+            paused, pause_reason = self.deps.pause_state(conn)
         runs = [p for p in planned if p.runs]
         return guards.GuardFacts(
             now=now,
             playbook=playbook.name,
             node=inc["node"],
             alert_starts_at=inc["alert_starts_at"],
-            paused=g.kill_switch or bool(pause.get("paused")),
-            pause_reason="kill_switch set in settings" if g.kill_switch else str(pause.get("reason", "")),
+            paused=paused,
+            pause_reason=pause_reason,
             granted_mutating=sum(1 for p in runs if p.mutating),
             would_run=sum(1 for p in planned if p.status == "would_run"),
             destructive=any(p.destructive for p in runs),
@@ -316,8 +316,8 @@ class Lifecycle:
     def _run_on_resolved(self, inc: Incident) -> datetime | None:
         playbook = self.deps.playbooks.get(inc["playbook"])
         with self.deps.store.read() as conn:
-            pause = records.get_control(conn, "pause") or {}
-        if self.deps.settings.guards.kill_switch or pause.get("paused"):
+            paused, _ = self.deps.pause_state(conn)
+        if paused:
             self._ledger(inc, "guard", "kill_switch: wait: undo steps held while automation is paused")
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
         if playbook is not None:
@@ -531,8 +531,7 @@ class Lifecycle:
         inc.update(values)
 
     def _ledger(self, inc: Incident, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
-        with self.deps.store.transaction() as conn:
-            records.record(conn, self.deps.clock.now(), kind, message, incident_id=inc["id"], data=data)
+        self.deps.ledger(inc["id"], kind, message, data)
 
     def _template_context(self, inc: Incident) -> dict[str, Mapping[str, Any]]:
         return template_context(inc, self.deps.settings.external_url)
