@@ -1,4 +1,4 @@
-"""``nightshift``: serve | worker | lint | explain | replay | export."""
+"""``nightshift``: serve | worker | lint | explain | replay | export | inbox."""
 
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def worker(config: str | None) -> None:
     engine = build_engine(settings)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, lambda *_: (stop.set(), engine.wakeup.set()))
     run_worker(engine, stop, settings.worker.poll_seconds, kind="process")
 
 
@@ -306,6 +306,34 @@ def export(config: str | None, after_id: int) -> None:
     with engine.deps.store.transaction() as conn:
         for row in records.iter_ledger(conn, after_id=after_id):
             click.echo(json.dumps(row, default=str, sort_keys=True))
+
+
+@cli.command()
+@config_option
+@click.option(
+    "--retry", is_flag=True, help="Queue the set-aside notifications again, from where they stopped."
+)
+def inbox(config: str | None, retry: bool) -> None:
+    """Notifications waiting for the worker, and those set aside because their ingestion failed."""
+    from app import build_engine
+    from app.store import records
+
+    engine = build_engine(_settings(config))
+    if retry:
+        with engine.deps.store.transaction() as conn:
+            count = records.retry_failed_inbox(conn)
+            records.record(
+                conn,
+                engine.deps.clock.now(),
+                "inbox_retry",
+                f"{count} set-aside notification(s) queued again",
+            )
+        click.echo(f"{count} notification(s) queued again")
+        return
+    with engine.deps.store.read() as conn:
+        stats = records.inbox_stats(conn)
+        failed = records.failed_inbox(conn)
+    click.echo(json.dumps({**stats, "set_aside": failed}, default=str, indent=2))
 
 
 if __name__ == "__main__":

@@ -115,6 +115,15 @@ class CheckpointSettings:
 class WorkerSettings:
     poll_seconds: float = 1.0
     lease_seconds: int = 120
+    # Alerts ingested from the inbox per transaction: bounds how long the worker holds SQLite's one write lock,
+    # which the webhook needs to answer (about 0.5 ms per alert).
+    inbox_batch_alerts: int = 4
+
+    def __post_init__(self) -> None:
+        for name in ("poll_seconds", "lease_seconds", "inbox_batch_alerts"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"worker.{name}: must be positive, got {getattr(self, name)!r}")
+
     step_retry_limit: int = 5
 
 

@@ -23,6 +23,7 @@ def worker_exit(server: Any, worker: Any) -> None:
     if started:
         thread, stop = started
         stop.set()
+        worker.wsgi.extensions["nightshift"].engine.wakeup.set()  # cut its idle wait short
         thread.join(timeout=30)
 
 

@@ -7,13 +7,28 @@ prometheus_client; ``/metrics`` then aggregates every worker's files with a regi
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Created at zero up front: a counter series that first appears at 1 reads as increase() == 0 on dashboards.
-OUTCOMES = ("recovered", "advisory", "needs_human", "failed", "credential_error", "unverified", "blocked",
-            "resolved", "ignored", "handled")
+OUTCOMES = (
+    "recovered",
+    "advisory",
+    "needs_human",
+    "failed",
+    "credential_error",
+    "unverified",
+    "blocked",
+    "resolved",
+    "ignored",
+    "handled",
+)
 ALERT_STATUSES = ("firing", "resolved")
 
 
@@ -62,10 +77,41 @@ class Metrics:
             multiprocess_mode="max",
         )
 
-    def exposition(self) -> bytes:
-        """The text exposition: aggregated over gunicorn workers in multiprocess mode, else this registry."""
+    def exposition(self, live: Sequence[Metric] = ()) -> bytes:
+        """The text exposition: aggregated over gunicorn workers in multiprocess mode, else this registry.
+
+        ``live`` families are read at scrape time (from the store), the same whichever worker answers."""
         if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
             registry = CollectorRegistry()
             multiprocess.MultiProcessCollector(registry)
-            return generate_latest(registry)
-        return generate_latest(self.registry)
+        else:
+            registry = self.registry
+        return generate_latest(registry) + generate_latest(_Fixed(live))
+
+
+def inbox_families(stats: Mapping[str, Any], now: datetime) -> list[Metric]:
+    """The inbox's depth and lag, from :func:`app.store.records.inbox_stats`."""
+    oldest = stats["oldest_pending_at"]
+    return [
+        GaugeMetricFamily(
+            "nightshift_inbox_pending", "Notifications accepted and not yet ingested.", value=stats["pending"]
+        ),
+        GaugeMetricFamily(
+            "nightshift_inbox_set_aside",
+            "Notifications whose ingestion failed (see `nightshift inbox`).",
+            value=stats["failed"],
+        ),
+        GaugeMetricFamily(
+            "nightshift_inbox_oldest_pending_age_seconds",
+            "Age of the oldest notification waiting to be ingested; 0 when none waits.",
+            value=(now - oldest).total_seconds() if oldest is not None else 0.0,
+        ),
+    ]
+
+
+class _Fixed(Collector):
+    def __init__(self, families: Sequence[Metric]):
+        self.families = families
+
+    def collect(self) -> Iterable[Metric]:
+        return self.families

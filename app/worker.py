@@ -18,13 +18,18 @@ def worker_id(kind: str) -> str:
 
 
 def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind: str = "thread") -> None:
-    """Loop until ``stop`` is set. Store outages back off and retry; nothing else escapes a tick."""
+    """Loop until ``stop`` is set. Store outages back off and retry; nothing else escapes a tick.
+
+    An idle worker looks again every ``poll_seconds``, or at once when this process's webhook accepts a
+    notification (``engine.wakeup``); notifications accepted by other processes wait for the poll.
+    """
     me = worker_id(kind)
     log.info("worker %s started", me)
     backoff = poll_seconds
     while not stop.is_set():
+        engine.wakeup.clear()  # before looking, so that a notification accepted meanwhile cuts the wait short
         try:
-            if engine.work_once(me) is not None:
+            if engine.work_once(me):
                 backoff = poll_seconds
                 continue
         except StoreUnavailable as exc:
@@ -32,7 +37,7 @@ def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind:
             log.warning("worker %s: %s; retrying in %.0fs", me, exc, backoff)
             stop.wait(backoff)
             continue
-        stop.wait(poll_seconds)
+        engine.wakeup.wait(poll_seconds)
     log.info("worker %s stopped", me)
 
 

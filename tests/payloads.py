@@ -7,6 +7,7 @@ from datetime import datetime
 from typing import Any
 
 from app.alertmanager import am_fingerprint
+from app.engine import IngestResult
 from tests.fakes import START
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -63,3 +64,8 @@ def xid(node: str = "node1", code: str = "79", job: str = "1234", gpu: str = "3"
         "slurm_job_id": job,
         "severity": "critical",
     }
+
+
+def ingest_inbox(app: Any) -> IngestResult:
+    """What the worker does next: ingest every notification the webhook has queued. What that did, together."""
+    return app.extensions["nightshift"].engine.inbox.ingest_all()

@@ -22,7 +22,9 @@ class PrometheusQuery(Action):
     description = "Run a PromQL instant query and check whether it returns samples"
     read_only = True
     params = {
-        "query": Param(max_length=2000, promql=True, description="PromQL instant-vector or scalar expression"),
+        "query": Param(
+            max_length=2000, promql=True, description="PromQL instant-vector or scalar expression"
+        ),
         "expect": Param(
             required=False,
             default="any",

@@ -8,6 +8,7 @@ from typing import Any
 from app.alertmanager import Notification
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
+from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.store import records
@@ -18,20 +19,34 @@ __all__ = ["Engine", "EngineDeps", "IngestResult"]
 class Engine:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
+        self.inbox = Inbox(deps)
         self.lifecycle = Lifecycle(deps)
 
+    @property
+    def wakeup(self):
+        """Set when there is new work for this process's worker (a notification accepted)."""
+        return self.inbox.wakeup
+
+    def accept(self, notification: Notification, body: bytes) -> int:
+        """The webhook's part: commit the notification to the inbox. Returns its inbox id."""
+        return self.inbox.accept(notification, body)
+
     def ingest(self, notification: Notification) -> IngestResult:
+        """Ingest a notification now, in one transaction, bypassing the inbox (``replay``, tests)."""
         return ingest(self.deps, notification)
 
-    def work_once(self, worker: str) -> int | None:
-        return self.lifecycle.work_once(worker)
+    def work_once(self, worker: str) -> bool:
+        """One batch from the inbox and one incident tick, so that neither starves the other. False when idle."""
+        ingested = self.inbox.ingest_next()
+        ticked = self.lifecycle.work_once(worker)
+        return ingested is not None or ticked is not None
 
     def run_until_idle(self, worker: str = "inline", limit: int = 1000) -> int:
-        """Advance due incidents until none is due (tests, `replay`). Returns the number of ticks."""
-        ticks = 0
-        while ticks < limit and self.work_once(worker) is not None:
-            ticks += 1
-        return ticks
+        """Work until the inbox is empty and no incident is due (tests, `replay`). Returns the number of rounds."""
+        rounds = 0
+        while rounds < limit and self.work_once(worker):
+            rounds += 1
+        return rounds
 
     def explain(self, notification: Notification) -> list[dict[str, Any]]:
         return explain(self.deps, notification)
@@ -127,6 +142,7 @@ class Engine:
             "kill_switch_setting": self.deps.settings.guards.kill_switch,
             "credentials": credentials,
             "incidents_by_state": by_state,
+            "inbox": self.inbox_stats(),
             "playbooks": len(self.deps.playbooks.playbooks),
             "whitelisted_actions": [grant.action for grant in self.deps.permissions.grants],
         }
@@ -156,6 +172,10 @@ class Engine:
                 "latest": records.latest_incident_per_job(conn, limit),
                 "open": records.list_incidents(conn, open_only=True, limit=1000),
             }
+
+    def inbox_stats(self) -> dict[str, Any]:
+        with self.deps.store.read() as conn:
+            return records.inbox_stats(conn)
 
     def blast_radius(self) -> dict[str, Any]:
         """Distinct nodes disrupted within the blast-radius window now, and the limit the guard holds them to."""

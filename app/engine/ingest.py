@@ -1,4 +1,4 @@
-"""Alerts in, incidents opened or attached, in one transaction per notification.
+"""Alerts in, incidents opened or attached, inside the caller's transaction.
 
 The idempotency key of an incident is (playbook, target): duplicate deliveries, Alertmanager repeats and HA peers
 attach to the open incident; a resolved alert closes an incident that has not started acting.
@@ -6,7 +6,9 @@ attach to the open incident; a resolved alert closes an incident that has not st
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from sqlalchemy import Connection
 
@@ -28,25 +30,57 @@ class IngestResult:
     # The playbook of each opened incident, in order: labels the metric without another trip to the store.
     opened_playbooks: list[str] = field(default_factory=list)
 
+    def add(self, other: IngestResult) -> None:
+        self.alerts += other.alerts
+        self.opened += other.opened
+        self.attached += other.attached
+        self.closed += other.closed
+        self.unmatched += other.unmatched
+        self.opened_playbooks += other.opened_playbooks
+
 
 def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
-    """Record every alert durably and open/attach/close incidents. Raises StoreUnavailable (→ 503)."""
-    now = deps.clock.now()
-    result = IngestResult(alerts=len(notification.alerts))
+    """Ingest a whole notification in one transaction (``replay``, tests). Raises StoreUnavailable.
+
+    The webhook does not call this: it queues the notification in the inbox (:mod:`app.engine.inbox`), whose
+    worker calls :func:`ingest_alerts` a batch at a time.
+    """
+    result = IngestResult()
     with deps.store.transaction() as conn:
-        for alert in notification.alerts:
-            _ingest_alert(deps, conn, notification, alert, now, result)
-    for alert in notification.alerts:
-        deps.metrics.alerts_received.labels(alert.status).inc()
+        ingest_alerts(deps, conn, notification, notification.alerts, deps.clock.now(), result)
+    publish(deps, result)
+    return result
+
+
+def ingest_alerts(
+    deps: EngineDeps,
+    conn: Connection,
+    notification: Notification,
+    alerts: Sequence[Alert],
+    now: datetime,
+    result: IngestResult,
+) -> None:
+    """Record these alerts of the notification and open/attach/close incidents, inside the caller's transaction."""
+    for alert in alerts:
+        _ingest_alert(deps, conn, notification, alert, now, result)
+        result.alerts += 1
+
+
+def publish(deps: EngineDeps, result: IngestResult) -> None:
+    """Count what a committed ingestion did in the self-metrics."""
     for playbook in result.opened_playbooks:
         deps.metrics.incidents_opened.labels(playbook).inc()
     for _ in result.closed:
         deps.metrics.incidents.labels("resolved").inc()
-    return result
 
 
 def _ingest_alert(
-    deps: EngineDeps, conn: Connection, notification: Notification, alert: Alert, now, result
+    deps: EngineDeps,
+    conn: Connection,
+    notification: Notification,
+    alert: Alert,
+    now: datetime,
+    result: IngestResult,
 ) -> None:
     row, previous = records.upsert_alert(conn, alert, notification, now)
     name = alert.labels.get("alertname", "")

@@ -31,7 +31,9 @@ class Store:
         self.dialect = engine.dialect.name
         # SQLite admits one writer at a time and makes the others back off in sleeps of up to 100 ms; queueing this
         # process's writers on a lock instead turns that into a short, orderly wait (other processes still back off).
-        self._writers: AbstractContextManager[Any] = threading.Lock() if self.dialect == "sqlite" else nullcontext()
+        self._writers: AbstractContextManager[Any] = (
+            threading.Lock() if self.dialect == "sqlite" else nullcontext()
+        )
 
     @classmethod
     def from_url(cls, url: str, clock: Clock | None = None) -> Store:
@@ -77,6 +79,11 @@ class Store:
             elif found.version > SCHEMA_VERSION:
                 raise ConfigError(
                     f"store schema version {found.version} is newer than this Nightshift ({SCHEMA_VERSION}); upgrade"
+                )
+            elif found.version < SCHEMA_VERSION:
+                # Every change so far adds tables, which create_all has just made: recording the version is the upgrade.
+                conn.execute(
+                    insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
 
     def ping(self) -> None:

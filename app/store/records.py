@@ -10,7 +10,7 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, u
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
-from app.store.schema import alerts, attempts, controls, incident_alerts, incidents, ledger, steps
+from app.store.schema import alerts, attempts, controls, inbox, incident_alerts, incidents, ledger, steps
 
 Row = dict[str, Any]
 
@@ -55,6 +55,19 @@ _INCIDENTS_OF_ALERT = (
     .with_for_update(of=incidents)
 )
 _INSERT_LEDGER = insert(ledger)
+_INSERT_INBOX = insert(inbox)
+_NEXT_INBOX = (
+    select(inbox)
+    .where(inbox.c.failed_at.is_(None))
+    .order_by(inbox.c.id)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_INBOX_PENDING = select(inbox.c.id).where(inbox.c.failed_at.is_(None)).limit(1)
+_ADVANCE_INBOX = (
+    update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
+)
+_DELETE_INBOX = inbox.delete().where(inbox.c.id == bindparam("inbox_id_"))
 
 
 # --- alerts -------------------------------------------------------------------------------------------------
@@ -343,6 +356,77 @@ def nodes_disrupted_since(conn: Connection, since: datetime) -> set[str]:
         attempts.c.started_at >= since, attempts.c.destructive.is_(True), attempts.c.node.is_not(None)
     )
     return {row.node for row in conn.execute(stmt.distinct())}
+
+
+# --- inbox --------------------------------------------------------------------------------------------------
+
+
+def enqueue_notification(conn: Connection, now: datetime, receiver: str, alert_count: int, body: str) -> int:
+    result = conn.execute(
+        _INSERT_INBOX,
+        {"received_at": now, "receiver": receiver, "alert_count": alert_count, "next_alert": 0, "body": body},
+    )
+    return int(result.inserted_primary_key[0])
+
+
+def inbox_pending(conn: Connection) -> bool:
+    """Whether a notification waits: a cheap read that spares idle workers a write transaction."""
+    return conn.execute(_INBOX_PENDING).first() is not None
+
+
+def next_inbox(conn: Connection) -> Row | None:
+    """The oldest notification still to ingest, locked (SKIP LOCKED on PostgreSQL; SQLite serialises writers)."""
+    return _one(conn, _NEXT_INBOX)
+
+
+def advance_inbox(conn: Connection, inbox_id: int, done: int) -> None:
+    conn.execute(_ADVANCE_INBOX, {"inbox_id_": inbox_id, "done_": done})
+
+
+def delete_inbox(conn: Connection, inbox_id: int) -> None:
+    conn.execute(_DELETE_INBOX, {"inbox_id_": inbox_id})
+
+
+def fail_inbox(conn: Connection, inbox_id: int, now: datetime, error: str) -> None:
+    conn.execute(update(inbox).where(inbox.c.id == inbox_id).values(failed_at=now, error=error))
+
+
+def retry_failed_inbox(conn: Connection) -> int:
+    """Put every failed notification back in the queue, from the alert where it stopped. Returns how many."""
+    return conn.execute(
+        update(inbox).where(inbox.c.failed_at.is_not(None)).values(failed_at=None, error=None)
+    ).rowcount
+
+
+def inbox_stats(conn: Connection) -> Row:
+    """Pending and failed notifications, and when the oldest pending one arrived (None when none waits)."""
+    pending = inbox.c.failed_at.is_(None)
+    row = conn.execute(
+        select(
+            func.count().filter(pending).label("pending"),
+            func.count().filter(~pending).label("failed"),
+            func.min(inbox.c.received_at).filter(pending).label("oldest_pending_at"),
+        )
+    ).one()
+    return {"pending": row.pending, "failed": row.failed, "oldest_pending_at": row.oldest_pending_at}
+
+
+def failed_inbox(conn: Connection, limit: int = 100) -> list[Row]:
+    stmt = (
+        select(
+            inbox.c.id,
+            inbox.c.received_at,
+            inbox.c.receiver,
+            inbox.c.alert_count,
+            inbox.c.next_alert,
+            inbox.c.failed_at,
+            inbox.c.error,
+        )
+        .where(inbox.c.failed_at.is_not(None))
+        .order_by(inbox.c.id)
+        .limit(limit)
+    )
+    return _all(conn, stmt)
 
 
 # --- ledger -------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the inbox
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -49,6 +49,24 @@ schema_version = Table(
     Column("version", Integer, primary_key=True),
     Column("applied_at", UtcDateTime, nullable=False),
 )
+
+# Notifications as received, committed before the webhook answers 200; the worker ingests them alert by alert
+# (``next_alert`` counts those done, in the same transactions) and deletes the row once all are in. A row whose
+# ingestion raised is kept with ``failed_at`` and ``error`` and skipped, so one bad body cannot stall the rest.
+inbox = Table(
+    "inbox",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("received_at", UtcDateTime, nullable=False),
+    Column("receiver", Text, nullable=False, default=""),
+    Column("alert_count", Integer, nullable=False),
+    Column("next_alert", Integer, nullable=False, default=0),
+    Column("body", Text, nullable=False),
+    Column("failed_at", UtcDateTime),
+    Column("error", Text),
+    sqlite_autoincrement=True,  # ids never reused: the ledger names them
+)
+Index("ix_inbox_pending", inbox.c.failed_at, inbox.c.id)
 
 # One row per alert instance: Alertmanager's fingerprint (a hash of the label set) plus startsAt (a re-fire).
 alerts = Table(

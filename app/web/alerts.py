@@ -1,6 +1,7 @@
 """``POST /api/v1/alerts``: Alertmanager's webhook. Validate, record durably, answer; the worker does the rest.
 
-200 once every alert is in the store; 400 for a payload Alertmanager must not retry; 401 without credentials;
+200 once the notification is committed to the store's inbox (the worker ingests its alerts a few milliseconds
+later, :mod:`app.engine.inbox`); 400 for a payload Alertmanager must not retry; 401 without credentials;
 413 over the size limit; 429 for a client address that keeps failing authentication; 503 when the store is down
 (Alertmanager retries 5xx).
 
@@ -47,23 +48,12 @@ def receive():
     except PayloadError as exc:
         metrics.webhook_requests.labels("400").inc()
         return error(400, str(exc))
-    result = services.engine.ingest(notification)
+    inbox_id = services.engine.accept(notification, body)
     log.debug(
-        "webhook: %d alert(s) from receiver %r: opened %s, attached %s, closed %s",
-        result.alerts,
+        "webhook: %d alert(s) from receiver %r queued as inbox %d",
+        len(notification.alerts),
         notification.receiver,
-        result.opened,
-        result.attached,
-        result.closed,
+        inbox_id,
     )
     metrics.webhook_requests.labels("200").inc()
-    return jsonify(
-        {
-            "status": "ok",
-            "alerts": result.alerts,
-            "opened": result.opened,
-            "attached": result.attached,
-            "closed": result.closed,
-            "unmatched": result.unmatched,
-        }
-    )
+    return jsonify({"status": "ok", "alerts": len(notification.alerts), "inbox_id": inbox_id})

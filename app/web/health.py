@@ -6,6 +6,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.errors import StoreUnavailable
+from app.metrics import inbox_families
 from app.web import error
 
 bp = Blueprint("health", __name__)
@@ -38,6 +39,9 @@ def readyz():
 
 @bp.get("/metrics")
 def metrics():
-    return Response(
-        current_app.extensions["nightshift"].metrics.exposition(), content_type=CONTENT_TYPE_LATEST
-    )
+    services = current_app.extensions["nightshift"]
+    try:
+        live = inbox_families(services.engine.inbox_stats(), services.engine.deps.clock.now())
+    except StoreUnavailable:
+        live = []  # the process's own counters still answer; readyz reports the store
+    return Response(services.metrics.exposition(live), content_type=CONTENT_TYPE_LATEST)

@@ -119,7 +119,8 @@ class Site:
         return response.json()
 
     def open_incident(self, scenario: str, *alerts: dict[str, Any]) -> int:
-        opened = self.post_alerts(*alerts)["opened"]
+        self.post_alerts(*alerts)
+        opened = self.engine.inbox.ingest_all().opened
         assert len(opened) == 1, opened
         self.incidents[scenario] = opened[0]
         return opened[0]

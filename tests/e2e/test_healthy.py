@@ -49,6 +49,8 @@ def test_rules_were_evaluated_over_the_job(stack: Stack, watched_job: str) -> No
 def test_nothing_reached_nightshift(stack: Stack, watched_job: str) -> None:
     assert stack.nightshift.incidents() == []
     received = [
-        line for line in stack.nightshift.metrics().splitlines() if line.startswith("nightshift_alerts_received_total")
+        line
+        for line in stack.nightshift.metrics().splitlines()
+        if line.startswith("nightshift_alerts_received_total")
     ]
     assert received and all(line.endswith(" 0.0") for line in received), received  # series exist at zero

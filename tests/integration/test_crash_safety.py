@@ -5,7 +5,7 @@
   validation command's own log say so);
 - a read-only step in flight (``notify.webhook`` to a receiver that does not answer) is run again and the
   incident continues to its end;
-- every alert answered 200 before the kill is in the store after the restart.
+- every alert answered 200 before the kill (committed to the inbox) is ingested after the restart.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_mutating_step_in_flight_at_kill_9_becomes_ambiguous_and_is_never_rerun(
     serve = _start(crashes, config, "serve-before-crash")
     response = serve.post_alerts(body(alert({"alertname": "GpuNodeHealthy", "Hostname": "node1"})))
     assert response.status_code == 200, response.text
-    incident_id = response.json()["opened"][0]
+    incident_id = serve.sole_incident()
     wait_until(lambda: runs.exists() and runs.read_text(), 30, "the validation command to start")
     steps = serve.incident(incident_id)["steps"]
     assert [(s["action"], s["status"]) for s in steps] == [("slurm.resume_node", "running")]
@@ -161,7 +161,7 @@ def test_read_only_step_in_flight_at_kill_9_runs_again_and_the_incident_continue
     serve = _start(crashes, config, "serve-before-crash")
     response = serve.post_alerts(body(alert({"alertname": "GpuXidError", "Hostname": "node3"})))
     assert response.status_code == 200, response.text
-    incident_id = response.json()["opened"][0]
+    incident_id = serve.sole_incident()
     assert hook_sink.held.wait(30), "the notify step never reached the receiver"
 
     serve.daemon.kill()
@@ -200,7 +200,12 @@ def test_every_alert_answered_200_before_kill_9_is_in_the_store_after_restart(tm
     accepted = set(answered)
     assert 200 <= len(accepted) < total  # the kill landed mid-stream
 
-    _start(crashes, config, "serve-after-crash")
+    restarted = _start(crashes, config, "serve-after-crash")
+    wait_until(
+        lambda: requests.get(f"{restarted.url}/api/v1/status", timeout=10).json()["inbox"]["pending"] == 0,
+        60,
+        "the restarted worker to ingest the inbox",
+    )
     store = Store.from_url(f"sqlite:///{tmp_path / 'stream' / 'var' / 'nightshift.db'}")
     try:
         with store.transaction() as conn:

@@ -14,6 +14,7 @@ import requests
 import yaml
 
 from tests.fixtures.procs import Daemon, free_port, wait_until
+from tests.integration.test_replicas import only_incident
 from tests.payloads import alert, body, xid
 
 TOKEN = "gunicorn-test-token"
@@ -115,7 +116,7 @@ def test_real_gunicorn_webhook_to_advisory_incident_with_notification(server, si
     assert post(server, body(alert(xid())), token="wrong").status_code == 401
     response = post(server, body(alert(xid())))
     assert response.status_code == 200, response.text
-    incident_id = response.json()["opened"][0]
+    incident_id = only_incident(server)
 
     def closed():
         detail = requests.get(f"{server}/api/v1/incidents/{incident_id}", timeout=5).json()
@@ -137,6 +138,11 @@ def test_concurrent_duplicate_deliveries_across_workers_yield_one_incident(serve
     with ThreadPoolExecutor(max_workers=16) as pool:
         statuses = list(pool.map(lambda _: post(server, payload).status_code, range(40)))
     assert statuses == [200] * 40
+    wait_until(
+        lambda: requests.get(f"{server}/api/v1/status", timeout=5).json()["inbox"]["pending"] == 0,
+        30,
+        "the workers to ingest the 40 deliveries",
+    )
     incidents = requests.get(f"{server}/api/v1/incidents", params={"node": "node7"}, timeout=5).json()[
         "incidents"
     ]

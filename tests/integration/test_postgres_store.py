@@ -14,6 +14,7 @@ import pytest
 from sqlalchemy import func, select
 
 from app.alertmanager import parse_notification
+from app.engine import Engine
 from app.store import Store, records
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeClock
@@ -149,6 +150,31 @@ def test_concurrent_workers_claim_each_incident_once(backend_worlds, store_url, 
     assert all(holders[i] == f"w{n}" for n, ids in enumerate(claimed) for i in ids)
 
 
+def test_replicas_draining_one_inbox_ingest_every_alert_exactly_once(backend_worlds, store_url, tmp_path):
+    world = scenarios.make_world(tmp_path, scenarios.GRANTS)
+    world.engine.deps.settings.worker.inbox_batch_alerts = 2
+    for n in range(20):
+        group = [alert(xid(node=f"node{n}-{gpu}", job=str(n), gpu=str(gpu))) for gpu in range(5)]
+        doc = json.dumps(payload(*group)).encode()
+        world.engine.accept(parse_notification(doc), doc)
+    replicas = [
+        Engine(world.engine.deps) for _ in range(6)
+    ]  # each with its own inbox state, as processes have
+    barrier = threading.Barrier(len(replicas))
+
+    def drain(replica: Engine) -> int:
+        barrier.wait()
+        return replica.inbox.ingest_all().alerts
+
+    with ThreadPoolExecutor(max_workers=len(replicas)) as pool:
+        ingested = list(pool.map(drain, replicas))
+    assert sum(ingested) == 100
+    with world.engine.deps.store.read() as conn:
+        per_alert = conn.execute(select(alerts.c.notifications)).scalars().all()
+        assert records.inbox_stats(conn) == {"pending": 0, "failed": 0, "oldest_pending_at": None}
+    assert len(per_alert) == 100 and set(per_alert) == {1}
+
+
 def test_open_key_unique_constraint_holds_on_the_backend(backend_worlds, store_url, tmp_path):
     world = scenarios.make_world(tmp_path)
     incident_id = world.send(alert(xid())).opened[0]
@@ -190,6 +216,8 @@ def test_hostile_payload_fields_on_postgresql_are_never_a_5xx(postgres_url, tmp_
             for where, doc in _hostile_documents(name, value):
                 response = client.post("/api/v1/alerts", data=json.dumps(doc), headers=headers())
                 assert response.status_code in (200, 400), (name, where, response.status_code, response.json)
-        app.extensions["nightshift"].engine.run_until_idle()
+        engine = app.extensions["nightshift"].engine
+        engine.run_until_idle()
+        assert engine.inbox_stats()["failed"] == 0, "a notification answered 200 could not be ingested"
     finally:
         app.extensions["nightshift"].store.dispose()

@@ -16,7 +16,7 @@ from app.config import Settings
 from app.errors import ConfigError
 from app.metrics import Metrics
 from tests.fakes import FakeClock, FakePrometheus, fake_actions
-from tests.payloads import alert, body, xid
+from tests.payloads import alert, body, ingest_inbox, xid
 from tests.unit.test_engine import PLAYBOOK
 
 TOKEN = "webhook-s3cret-token"
@@ -62,10 +62,14 @@ def auth(token: str = TOKEN) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
 
-def test_webhook_records_the_alert_and_opens_an_incident(client):
+def test_webhook_queues_the_notification_and_the_worker_opens_an_incident(client):
     response = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
     assert response.status_code == 200, response.json
-    assert response.json["status"] == "ok" and len(response.json["opened"]) == 1
+    assert response.json == {"status": "ok", "alerts": 1, "inbox_id": 1}
+    assert client.get("/api/v1/incidents").json["incidents"] == []  # not yet: the worker ingests it
+    assert client.get("/api/v1/status").json["inbox"]["pending"] == 1
+    assert len(ingest_inbox(client.application).opened) == 1
+    assert client.get("/api/v1/status").json["inbox"]["pending"] == 0
     listed = client.get("/api/v1/incidents").json["incidents"]
     assert [(i["playbook"], i["node"], i["job"]) for i in listed] == [("gpu-xid-79", "node1", "1234")]
     detail = client.get(f"/api/v1/incidents/{listed[0]['id']}").json
@@ -185,6 +189,8 @@ def test_operator_api_is_disabled_without_a_token(settings):
 
 def test_health_and_metrics(client):
     client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
+    assert "nightshift_inbox_pending 1.0" in client.get("/metrics").get_data(as_text=True)
+    ingest_inbox(client.application)
     assert client.get("/healthz").json == {"status": "ok"}
     ready = client.get("/readyz").json
     assert ready["store"] == "ok" and ready["playbooks"] == 1
@@ -193,6 +199,9 @@ def test_health_and_metrics(client):
     assert 'nightshift_incidents_opened_total{playbook="gpu-xid-79"} 1.0' in text
     assert 'nightshift_webhook_requests_total{code="200"} 1.0' in text
     assert 'nightshift_incidents_total{outcome="recovered"} 0.0' in text  # present before the first one
+    assert (
+        "nightshift_inbox_pending 0.0" in text and "nightshift_inbox_oldest_pending_age_seconds 0.0" in text
+    )
 
 
 def test_unknown_incident_is_a_json_404(client):
@@ -205,7 +214,8 @@ def test_unknown_incident_is_a_json_404(client):
 
 
 def test_operator_handles_an_incident_over_the_api(client):
-    incident_id = client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth()).json["opened"][0]
+    client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
+    (incident_id,) = ingest_inbox(client.application).opened
     url = f"/api/v1/incidents/{incident_id}/handled"
     assert client.post(url, json={"reason": "mine"}).status_code == 401
     response = client.post(
