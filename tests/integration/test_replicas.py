@@ -24,7 +24,7 @@ import requests
 import yaml
 from sqlalchemy import func, select
 
-from app.store import Store
+from app.store import Store, records
 from app.store.schema import alerts, incidents, steps
 from tests.fixtures.procs import Daemon, free_port, wait_until
 from tests.payloads import alert, body, xid
@@ -225,9 +225,11 @@ def test_alertmanager_ha_fan_out_to_every_replica_yields_one_incident_and_one_ex
         def all_closed() -> bool:
             with store.transaction() as conn:
                 rows = conn.execute(select(incidents.c.open_key, incidents.c.finalize_pending)).all()
-            return len(rows) == 10 and all(key is None and not pending for key, pending in rows)
+                inbox = records.inbox_stats(conn)
+            closed = len(rows) == 10 and all(key is None and not pending for key, pending in rows)
+            return closed and inbox["pending"] == inbox["failed"] == 0
 
-        wait_until(all_closed, 60, "every incident to finish on some replica")
+        wait_until(all_closed, 60, "every notification ingested and every incident finished on some replica")
         with store.transaction() as conn:
             per_target = conn.execute(select(incidents.c.node, func.count()).group_by(incidents.c.node)).all()
             outcomes = conn.execute(select(incidents.c.outcome).distinct()).scalars().all()
