@@ -22,7 +22,10 @@ from bench.profile import TOP as TOP_FRAMES
 VERSIONS = (
     ("before fix", "before-fix"),  # before the profile-driven fix (prebuilt statements, one transaction)
     ("after fix", "after-fix"),  # that fix, before the lead's SQLite changes
-    ("after SQLite changes", "after-sqlite-changes"),  # writer lock, read-only snapshots, 1 gunicorn worker x 8 threads
+    (
+        "after SQLite changes",
+        "after-sqlite-changes",
+    ),  # writer lock, read-only snapshots, 1 gunicorn worker x 8 threads
     ("inbox", "."),  # the webhook commits the notification; the worker ingests it; cheaper payload parsing
 )
 # The in-process writer lock (Store.transaction) as py-spy names the frame that waits on it.
