@@ -10,7 +10,17 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, u
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
-from app.store.schema import alerts, attempts, controls, inbox, incident_alerts, incidents, ledger, steps
+from app.store.schema import (
+    UtcDateTime,
+    alerts,
+    attempts,
+    controls,
+    inbox,
+    incident_alerts,
+    incidents,
+    ledger,
+    steps,
+)
 
 Row = dict[str, Any]
 
@@ -55,6 +65,108 @@ _INCIDENTS_OF_ALERT = (
     .with_for_update(of=incidents)
 )
 _INSERT_LEDGER = insert(ledger)
+# The worker's statements, built once for the same reason: an advisory incident runs about 30 of them.
+_INCIDENT = select(incidents).where(incidents.c.id == bindparam("incident_id_"))
+# SET takes the columns named by the parameters of each call (SQLAlchemy compiles and caches one form per set).
+_UPDATE_INCIDENT = update(incidents).where(incidents.c.id == bindparam("incident_id_"))
+_FIRING_ALERTS = (
+    select(func.count())
+    .select_from(alerts.join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id))
+    .where(incident_alerts.c.incident_id == bindparam("incident_id_"), alerts.c.status == "firing")
+)
+_EARLIER_OPEN_ON = (
+    select(incidents)
+    .where(
+        incidents.c.serialize_key == bindparam("serialize_key_"),
+        incidents.c.open_key.is_not(None),
+        incidents.c.id != bindparam("incident_id_"),
+        or_(incidents.c.id < bindparam("incident_id_"), incidents.c.state.in_(("acting", "verifying"))),
+    )
+    .order_by(incidents.c.id)
+    .limit(1)
+)
+_DUE = and_(
+    incidents.c.next_run_at.is_not(None),
+    incidents.c.next_run_at <= bindparam("now_"),
+    or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < bindparam("now_")),
+)
+_ANY_DUE = select(incidents.c.id).where(_DUE).limit(1)
+_CLAIM_CANDIDATE = (
+    select(incidents.c.id)
+    .where(_DUE)
+    .order_by(incidents.c.next_run_at)
+    .limit(1)
+    .with_for_update(skip_locked=True)
+)
+_CLAIM = (
+    update(incidents)
+    .where(incidents.c.id == bindparam("incident_id_"), _DUE)
+    .values(claimed_by=bindparam("worker_"), claim_expires_at=bindparam("until_", type_=UtcDateTime()))
+)
+_RENEW_CLAIM = (
+    update(incidents)
+    .where(incidents.c.id == bindparam("incident_id_"), incidents.c.claimed_by == bindparam("worker_"))
+    .values(claim_expires_at=bindparam("until_", type_=UtcDateTime()))
+)
+_RELEASE_CLAIM = (
+    update(incidents)
+    .where(incidents.c.id == bindparam("incident_id_"), incidents.c.claimed_by == bindparam("worker_"))
+    .values(
+        claimed_by=None, claim_expires_at=None, next_run_at=bindparam("next_run_at_", type_=UtcDateTime())
+    )
+)
+_STEPS = {
+    (by_attempt, by_phase): select(steps)
+    .where(
+        steps.c.incident_id == bindparam("incident_id_"),
+        *([steps.c.attempt == bindparam("attempt_")] if by_attempt else []),
+        *([steps.c.phase == bindparam("phase_")] if by_phase else []),
+    )
+    .order_by(steps.c.attempt, steps.c.phase, steps.c.idx)
+    for by_attempt in (False, True)
+    for by_phase in (False, True)
+}
+_INSERT_STEP = insert(steps)
+_UPDATE_STEP = update(steps).where(steps.c.id == bindparam("step_id_"))
+_INSERT_ATTEMPT = insert(attempts)
+_FINISH_ATTEMPT = (
+    update(attempts)
+    .where(
+        attempts.c.incident_id == bindparam("incident_id_"),
+        attempts.c.number == bindparam("number_"),
+        attempts.c.finished_at.is_(None),
+    )
+    .values(finished_at=bindparam("now_", type_=UtcDateTime()), outcome=bindparam("outcome_"))
+)
+_ATTEMPTS_FOR_TARGET = (
+    select(attempts)
+    .where(
+        attempts.c.playbook == bindparam("playbook_"),
+        attempts.c.target_key == bindparam("target_key_"),
+        attempts.c.started_at >= bindparam("since_"),
+    )
+    .order_by(attempts.c.started_at)
+)
+_LAST_RECOVERY = (
+    select(attempts)
+    .where(
+        attempts.c.playbook == bindparam("playbook_"),
+        attempts.c.target_key == bindparam("target_key_"),
+        attempts.c.outcome == "recovered",
+    )
+    .order_by(attempts.c.finished_at.desc())
+    .limit(1)
+)
+_NODES_DISRUPTED = (
+    select(attempts.c.node)
+    .where(
+        attempts.c.started_at >= bindparam("since_"),
+        attempts.c.destructive.is_(True),
+        attempts.c.node.is_not(None),
+    )
+    .distinct()
+)
+_CONTROL = select(controls.c.value).where(controls.c.key == bindparam("key_"))
 _INSERT_INBOX = insert(inbox)
 _NEXT_INBOX = (
     select(inbox)
@@ -165,20 +277,15 @@ def incidents_for_alert(conn: Connection, alert_id: int) -> list[Row]:
 
 
 def firing_alert_count(conn: Connection, incident_id: int) -> int:
-    stmt = (
-        select(func.count())
-        .select_from(alerts.join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id))
-        .where(incident_alerts.c.incident_id == incident_id, alerts.c.status == "firing")
-    )
-    return int(conn.execute(stmt).scalar_one())
+    return int(conn.execute(_FIRING_ALERTS, {"incident_id_": incident_id}).scalar_one())
 
 
 def get_incident(conn: Connection, incident_id: int) -> Row | None:
-    return _one(conn, select(incidents).where(incidents.c.id == incident_id))
+    return _one(conn, _INCIDENT, {"incident_id_": incident_id})
 
 
 def update_incident(conn: Connection, incident_id: int, **values: Any) -> None:
-    conn.execute(update(incidents).where(incidents.c.id == incident_id).values(**values))
+    conn.execute(_UPDATE_INCIDENT, {"incident_id_": incident_id, **values})
 
 
 def list_incidents(
@@ -212,49 +319,21 @@ def count_incidents_by(conn: Connection, column: str) -> dict[str, int]:
 
 def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> Row | None:
     """The oldest other open incident on the same node/job, if it is ahead of this one."""
-    stmt = (
-        select(incidents)
-        .where(
-            incidents.c.serialize_key == serialize_key,
-            incidents.c.open_key.is_not(None),
-            incidents.c.id != incident_id,
-            or_(incidents.c.id < incident_id, incidents.c.state.in_(("acting", "verifying"))),
-        )
-        .order_by(incidents.c.id)
-        .limit(1)
-    )
-    return _one(conn, stmt)
-
-
-def _due(now: datetime) -> Any:
-    return and_(
-        incidents.c.next_run_at.is_not(None),
-        incidents.c.next_run_at <= now,
-        or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < now),
-    )
+    return _one(conn, _EARLIER_OPEN_ON, {"serialize_key_": serialize_key, "incident_id_": incident_id})
 
 
 def any_due(conn: Connection, now: datetime) -> bool:
     """Whether an incident is due and unclaimed: a cheap read that spares idle workers a write transaction."""
-    return conn.execute(select(incidents.c.id).where(_due(now)).limit(1)).first() is not None
+    return conn.execute(_ANY_DUE, {"now_": now}).first() is not None
 
 
 def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
     """Claim the most overdue incident no live worker holds. SKIP LOCKED on PostgreSQL; SQLite serialises writers."""
-    due = _due(now)
-    candidate = conn.execute(
-        select(incidents.c.id)
-        .where(due)
-        .order_by(incidents.c.next_run_at)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-    ).first()
+    candidate = conn.execute(_CLAIM_CANDIDATE, {"now_": now}).first()
     if candidate is None:
         return None
     result = conn.execute(
-        update(incidents)
-        .where(incidents.c.id == candidate.id, due)
-        .values(claimed_by=worker, claim_expires_at=now + lease)
+        _CLAIM, {"incident_id_": candidate.id, "now_": now, "worker_": worker, "until_": now + lease}
     )
     if result.rowcount != 1:
         return None
@@ -262,19 +341,13 @@ def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -
 
 
 def renew_claim(conn: Connection, incident_id: int, worker: str, until: datetime) -> bool:
-    result = conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id, incidents.c.claimed_by == worker)
-        .values(claim_expires_at=until)
-    )
+    result = conn.execute(_RENEW_CLAIM, {"incident_id_": incident_id, "worker_": worker, "until_": until})
     return result.rowcount == 1
 
 
 def release_claim(conn: Connection, incident_id: int, worker: str, next_run_at: datetime | None) -> None:
     conn.execute(
-        update(incidents)
-        .where(incidents.c.id == incident_id, incidents.c.claimed_by == worker)
-        .values(claimed_by=None, claim_expires_at=None, next_run_at=next_run_at)
+        _RELEASE_CLAIM, {"incident_id_": incident_id, "worker_": worker, "next_run_at_": next_run_at}
     )
 
 
@@ -284,78 +357,48 @@ def release_claim(conn: Connection, incident_id: int, worker: str, next_run_at: 
 def get_steps(
     conn: Connection, incident_id: int, *, attempt: int | None = None, phase: str | None = None
 ) -> list[Row]:
-    stmt = select(steps).where(steps.c.incident_id == incident_id)
-    if attempt is not None:
-        stmt = stmt.where(steps.c.attempt == attempt)
-    if phase is not None:
-        stmt = stmt.where(steps.c.phase == phase)
-    return _all(conn, stmt.order_by(steps.c.attempt, steps.c.phase, steps.c.idx))
+    stmt = _STEPS[(attempt is not None, phase is not None)]
+    return _all(conn, stmt, {"incident_id_": incident_id, "attempt_": attempt, "phase_": phase})
 
 
 def insert_step(conn: Connection, values: Mapping[str, Any]) -> int | None:
     """Create a step row; None when that (incident, attempt, phase, idx) already exists."""
     try:
         with conn.begin_nested():
-            return conn.execute(insert(steps).values(**values)).inserted_primary_key[0]
+            return conn.execute(_INSERT_STEP, dict(values)).inserted_primary_key[0]
     except IntegrityError:
         return None
 
 
 def update_step(conn: Connection, step_id: int, **values: Any) -> None:
-    conn.execute(update(steps).where(steps.c.id == step_id).values(**values))
+    conn.execute(_UPDATE_STEP, {"step_id_": step_id, **values})
 
 
 # --- attempts -----------------------------------------------------------------------------------------------
 
 
 def insert_attempt(conn: Connection, values: Mapping[str, Any]) -> None:
-    conn.execute(insert(attempts).values(**values))
+    conn.execute(_INSERT_ATTEMPT, dict(values))
 
 
 def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str, now: datetime) -> None:
     conn.execute(
-        update(attempts)
-        .where(
-            attempts.c.incident_id == incident_id,
-            attempts.c.number == number,
-            attempts.c.finished_at.is_(None),
-        )
-        .values(finished_at=now, outcome=outcome)
+        _FINISH_ATTEMPT, {"incident_id_": incident_id, "number_": number, "outcome_": outcome, "now_": now}
     )
 
 
 def attempts_for_target(conn: Connection, playbook: str, target_key: str, since: datetime) -> list[Row]:
-    stmt = (
-        select(attempts)
-        .where(
-            attempts.c.playbook == playbook,
-            attempts.c.target_key == target_key,
-            attempts.c.started_at >= since,
-        )
-        .order_by(attempts.c.started_at)
+    return _all(
+        conn, _ATTEMPTS_FOR_TARGET, {"playbook_": playbook, "target_key_": target_key, "since_": since}
     )
-    return _all(conn, stmt)
 
 
 def last_recovery(conn: Connection, playbook: str, target_key: str) -> Row | None:
-    stmt = (
-        select(attempts)
-        .where(
-            attempts.c.playbook == playbook,
-            attempts.c.target_key == target_key,
-            attempts.c.outcome == "recovered",
-        )
-        .order_by(attempts.c.finished_at.desc())
-        .limit(1)
-    )
-    return _one(conn, stmt)
+    return _one(conn, _LAST_RECOVERY, {"playbook_": playbook, "target_key_": target_key})
 
 
 def nodes_disrupted_since(conn: Connection, since: datetime) -> set[str]:
-    stmt = select(attempts.c.node).where(
-        attempts.c.started_at >= since, attempts.c.destructive.is_(True), attempts.c.node.is_not(None)
-    )
-    return {row.node for row in conn.execute(stmt.distinct())}
+    return {row.node for row in conn.execute(_NODES_DISRUPTED, {"since_": since})}
 
 
 # --- inbox --------------------------------------------------------------------------------------------------
@@ -464,7 +507,7 @@ def iter_ledger(conn: Connection, *, after_id: int = 0, batch: int = 1000) -> It
 
 
 def get_control(conn: Connection, key: str) -> Any:
-    row = conn.execute(select(controls.c.value).where(controls.c.key == key)).first()
+    row = conn.execute(_CONTROL, {"key_": key}).first()
     return None if row is None else row.value
 
 
