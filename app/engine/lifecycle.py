@@ -104,12 +104,14 @@ class Lifecycle:
                 if isinstance(outcome, Ok) and outcome.data.get("log"):
                     logs.append(str(outcome.data["log"]))
         diagnosis = self.deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
-        self._update(inc, diagnosis=diagnosis)
-        self._ledger(
+        self._update(
             inc,
-            "diagnosis",
-            f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}",
-            diagnosis,
+            diagnosis=diagnosis,
+            ledger=(
+                "diagnosis",
+                f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}",
+                diagnosis,
+            ),
         )
 
     # --- deciding ---------------------------------------------------------------------------------------------
@@ -125,12 +127,11 @@ class Lifecycle:
             return self._close(inc, "needs_human", f"step {invalid[0].name}: {invalid[0].reason}")
         facts = self._guard_facts(inc, playbook, planned, now)
         verdicts = guards.evaluate(facts)
-        for verdict in verdicts:
-            self._record_verdict(inc, verdict)
+        self._record_verdicts(inc, verdicts)
         last = verdicts[-1]
         if last.decision == guards.PASS and playbook.recheck:
             last = self._recheck(inc, playbook, now)
-            self._record_verdict(inc, last)
+            self._record_verdicts(inc, [last])
         if last.decision == guards.WAIT:
             self._update(inc, state="waiting", held_by_guard=True, reason=last.reason)
             if last.guard == "blast_radius":
@@ -199,11 +200,21 @@ class Lifecycle:
         )
         return guards.recheck(expr, len(samples), None, now, defer)
 
-    def _record_verdict(self, inc: Incident, verdict: guards.Verdict) -> None:
-        self.deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
-        self._ledger(
-            inc, "guard", f"{verdict.guard}: {verdict.decision}: {verdict.reason}", verdict.as_dict()
-        )
+    def _record_verdicts(self, inc: Incident, verdicts: Sequence[guards.Verdict]) -> None:
+        """The guards' verdicts in the ledger, in one transaction, and in the metrics."""
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            for verdict in verdicts:
+                records.record(
+                    conn,
+                    now,
+                    "guard",
+                    f"{verdict.guard}: {verdict.decision}: {verdict.reason}",
+                    incident_id=inc["id"],
+                    data=verdict.as_dict(),
+                )
+        for verdict in verdicts:
+            self.deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
 
     # --- acting -----------------------------------------------------------------------------------------------
 
@@ -456,6 +467,9 @@ class Lifecycle:
 
     def _recover_in_flight(self, inc: Incident) -> bool:
         """Steps left ``running`` by a dead worker: re-run read-only ones, mark the others ambiguous."""
+        with self.deps.store.read() as conn:  # nearly always none: spare the write lock
+            if not any(s["status"] == "running" for s in records.get_steps(conn, inc["id"])):
+                return False
         with self.deps.store.transaction() as conn:
             running = [s for s in records.get_steps(conn, inc["id"]) if s["status"] == "running"]
             ambiguous = []
@@ -496,8 +510,8 @@ class Lifecycle:
             closed_at=now,
             finalize_pending=True,
             verify_deadline=None,
+            ledger=("incident_closed", f"{outcome}: {reason}", {"outcome": outcome}),
         )
-        self._ledger(inc, "incident_closed", f"{outcome}: {reason}", {"outcome": outcome})
         self.deps.metrics.incidents.labels(outcome).inc()
         return self.effects.finalize(inc)
 
@@ -524,10 +538,17 @@ class Lifecycle:
             stop.set()
             heart.join()
 
-    def _update(self, inc: Incident, **values: Any) -> None:
-        values["updated_at"] = self.deps.clock.now()
+    def _update(
+        self, inc: Incident, ledger: tuple[str, str, Mapping[str, Any]] | None = None, **values: Any
+    ) -> None:
+        """Update the incident's columns, and add ``ledger`` (kind, message, data) in the same transaction."""
+        now = self.deps.clock.now()
+        values["updated_at"] = now
         with self.deps.store.transaction() as conn:
             records.update_incident(conn, inc["id"], **values)
+            if ledger is not None:
+                kind, message, data = ledger
+                records.record(conn, now, kind, message, incident_id=inc["id"], data=data)
         inc.update(values)
 
     def _ledger(self, inc: Incident, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
