@@ -29,6 +29,7 @@ lint: deps
 bench: deps  ## every benchmark, then the tables (bench/README.md); about 10.5 minutes on 2 cores
 	$(PY) -m bench.decision
 	$(PY) -m bench.engine_ingest
+	$(PY) -m bench.lifecycle
 	$(PY) -m bench.ingest
 	$(PY) -m bench.memory
 	$(PY) -m bench.profile

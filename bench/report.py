@@ -2,9 +2,9 @@
 
     python -m bench.report [--results bench/results] [--out bench/results/summary.md]
 
-Reads ``ingest.json``, ``engine_ingest.json``, ``decision.json``, ``memory.json``, ``profile.json`` and
-``e2e.json`` where present, and the same names under the history folders of :data:`VERSIONS` for the rows of
-earlier code.
+Reads ``ingest.json``, ``engine_ingest.json``, ``lifecycle.json``, ``decision.json``, ``memory.json``,
+``profile.json`` and ``e2e.json`` where present, and the same names under the history folders of
+:data:`VERSIONS` for the rows of earlier code.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ VERSIONS = (
     (
         "after SQLite changes",
         "after-sqlite-changes",
-    ),  # writer lock, read-only snapshots, 1 gunicorn worker x 8 threads
-    ("inbox", "."),  # the webhook commits the notification; the worker ingests it; cheaper payload parsing
+    ),  # writer lock, read-only snapshots, 1 worker x 8 threads
+    ("inbox", "inbox"),  # the webhook commits the notification; the worker ingests it; cheaper parsing
+    ("worker statements", "."),  # the worker's statements built once; fewer transactions per incident
 )
 # The in-process writer lock (Store.transaction) as py-spy names the frame that waits on it.
 WRITER_LOCK_FRAME = "Store.transaction (app/store/__init__.py)"
@@ -103,6 +104,22 @@ def engine_ingest_table(documents: dict[str, dict[str, Any]]) -> list[str]:
         bound = 1e6 / per_alert["median"]
         rows.append([label, _ms(per_alert), f"{bound:,.0f}"])
     return _table(["code", "us per alert", "alerts/s one writer could take"], rows)
+
+
+def lifecycle_table(documents: dict[str, dict[str, Any]]) -> list[str]:
+    """Per code version: the worker's ms and store transactions per advisory incident, median over rounds."""
+    rows = []
+    for label, doc in documents.items():
+        results = doc["results"]
+        rows.append(
+            [
+                label,
+                _ms(results["ms_per_incident"]),
+                _ms(results["write_transactions_per_incident"]),
+                _ms(results["read_transactions_per_incident"]),
+            ]
+        )
+    return _table(["code", "ms per incident", "write transactions", "read transactions"], rows)
 
 
 def decision_table(doc: dict[str, Any]) -> list[str]:
@@ -245,6 +262,7 @@ def render(results: Path) -> str:
             "engine_ingest.json",
             engine_ingest_table,
         ),
+        ("Worker cost per advisory incident, in-process", "lifecycle.json", lifecycle_table),
         ("Decision cost", "decision.json", lambda docs: decision_table(docs[list(docs)[-1]])),
         ("Memory", "memory.json", memory_table),
         ("Profile (py-spy, 500 alerts/s)", "profile.json", profile_table),

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from bench import decision, e2e, engine_ingest, ingest, memory, profile, record, report
+from bench import decision, e2e, engine_ingest, ingest, lifecycle, memory, profile, record, report
 from bench.stats import percentile
 from bench.workload import Fleet, schedule
 from tests.fixtures.procs import require_binary
@@ -67,6 +67,16 @@ def test_engine_ingest_benchmark_times_each_round(tmp_path):
     results = read(out)
     assert results["per_alert_us"]["n"] == 2 and results["per_alert_us"]["median"] > 0
     assert all(r["alerts"] >= 5 for r in results["rounds"])
+
+
+def test_lifecycle_benchmark_counts_incidents_and_their_transactions(tmp_path):
+    out = tmp_path / "lifecycle.json"
+    lifecycle.main(["--notifications", "10", "--rounds", "2", "--out", str(out)])
+    results = read(out)
+    assert results["ms_per_incident"]["n"] == 2 and results["ms_per_incident"]["median"] > 0
+    for round_ in results["rounds"]:
+        assert round_["incidents"] > 0 and "open" not in round_["by_state"]  # every incident ran to its end
+        assert round_["write_transactions_per_incident"] >= 3  # claim, release and the close at the least
 
 
 def test_ingest_benchmark_measures_nightshift_and_the_floor(tmp_path):
