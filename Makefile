@@ -26,7 +26,7 @@ lint: deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/nightshift lint playbooks/
 
-bench: deps  ## every benchmark, then the tables (bench/README.md); about 10.5 minutes on 2 cores
+bench: deps  ## every benchmark, then the tables (bench/README.md); about 11 minutes on 2 cores
 	$(PY) -m bench.decision
 	$(PY) -m bench.engine_ingest
 	$(PY) -m bench.lifecycle
