@@ -9,17 +9,14 @@ Same workload as the load generator (groups of 1..50, half repeats), shipped pla
 
 from __future__ import annotations
 
-import argparse
 import statistics
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 from app import build_engine
 from app.alertmanager import parse_notification
 from app.config import Settings
-from bench import record
+from bench import inprocess
 from bench.stats import spread
 from bench.workload import Fleet
 
@@ -44,28 +41,18 @@ def measure_round(notifications: int, seed: int, workdir: Path) -> dict[str, flo
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--notifications", type=int, default=300, help="notifications per round")
-    parser.add_argument("--rounds", type=int, default=3, help="fresh stores, one seed each")
-    parser.add_argument("--out", type=Path, default=record.RESULTS / "engine_ingest.json")
-    args = parser.parse_args(argv)
-    rounds: list[dict[str, Any]] = []
-    for seed in range(1, args.rounds + 1):
-        with tempfile.TemporaryDirectory(prefix="bench-engine-ingest-") as tmp:
-            rounds.append(measure_round(args.notifications, seed, Path(tmp)))
-        print(
-            f"round {seed}: {rounds[-1]['median_us']:.0f}us per alert (median over notifications)", flush=True
-        )
+    args = inprocess.parser(__doc__, "engine_ingest", 300, "notifications per round").parse_args(argv)
+    rounds = inprocess.fresh_store_rounds(
+        args.rounds,
+        "engine-ingest",
+        lambda seed, workdir: measure_round(args.notifications, seed, workdir),
+        lambda r: f"{r['median_us']:.0f}us per alert (median over notifications)",
+    )
     results = {
         "per_alert_us": {k: round(v, 1) for k, v in spread([r["median_us"] for r in rounds]).items()},
         "rounds": rounds,
     }
-    params = {
-        "notifications": args.notifications,
-        "rounds": args.rounds,
-        "store": "SQLite (WAL), fresh per round",
-    }
-    print(f"wrote {record.write(args.out, 'engine_ingest', params, results)}")
+    inprocess.write(args, "engine_ingest", results, store="SQLite (WAL), fresh per round")
 
 
 if __name__ == "__main__":

@@ -10,8 +10,6 @@ snapshots), which do not depend on the machine.
 
 from __future__ import annotations
 
-import argparse
-import tempfile
 import time
 from collections import Counter
 from pathlib import Path
@@ -23,7 +21,7 @@ from app import build_engine
 from app.alertmanager import parse_notification
 from app.config import Settings
 from app.store import records
-from bench import record
+from bench import inprocess
 from bench.stats import spread
 from bench.workload import Fleet
 
@@ -65,33 +63,23 @@ def run_incidents(notifications: int, seed: int, workdir: Path) -> dict[str, Any
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--notifications", type=int, default=40, help="notifications per round (opens ~400)")
-    parser.add_argument("--rounds", type=int, default=3, help="fresh stores, one seed each")
-    parser.add_argument("--out", type=Path, default=record.RESULTS / "lifecycle.json")
-    args = parser.parse_args(argv)
-    rounds = []
-    for seed in range(1, args.rounds + 1):
-        with tempfile.TemporaryDirectory(prefix="bench-lifecycle-") as tmp:
-            rounds.append(run_incidents(args.notifications, seed, Path(tmp)))
-        last = rounds[-1]
-        print(
-            f"round {seed}: {last['incidents']} incidents, {last['ms_per_incident']:.2f} ms each, "
-            f"{last['write_transactions_per_incident']:.1f} write + "
-            f"{last['read_transactions_per_incident']:.1f} read transactions each",
-            flush=True,
-        )
+    args = inprocess.parser(__doc__, "lifecycle", 40, "notifications per round (opens ~400)").parse_args(argv)
+    rounds = inprocess.fresh_store_rounds(
+        args.rounds,
+        "lifecycle",
+        lambda seed, workdir: run_incidents(args.notifications, seed, workdir),
+        lambda r: (
+            f"{r['incidents']} incidents, {r['ms_per_incident']:.2f} ms each, "
+            f"{r['write_transactions_per_incident']:.1f} write + "
+            f"{r['read_transactions_per_incident']:.1f} read transactions each"
+        ),
+    )
     results = {
         key: {k: round(v, 2) for k, v in spread([r[key] for r in rounds]).items()}
         for key in ("ms_per_incident", "write_transactions_per_incident", "read_transactions_per_incident")
     }
     results["rounds"] = rounds
-    params = {
-        "notifications": args.notifications,
-        "rounds": args.rounds,
-        "mode": "advisory, shipped playbooks",
-    }
-    print(f"wrote {record.write(args.out, 'lifecycle', params, results)}")
+    inprocess.write(args, "lifecycle", results, mode="advisory, shipped playbooks")
 
 
 if __name__ == "__main__":
