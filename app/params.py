@@ -43,6 +43,7 @@ class Param:
     max_length: int = 256
     description: str = ""
     promql: bool = False  # a PromQL expression: templates render escaped, and only inside "..." literals
+    literal: bool = False  # written out in the playbook, never rendered from an alert (where data is sent)
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of this parameter before templating (templated strings are always allowed)."""

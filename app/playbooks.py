@@ -804,6 +804,11 @@ class _PlaybookReader:
                     (*path, index), owner, replace(spec, kind="string"), item, namespaces
                 )
             return
+        if spec.literal and is_templated(value):
+            self.check.fail(
+                path, "must be written out in the playbook, not templated (it says where data is sent)"
+            )
+            return
         if not is_templated(value):
             try:
                 validate_params(owner, {str(path[-1]): spec}, {str(path[-1]): value})

@@ -33,7 +33,13 @@ class NotifyWebhook(Action):
     description = "Post a message to a Slack-compatible incoming webhook"
     read_only = True
     params = {
-        "url": Param(pattern=URL, required=False, max_length=2000, description="default: notify.webhook_url"),
+        "url": Param(
+            pattern=URL,
+            required=False,
+            max_length=2000,
+            literal=True,  # a URL taken from an alert's labels could send incident data anywhere
+            description="default: notify.webhook_url; written out, never templated",
+        ),
         "text": Param(max_length=MAX_TEXT, description="message text"),
     }
 

@@ -880,3 +880,23 @@ def test_write_schema_is_stable_json(tmp_path):
     text = (tmp_path / "s.json").read_text()
     assert json.loads(text) == playbook_schema(REGISTRY)
     assert text == json.dumps(playbook_schema(REGISTRY), indent=2, sort_keys=True) + "\n"
+
+
+def test_a_notify_url_must_be_written_out_not_templated():
+    text = case(
+        """\
+        match: ['alertname="A"']
+        steps:
+          - action: notify.webhook
+            with: {url: "https://{{ labels.hook }}/x", text: "Xid on {{ labels.Hostname }}"}
+        """
+    )
+    with pytest.raises(PlaybookError) as caught:
+        parse_playbooks(text, "pb.yaml", default_registry())
+    assert caught.value.errors == [
+        "pb.yaml:7: steps[0].with.url: must be written out in the playbook, not templated (it says where data is sent)"
+    ]
+    [loaded] = parse_playbooks(
+        text.replace("{{ labels.hook }}", "chat.example"), "pb.yaml", default_registry()
+    )
+    assert loaded.steps[0].with_["url"] == "https://chat.example/x"  # the text may still be templated
