@@ -103,6 +103,10 @@ def check_status(response: requests.Response, what: str) -> None:
         raise errors.Conflict(message)
     if status == 429:
         raise errors.RateLimited(message, retry_after=retry_after(response.headers.get("Retry-After")))
+    if status == 503:  # the server says it did not handle the request: a later try is safe
+        raise errors.Unavailable(
+            message, retry_after=retry_after(response.headers.get("Retry-After")), output=tail(response.text)
+        )
     raise errors.BackendError(message, output=tail(response.text))
 
 

@@ -29,6 +29,7 @@ from app.clients.grafana import GrafanaClient
 from app.clients.http import DEFAULT_RETRY_AFTER, retry_after
 from app.config import GrafanaSettings, Settings
 from app.errors import ParamError
+from app.outcome import Retry, outcome_from_error
 from tests.contracts import GrafanaFake, grafana_contract
 from tests.fixtures.procs import free_port
 
@@ -222,6 +223,16 @@ def test_rate_limited_honours_retry_after(header, expected) -> None:
         with pytest.raises(errors.RateLimited) as caught:
             GrafanaClient(URL, token=TOKEN).create_annotation(text="x", tags=[], time=START)
     assert caught.value.retry_after == expected
+
+
+def test_service_unavailable_is_retried_after_its_retry_after() -> None:
+    with responses.RequestsMock() as mock:
+        mock.post(f"{URL}/api/annotations", status=503, body="maintenance", headers={"Retry-After": "5"})
+        with pytest.raises(errors.Unavailable) as caught:
+            GrafanaClient(URL, token=TOKEN).create_annotation(text="x", tags=[], time=START)
+    assert (caught.value.retry_after, caught.value.output) == (5.0, "maintenance")
+    outcome = outcome_from_error(caught.value, command="POST /api/annotations")
+    assert isinstance(outcome, Retry) and outcome.after == 5.0  # a step that hits it runs again, not Failed
 
 
 def test_retry_after_http_date() -> None:
