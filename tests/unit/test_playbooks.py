@@ -12,6 +12,7 @@ import pytest
 from app.actions import default_registry
 from app.actions.base import Action, Plan
 from app.actions.registry import ActionRegistry
+from app.config_documents import read_documents
 from app.errors import ConfigError, ParamError
 from app.matchers import parse_matchers
 from app.outcome import Ok
@@ -28,7 +29,6 @@ from app.playbooks import (
     parse_duration,
     parse_playbooks,
     playbook_schema,
-    read_documents,
     write_schema,
 )
 
