@@ -1,7 +1,8 @@
 """Nightshift's own cost of ingesting an alert: ``Engine.ingest`` in-process, one thread, SQLite, no HTTP.
 
-What every webhook request pays inside the store's write transaction, without the server around it; SQLite
-serialises writers, so this per-alert time bounds the alerts/s one store can take whatever the gunicorn settings.
+What the worker pays per alert when it ingests the inbox (the same ``ingest_alerts``, a batch at a time), inside
+the store's write transaction; SQLite serialises writers, so this per-alert time bounds the alerts/s one store can
+ingest whatever the gunicorn settings.
 Same workload as the load generator (groups of 1..50, half repeats), shipped playbooks, a fresh store.
 
     python -m bench.engine_ingest [--notifications 300] [--rounds 3] [--out bench/results/engine_ingest.json]

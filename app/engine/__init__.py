@@ -1,7 +1,9 @@
-"""The engine: incidents from alerts (ingest), the incident lifecycle (worker ticks), operator controls, and views."""
+"""The engine: notifications queued and ingested (inbox, ingest), the incident lifecycle (worker ticks), operator
+controls, and views."""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -23,7 +25,7 @@ class Engine:
         self.lifecycle = Lifecycle(deps)
 
     @property
-    def wakeup(self):
+    def wakeup(self) -> threading.Event:
         """Set when there is new work for this process's worker (a notification accepted)."""
         return self.inbox.wakeup
 
