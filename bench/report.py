@@ -33,8 +33,8 @@ VERSIONS = (
 WRITER_LOCK_FRAME = "Store.transaction (app/store/__init__.py)"
 
 
-def _ms(spread: dict[str, float]) -> str:
-    """``median (min-max)`` of a spread, in ms."""
+def _spread(spread: dict[str, float]) -> str:
+    """``median (min-max)`` of a spread, one decimal, in whatever unit it was measured."""
     if spread["n"] == 1:
         return f"{spread['median']:.1f}"
     return f"{spread['median']:.1f} ({spread['min']:.1f}-{spread['max']:.1f})"
@@ -74,12 +74,12 @@ def ingest_table(documents: dict[str, dict[str, Any]]) -> list[str]:
                     f"{row['rate_alerts_per_s']:g}",
                     f"{row['notifications_per_s']['median']:.1f}",
                     row["server"],
-                    _ms(latency["p50"]),
-                    _ms(latency["p90"]),
-                    _ms(latency["p99"]),
-                    _ms(latency["max"]),
+                    _spread(latency["p50"]),
+                    _spread(latency["p90"]),
+                    _spread(latency["p99"]),
+                    _spread(latency["max"]),
                     str(row["errors"]),
-                    _ms(row["completed_alerts_per_s"]).replace(".0", ""),
+                    _spread(row["completed_alerts_per_s"]).replace(".0", ""),
                     _ratio(ratio.get("p50")),
                     _ratio(ratio.get("p99")),
                 ]
@@ -102,7 +102,7 @@ def engine_ingest_table(documents: dict[str, dict[str, Any]]) -> list[str]:
     for label, doc in documents.items():
         per_alert = doc["results"]["per_alert_us"]
         bound = 1e6 / per_alert["median"]
-        rows.append([label, _ms(per_alert), f"{bound:,.0f}"])
+        rows.append([label, _spread(per_alert), f"{bound:,.0f}"])
     return _table(["code", "us per alert", "alerts/s one writer could take"], rows)
 
 
@@ -114,9 +114,9 @@ def lifecycle_table(documents: dict[str, dict[str, Any]]) -> list[str]:
         rows.append(
             [
                 label,
-                _ms(results["ms_per_incident"]),
-                _ms(results["write_transactions_per_incident"]),
-                _ms(results["read_transactions_per_incident"]),
+                _spread(results["ms_per_incident"]),
+                _spread(results["write_transactions_per_incident"]),
+                _spread(results["read_transactions_per_incident"]),
             ]
         )
     return _table(["code", "ms per incident", "write transactions", "read transactions"], rows)
@@ -133,9 +133,9 @@ def decision_table(doc: dict[str, Any]) -> list[str]:
                     series,
                     f"{row['synthetic_playbooks']:,}",
                     f"{row['candidates_per_alert']:g}",
-                    _ms(row["match_us"]),
+                    _spread(row["match_us"]),
                     f"{row['ratio_to_first']['match_us']:.2f}x",
-                    _ms(row["decision_us"]),
+                    _spread(row["decision_us"]),
                     f"{row['ratio_to_first']['decision_us']:.2f}x",
                 ]
             )
@@ -232,13 +232,13 @@ def e2e_table(doc: dict[str, Any]) -> list[str]:
     for key, label, _, _ in SPANS:
         floor, source = floors.get(key, (None, ""))
         name = f"&nbsp;&nbsp;{label.strip()}" if label.startswith(" ") else label
-        rows.append([name, _ms(summary[key]), "" if floor is None else f"{floor:.1f}", source])
-    rows.append(["Nightshift's own: decide + steps' execution", _ms(summary["own"]), "", ""])
-    rows.append(["&nbsp;&nbsp;of which the steps' execution (SSH)", _ms(summary["steps"]), "", ""])
+        rows.append([name, _spread(summary[key]), "" if floor is None else f"{floor:.1f}", source])
+    rows.append(["Nightshift's own: decide + steps' execution", _spread(summary["own"]), "", ""])
+    rows.append(["&nbsp;&nbsp;of which the steps' execution (SSH)", _spread(summary["steps"]), "", ""])
     share = {key: 100 * value if key != "n" else value for key, value in summary["share"].items()}
     lines = _table(["stage", "seconds", "floor s", "floor from"], rows)
     lines.append(
-        f"\nNightshift's own share of fault → recovered: {_ms(share)} %. Slurm requeue → RUNNING without "
+        f"\nNightshift's own share of fault → recovered: {_spread(share)} %. Slurm requeue → RUNNING without "
         f"Nightshift, per round: {', '.join(f'{s:.1f}' for s in slurm['rounds'])} s. Configured: "
         + ", ".join(f"{key} {value:g}" for key, value in configured.items())
         + "."

@@ -28,6 +28,7 @@ from tests.fixtures.slurm import SlurmCluster
 from tests.integration.test_replicas import (
     HookSink,
     Serve,
+    only_incident,
     running_hook_sink,
     start_serve,
     wait_ready,
@@ -125,7 +126,7 @@ def test_mutating_step_in_flight_at_kill_9_becomes_ambiguous_and_is_never_rerun(
     serve = _start(crashes, config, "serve-before-crash")
     response = serve.post_alerts(body(alert({"alertname": "GpuNodeHealthy", "Hostname": "node1"})))
     assert response.status_code == 200, response.text
-    incident_id = serve.sole_incident()
+    incident_id = only_incident(serve.url)
     wait_until(lambda: runs.exists() and runs.read_text(), 30, "the validation command to start")
     steps = serve.incident(incident_id)["steps"]
     assert [(s["action"], s["status"]) for s in steps] == [("slurm.resume_node", "running")]
@@ -161,7 +162,7 @@ def test_read_only_step_in_flight_at_kill_9_runs_again_and_the_incident_continue
     serve = _start(crashes, config, "serve-before-crash")
     response = serve.post_alerts(body(alert({"alertname": "GpuXidError", "Hostname": "node3"})))
     assert response.status_code == 200, response.text
-    incident_id = serve.sole_incident()
+    incident_id = only_incident(serve.url)
     assert hook_sink.held.wait(30), "the notify step never reached the receiver"
 
     serve.daemon.kill()

@@ -125,13 +125,10 @@ class Serve:
     def incident(self, incident_id: int) -> dict[str, Any]:
         return requests.get(f"{self.url}/api/v1/incidents/{incident_id}", timeout=10).json()
 
-    def sole_incident(self, timeout: float = 30) -> int:
-        """The id of the one incident the worker opens from what was posted (the webhook only queues it)."""
-        return only_incident(self.url, timeout)
-
 
 def only_incident(url: str, timeout: float = 30) -> int:
-    """Wait for the server at ``url`` to hold exactly one incident, and return its id."""
+    """Wait for the server at ``url`` to hold exactly one incident, and return its id (the webhook only queues
+    what was posted: the worker opens the incident)."""
 
     def one() -> int | None:
         listed = requests.get(f"{url}/api/v1/incidents", timeout=10).json()["incidents"]
