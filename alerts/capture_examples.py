@@ -14,15 +14,14 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
-import threading
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from sim import faults
 from sim.cluster import REPO_ROOT
 from sim.stack import FAST_RULES, launch_alertmanager, launch_prometheus, nightshift_config
+from sim.webhook_sink import WebhookSink
 from tests.fixtures.procs import wait_until
 from tests.fixtures.sim import launch_sim_cluster
 
@@ -31,32 +30,12 @@ JOB_ID = "4242"
 TIMEOUT = 60.0
 
 
-class Recorder:
+class Recorder(WebhookSink):
     """A webhook receiver that keeps every JSON body Alertmanager POSTs with the expected bearer token."""
-
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, Any]] = []
-        recorder = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                authorised = self.headers.get("Authorization") == f"Bearer {TOKEN}"
-                if authorised:
-                    recorder.bodies.append(json.loads(body))
-                self.send_response(200 if authorised else 401)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
 
     def wait(self, what: str, wanted: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
         """The first payload received that satisfies ``wanted``."""
-        return wait_until(lambda: next(filter(wanted, self.bodies), None), TIMEOUT, what)  # type: ignore[return-value]
+        return wait_until(lambda: next(filter(wanted, self.bodies()), None), TIMEOUT, what)  # type: ignore[return-value]
 
 
 def alerting(status: str, alertname: str, **labels: str) -> Callable[[dict[str, Any]], bool]:
@@ -79,13 +58,13 @@ def save(directory: Path, name: str, body: dict[str, Any]) -> None:
 
 
 def capture(out: Path, work: Path) -> None:
-    recorder = Recorder()
+    recorder = Recorder(token=TOKEN)
     (work / "token").write_text(TOKEN)
     cluster = launch_sim_cluster(work / "sim", nodes=("node1", "node2"))
     try:
         trainer = cluster.start_trainer("llama-7b", "node1", slurm_job_id=JOB_ID)
         alertmanager = launch_alertmanager(
-            work / "alertmanager", nightshift_config(recorder.url, work / "token")
+            work / "alertmanager", nightshift_config(recorder.url(), work / "token")
         )
         try:
             prometheus = launch_prometheus(
@@ -117,7 +96,7 @@ def capture(out: Path, work: Path) -> None:
             alertmanager.stop()
     finally:
         cluster.close()
-        recorder.server.shutdown()
+        recorder.close()
 
 
 def main(argv: list[str]) -> int:

@@ -3,18 +3,16 @@ with the bearer token, groups as documented, and inhibits job alerts on a node b
 
 from __future__ import annotations
 
-import json
 import subprocess
-import threading
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from sim.webhook_sink import WebhookSink
 from tests.fixtures.alertmanager import (
     SHIPPED_CONFIG,
     AlertmanagerServer,
@@ -27,37 +25,23 @@ pytestmark = pytest.mark.integration
 __all__ = ["start_alertmanager"]  # the fixture, imported so pytest finds it
 
 
-class Sink:
-    """A stand-in webhook receiver that records every POST (headers and JSON body) and answers 200."""
-
-    def __init__(self) -> None:
-        self.requests: list[tuple[dict[str, str], dict[str, Any]]] = []
-        sink = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                sink.requests.append((dict(self.headers), json.loads(body)))
-                self.send_response(200)
-                self.end_headers()
-
-            def log_message(self, format: str, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/alerts"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+class Sink(WebhookSink):
+    """The webhook receiver Alertmanager posts to: records every POST (headers and JSON body) and answers 200."""
 
     def payloads(self, **group_labels: str) -> list[tuple[dict[str, str], dict[str, Any]]]:
-        """Requests whose ``groupLabels`` include ``group_labels``."""
-        return [(h, b) for h, b in self.requests if group_labels.items() <= b["groupLabels"].items()]
+        """(headers, body) of the requests whose ``groupLabels`` include ``group_labels``."""
+        return [
+            (r.headers, r.body)
+            for r in self.received
+            if group_labels.items() <= r.body["groupLabels"].items()
+        ]
 
 
 @pytest.fixture
 def sink() -> Iterator[Sink]:
     receiver = Sink()
     yield receiver
-    receiver.server.shutdown()
+    receiver.close()
 
 
 def alert(ends: bool = False, **labels: str) -> dict[str, Any]:
@@ -98,7 +82,7 @@ def test_alerts_reach_the_webhook_grouped_with_the_bearer_token(
 ) -> None:
     token = tmp_path / "nightshift.token"
     token.write_text("s3cret-1\n")
-    am = start_alertmanager(nightshift_config(sink.url, token))
+    am = start_alertmanager(nightshift_config(sink.url(), token))
     xid = {"alertname": "GpuXidError", "Hostname": "node1", "xid": "79", "xid_class": "reboot"}
     am.post_alerts([alert(**xid, gpu="3"), alert(**xid, gpu="5")])
 
@@ -137,7 +121,7 @@ def test_reboot_class_xid_inhibits_job_alerts_on_its_node_only(
 ) -> None:
     token = tmp_path / "nightshift.token"
     token.write_text("t\n")
-    am = start_alertmanager(nightshift_config(sink.url, token))
+    am = start_alertmanager(nightshift_config(sink.url(), token))
     am.post_alerts(
         [
             alert(alertname="GpuXidError", Hostname="node1", gpu="3", xid="79", xid_class="reboot"),
@@ -173,7 +157,7 @@ def test_reboot_class_xid_inhibits_job_alerts_on_its_node_only(
     wait_until(lambda: len(sink.payloads(alertname="TrainingHang")) == 3, 15, "three TrainingHang POSTs")
     delivered = {
         (a["labels"]["alertname"], a["labels"].get("Hostname", ""))
-        for _, body in sink.requests
+        for body in sink.bodies()
         for a in body["alerts"]
     }
     assert ("TrainingHang", "node1") not in delivered and ("TrainingJobError", "node1") not in delivered

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import json
 import sys
-import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 import requests
 import yaml
 
+from sim.webhook_sink import WebhookSink
 from tests.fixtures.procs import Daemon, free_port, wait_until
 from tests.integration.test_replicas import only_incident
 from tests.payloads import alert, body, xid
@@ -33,29 +32,12 @@ steps:
 """
 
 
-class Sink(BaseHTTPRequestHandler):
-    """A chat webhook receiver: records each JSON body."""
-
-    received: list[dict] = []
-
-    def do_POST(self):
-        length = int(self.headers.get("Content-Length", 0))
-        Sink.received.append(json.loads(self.rfile.read(length)))
-        self.send_response(200)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def sink():
-    Sink.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", free_port()), Sink)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}/hook"
-    server.shutdown()
+def sink() -> Iterator[WebhookSink]:
+    """The chat webhook the notifications go to."""
+    receiver = WebhookSink()
+    yield receiver
+    receiver.close()
 
 
 @pytest.fixture
@@ -67,7 +49,7 @@ def server(tmp_path, sink):
         "data_dir": str(tmp_path / "var"),
         "playbook_paths": [str(tmp_path / "playbooks")],
         "webhook": {"token_file": str(tmp_path / "token")},
-        "notify": {"webhook_url": sink},
+        "notify": {"webhook_url": sink.url("/hook")},
         "worker": {"poll_seconds": 0.2},
     }
     (tmp_path / "settings.yaml").write_text(yaml.safe_dump(config))
@@ -129,8 +111,8 @@ def test_real_gunicorn_webhook_to_advisory_incident_with_notification(server, si
         ("slurm.requeue_job", "would_run"),
     ]
     assert "scontrol" in detail["steps"][0]["command"]
-    wait_until(lambda: Sink.received, 10, "the advisory notification")
-    assert "advisory" in Sink.received[0]["text"] and "slurm.drain_node" in Sink.received[0]["text"]
+    (notice, *_) = wait_until(sink.bodies, 10, "the advisory notification")
+    assert "advisory" in notice["text"] and "slurm.drain_node" in notice["text"]
 
 
 def test_concurrent_duplicate_deliveries_across_workers_yield_one_incident(server):
