@@ -29,6 +29,7 @@ def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind:
     while not stop.is_set():
         engine.wakeup.clear()  # before looking, so that a notification accepted meanwhile cuts the wait short
         try:
+            engine.deps.store.checkpoint()
             if engine.work_once(me):
                 backoff = poll_seconds
                 continue

@@ -1,9 +1,11 @@
-"""The two servers under test, started the same way: Nightshift (``nightshift serve``) and the bare-Flask floor.
+"""The servers under test, started the same way: Nightshift (``nightshift serve``) and the bare-Flask floor.
 
 Both run under gunicorn with the options ``app/cli.py`` ``serve`` sets (gthread, same workers and threads, timeouts,
 access log to stdout); each in its own session, logging under ``workdir``, stopped on exit.
 Nightshift gets a fresh SQLite store in ``workdir``, the shipped ``playbooks/`` (advisory: no permissions file)
-and a webhook token; its embedded worker thread runs as in production.
+and a webhook token, in one of two topologies: ``nightshift`` is ``nightshift serve`` as it starts by default, with
+the incident worker as a thread in the gunicorn worker; ``nightshift-split`` is ``serve`` with
+``embedded_worker: false`` beside a ``nightshift worker`` process on the same store.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import yaml
 from tests.fixtures.procs import Daemon, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("floor", "nightshift")
+KINDS = ("floor", "nightshift", "nightshift-split")
 TOKEN = "bench-webhook-token"
 
 
@@ -42,14 +44,18 @@ class Server:
 
 @contextmanager
 def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> Iterator[Server]:
-    """Start ``kind`` (floor | nightshift) on a free loopback port; yield once every worker is up."""
+    """Start ``kind`` (one of :data:`KINDS`) on a free loopback port; yield once every worker is up."""
     workdir.mkdir(parents=True, exist_ok=True)
     token_file = workdir / "token"
     token_file.write_text(TOKEN)
     bind = f"127.0.0.1:{free_port()}"
-    if kind == "nightshift":
-        argv = [*_nightshift_argv(workdir, token_file), "--bind", bind]
+    worker_argv: list[str] = []
+    if kind in ("nightshift", "nightshift-split"):
+        config = _nightshift_config(workdir, token_file, embedded_worker=kind == "nightshift")
+        argv = [*_nightshift_argv("serve", config), "--bind", bind]
         argv += ["--workers", str(workers), "--threads", str(threads)]
+        if kind == "nightshift-split":
+            worker_argv = _nightshift_argv("worker", config)
     elif kind == "floor":
         argv = [sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", str(workers)]
         argv += ["--threads", str(threads), "--worker-class", "gthread", "--timeout", "60"]
@@ -58,7 +64,10 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
         raise ValueError(f"unknown server kind {kind!r} (one of {', '.join(KINDS)})")
     daemon = Daemon(kind, argv, workdir, cwd=REPO)
     server = Server(kind, f"http://{bind}", token_file, daemon)
+    worker = None
     try:
+        if worker_argv:
+            worker = Daemon(f"{kind}-worker", worker_argv, workdir, cwd=REPO)
         wait_until(
             lambda: requests.get(f"{server.url}/readyz", timeout=1).status_code == 200,
             60,
@@ -66,19 +75,28 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
         )
         wait_until(lambda: len(server.worker_pids()) == workers, 30, f"{workers} {kind} workers")
         yield server
+        if worker is not None and not worker.alive():
+            raise RuntimeError(f"the worker process of {kind} died during the run:\n{worker.log_tail()}")
     finally:
         daemon.stop()
+        if worker is not None:
+            worker.stop()
 
 
-def _nightshift_argv(workdir: Path, token_file: Path) -> list[str]:
+def _nightshift_config(workdir: Path, token_file: Path, *, embedded_worker: bool) -> Path:
     settings = {
         "data_dir": str(workdir / "var"),
         "playbook_paths": [str(REPO / "playbooks")],
         "webhook": {"token_file": str(token_file)},
+        "embedded_worker": embedded_worker,
     }
     config = workdir / "settings.yaml"
     config.write_text(yaml.safe_dump(settings))
-    return [sys.executable, "-m", "app.cli", "serve", "--config", str(config)]
+    return config
+
+
+def _nightshift_argv(command: str, config: Path) -> list[str]:
+    return [sys.executable, "-m", "app.cli", command, "--config", str(config)]
 
 
 def children(pid: int) -> list[int]:

@@ -7,7 +7,10 @@ compose them into one transaction.
 
 from __future__ import annotations
 
+import logging
+import sqlite3
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
@@ -20,29 +23,40 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 from app.clock import Clock, SystemClock
 from app.errors import ConfigError, StoreUnavailable
 from app.store.schema import SCHEMA_VERSION, metadata, schema_version
+from app.store.writer_lock import WriterLock
+
+log = logging.getLogger(__name__)
+
+# SQLite checkpoints its log itself past this many pages (40 MiB at 4 KiB); the worker's checkpoints run first.
+WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 
 class Store:
     """Connections and transactions; schema creation and version check."""
 
-    def __init__(self, engine: Engine, clock: Clock | None = None):
+    def __init__(self, engine: Engine, clock: Clock | None = None, writer_lock: Path | None = None):
+        """``writer_lock``: the file that queues writers across processes (SQLite on a file; see WriterLock)."""
         self.engine = engine
         self.clock = clock or SystemClock()
         self.dialect = engine.dialect.name
-        # SQLite admits one writer at a time and makes the others back off in sleeps of up to 100 ms; queueing this
-        # process's writers on a lock instead turns that into a short, orderly wait (other processes still back off).
-        self._writers: AbstractContextManager[Any] = (
-            threading.Lock() if self.dialect == "sqlite" else nullcontext()
-        )
+        self._writers: AbstractContextManager[Any] = nullcontext()
+        if writer_lock is not None:
+            self._writers = WriterLock(writer_lock)
+        elif self.dialect == "sqlite":  # in memory: one process
+            self._writers = threading.Lock()
+        self._last_checkpoint = 0.0
 
     @classmethod
     def from_url(cls, url: str, clock: Clock | None = None) -> Store:
         if url.startswith("sqlite"):
             db_path = url.split("///", 1)[-1]
+            writer_lock = None
             if db_path and db_path != ":memory:":
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
+                writer_lock = Path(f"{db_path}-writer.lock")
             engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
             _configure_sqlite(engine)
+            return cls(engine, clock, writer_lock)
         else:
             if url.startswith("postgresql://"):
                 url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
@@ -86,6 +100,27 @@ class Store:
                     insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
 
+    def checkpoint(self, min_interval_s: float = 1.0) -> None:
+        """Copy SQLite's write-ahead log into the database, without waiting for or blocking writers, at most once
+        every ``min_interval_s`` (PostgreSQL: nothing to do).
+
+        The worker calls this, so that the webhook's commits do not: SQLite's own checkpoint runs in whichever
+        commit pushes the log past its threshold, inside the writer lock (``wal_autocheckpoint`` is raised to a
+        backstop for a store with no worker).
+        """
+        now = time.monotonic()
+        if self.dialect != "sqlite" or now - self._last_checkpoint < min_interval_s:
+            return
+        self._last_checkpoint = now
+        with _translated():
+            raw = self.engine.raw_connection()  # outside a transaction: a BEGIN would take the write lock
+        try:
+            raw.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+        except sqlite3.Error as exc:  # housekeeping: the next one, or SQLite's own, catches up
+            log.warning("store: WAL checkpoint failed: %s", exc)
+        finally:
+            raw.close()
+
     def ping(self) -> None:
         with self.read() as conn:
             conn.execute(text("SELECT 1"))
@@ -117,6 +152,7 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA busy_timeout=30000")
+        cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 
     @event.listens_for(engine, "begin")
