@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from app import alertmanager
 from app.alertmanager import (
     MAX_LABEL_VALUE,
     MAX_LABELS,
@@ -411,3 +412,25 @@ def test_nul_in_a_label_or_annotation_is_refused():
         body = json.dumps({"version": "4", "status": "firing", "receiver": "r", "alerts": [alert]})
         with pytest.raises(PayloadError, match=rf"alerts\[0\]\.{where}\.evil: contains a NUL character"):
             parse_notification(body)
+
+
+def test_values_within_the_limit_pass_even_when_together_they_exceed_it():
+    labels = {"alertname": "A", "a": "x" * MAX_LABEL_VALUE, "b": "y" * MAX_LABEL_VALUE}
+    assert parse_notification(body(alert(labels=labels))).alerts[0].labels == labels
+
+
+def test_label_names_once_seen_valid_do_not_let_an_invalid_one_through():
+    parse_notification(body(alert(labels={"alertname": "A", "gpu": "0"})))
+    assert error_of(body(alert(labels={"alertname": "A", "gpu": "0", "gpu-uuid": "x"}))) == (
+        "alerts[0].labels: label name 'gpu-uuid' is not valid"
+    )
+
+
+def test_remembered_label_names_are_bounded(monkeypatch):
+    monkeypatch.setattr(alertmanager, "_VALID_LABEL_NAMES", set())
+    monkeypatch.setattr(alertmanager, "MAX_REMEMBERED_LABEL_NAMES", 50)
+    for start in range(0, 200, 20):
+        parse_notification(
+            body(alert(labels={"alertname": "A", **{f"l{i}": "v" for i in range(start, start + 20)}}))
+        )
+    assert 50 <= len(alertmanager._VALID_LABEL_NAMES) < 50 + 21
