@@ -1,11 +1,19 @@
-"""The servers under test, started the same way: Nightshift (``nightshift serve``) and the bare-Flask floor.
+"""The servers under test, started the same way: Nightshift (``nightshift serve``) and the bare-Flask floors.
 
-Both run under gunicorn with the options ``app/cli.py`` ``serve`` sets (gthread, same workers and threads, timeouts,
+All run under gunicorn with the options ``app/cli.py`` ``serve`` sets (gthread, same workers and threads, timeouts,
 access log to stdout); each in its own session, logging under ``workdir``, stopped on exit.
-Nightshift gets a fresh SQLite store in ``workdir``, the shipped ``playbooks/`` (advisory: no permissions file)
-and a webhook token, in one of two topologies: ``nightshift`` is ``nightshift serve`` as it starts by default, with
-the incident worker as a thread in the gunicorn worker; ``nightshift-split`` is ``serve`` with
-``embedded_worker: false`` beside a ``nightshift worker`` process on the same store.
+
+- ``floor``: a bare Flask endpoint that parses the JSON (``bench/floor.py``), the framework floor;
+- ``floor-durable``: the same, plus one SQLite commit of the body, as Nightshift's store makes it;
+- ``nightshift-webhook``: ``nightshift serve`` with no incident worker anywhere: the webhook's own cost alone
+  (notifications pile up in the inbox);
+- ``nightshift``: ``nightshift serve`` as it starts by default, the incident worker a thread in the gunicorn
+  worker;
+- ``nightshift-split``: ``serve`` with ``embedded_worker: false`` beside a ``nightshift worker`` process on the
+  same store.
+
+Nightshift gets a fresh SQLite store in ``workdir``, the shipped ``playbooks/`` (advisory: no permissions file) and
+a webhook token.
 """
 
 from __future__ import annotations
@@ -22,7 +30,8 @@ import yaml
 from tests.fixtures.procs import Daemon, free_port, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
-KINDS = ("floor", "nightshift", "nightshift-split")
+KINDS = ("floor", "floor-durable", "nightshift-webhook", "nightshift", "nightshift-split")
+NIGHTSHIFT_KINDS = KINDS[2:]
 TOKEN = "bench-webhook-token"
 
 
@@ -50,16 +59,19 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
     token_file.write_text(TOKEN)
     bind = f"127.0.0.1:{free_port()}"
     worker_argv: list[str] = []
-    if kind in ("nightshift", "nightshift-split"):
+    if kind in NIGHTSHIFT_KINDS:
         config = _nightshift_config(workdir, token_file, embedded_worker=kind == "nightshift")
         argv = [*_nightshift_argv("serve", config), "--bind", bind]
         argv += ["--workers", str(workers), "--threads", str(threads)]
         if kind == "nightshift-split":
             worker_argv = _nightshift_argv("worker", config)
-    elif kind == "floor":
+    elif kind in ("floor", "floor-durable"):
+        app = "bench.floor:create_app()"
+        if kind == "floor-durable":
+            app = f"bench.floor:create_durable_app({str(workdir)!r})"
         argv = [sys.executable, "-m", "gunicorn", "--bind", bind, "--workers", str(workers)]
         argv += ["--threads", str(threads), "--worker-class", "gthread", "--timeout", "60"]
-        argv += ["--graceful-timeout", "30", "--access-logfile", "-", "bench.floor:create_app()"]
+        argv += ["--graceful-timeout", "30", "--access-logfile", "-", app]
     else:
         raise ValueError(f"unknown server kind {kind!r} (one of {', '.join(KINDS)})")
     daemon = Daemon(kind, argv, workdir, cwd=REPO)

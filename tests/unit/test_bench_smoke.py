@@ -9,10 +9,12 @@ drives the same stack.
 from __future__ import annotations
 
 import json
+import sqlite3
 
 import pytest
 
-from bench import decision, e2e, engine_ingest, ingest, lifecycle, memory, profile, record, report
+from bench import decision, e2e, engine_ingest, floor, ingest, lifecycle, memory, profile, record, report
+from bench.servers import KINDS, NIGHTSHIFT_KINDS
 from bench.stats import percentile
 from bench.workload import Fleet, schedule
 from tests.fixtures.procs import require_binary
@@ -79,23 +81,32 @@ def test_lifecycle_benchmark_counts_incidents_and_their_transactions(tmp_path):
         assert round_["write_transactions_per_incident"] >= 3  # claim, release and the close at the least
 
 
-def test_ingest_benchmark_measures_both_nightshift_topologies_and_the_floor(tmp_path):
+def test_ingest_benchmark_measures_every_server(tmp_path):
     out = tmp_path / "ingest.json"
     ingest.main(["--rates", "60", "--rounds", "1", "--duration", "2", "--warmup", "0.5", "--out", str(out)])
     results = read(out)
-    assert sorted(r["server"] for r in results["runs"]) == ["floor", "nightshift", "nightshift-split"]
+    assert sorted(r["server"] for r in results["runs"]) == sorted(KINDS)
     for run in results["runs"]:
         assert run["errors"] == 0, run["errors_by_kind"]
         assert set(run["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
         assert run["offered"]["alerts_per_s"] > 0 and run["measured"]["notifications"] >= 1
-    for kind in ("nightshift", "nightshift-split"):
-        nightshift = next(r for r in results["summary"] if r["server"] == kind)
-        assert set(nightshift["ratio_to_floor"]) == {"p50", "p99"}
+    for kind in KINDS[1:]:
+        row = next(r for r in results["summary"] if r["server"] == kind)
+        assert set(row["ratio_to_floor"]) == {"p50", "p99"}
     # 500 alerts/s was not offered
-    assert results["verdicts"] == [
-        {"server": "nightshift", "measured": False},
-        {"server": "nightshift-split", "measured": False},
-    ]
+    assert results["verdicts"] == [{"server": kind, "measured": False} for kind in NIGHTSHIFT_KINDS]
+
+
+def test_the_durable_floor_commits_every_body(tmp_path):
+    client = floor.create_durable_app(str(tmp_path)).test_client()
+    for n in range(3):
+        assert client.post("/api/v1/alerts", json={"alerts": [n]}).get_json()["inbox_id"] == n + 1
+    with sqlite3.connect(tmp_path / "floor.db") as conn:
+        assert conn.execute("SELECT body FROM inbox ORDER BY id").fetchall() == [
+            ('{"alerts": [0]}',),
+            ('{"alerts": [1]}',),
+            ('{"alerts": [2]}',),
+        ]
 
 
 def test_memory_benchmark_reads_worker_rss_at_each_step(tmp_path):
