@@ -16,6 +16,7 @@ run: deps
 
 test: deps kube-apiserver
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	KUBE_APISERVER=$$(scripts/build-kube-apiserver.sh) $(VENV)/bin/pytest -q
 
 test-unit: deps
