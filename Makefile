@@ -27,11 +27,12 @@ lint: deps
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/nightshift lint playbooks/
 
-bench: deps  ## every benchmark, then the tables (bench/README.md); about 11 minutes on 2 cores
+bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 minutes on 2 cores
 	$(PY) -m bench.decision
 	$(PY) -m bench.engine_ingest
 	$(PY) -m bench.lifecycle
 	$(PY) -m bench.ingest
+	$(PY) -m bench.contention
 	$(PY) -m bench.memory
 	$(PY) -m bench.profile
 	$(PY) -m bench.e2e

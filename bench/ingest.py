@@ -43,6 +43,7 @@ def measure(
         for kind in order:
             with serve(kind, workdir / f"round{round_no}-{kind}", workers=workers, threads=threads) as server:
                 for rate in rates:
+                    cpu_before = server.cpu_seconds()
                     result = loadgen.spawn(
                         server.webhook,
                         server.token_file,
@@ -51,9 +52,17 @@ def measure(
                         warmup_s=warmup_s,
                         seed=round_no,
                     )
+                    cpu = server.cpu_seconds() - cpu_before
                     load = round(os.getloadavg()[0], 2)
                     runs.append(
-                        {"round": round_no, "server": kind, "rate": rate, "loadavg_1m": load, **result}
+                        {
+                            "round": round_no,
+                            "server": kind,
+                            "rate": rate,
+                            "loadavg_1m": load,
+                            "server_cpu_cores": round(cpu / duration_s, 3),
+                            **result,
+                        }
                     )
                     print(_line(runs[-1]), flush=True)
     return runs
@@ -84,6 +93,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "completed_alerts_per_s": spread([r["measured"]["completed_alerts_per_s"] for r in mine]),
                 "errors": sum(r["errors"] for r in mine),
                 "samples_per_round": spread([r["measured"]["notifications"] for r in mine]),
+                "server_cpu_cores": spread([r["server_cpu_cores"] for r in mine]),
             }
             floor = {r["round"]: r for r in by_server["floor"]}
             paired = [(r, floor[r["round"]]) for r in mine if kind != "floor" and r["round"] in floor]

@@ -2,8 +2,8 @@
 
     python -m bench.report [--results bench/results] [--out bench/results/summary.md]
 
-Reads ``ingest.json``, ``engine_ingest.json``, ``lifecycle.json``, ``decision.json``, ``memory.json``,
-``profile.json`` and ``e2e.json`` where present, and the same names under the history folders of
+Reads ``ingest.json``, ``contention.json``, ``engine_ingest.json``, ``lifecycle.json``, ``decision.json``,
+``memory.json``, ``profile.json`` and ``e2e.json`` where present, and the same names under the history folders of
 :data:`VERSIONS` for the rows of earlier code.
 """
 
@@ -49,6 +49,12 @@ def _ratio(spread: dict[str, float] | None) -> str:
     return f"{spread['median']:.1f}x ({spread['min']:.1f}-{spread['max']:.1f})"
 
 
+def _cores(spread: dict[str, float] | None) -> str:
+    if not spread:
+        return ""
+    return f"{spread['median']:.2f} ({spread['min']:.2f}-{spread['max']:.2f})"
+
+
 def _pct(share: float | None) -> str:
     """A profile share, or "-" for a frame that was not among a run's top frames."""
     return "-" if share is None else f"{share}%"
@@ -63,7 +69,7 @@ def _table(header: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
 def ingest_table(documents: dict[str, dict[str, Any]]) -> list[str]:
     """One row per (code version, load, server): percentiles median (min-max) over rounds, ratios to the floor."""
     header = ["code", "alerts/s", "notif/s", "server", "p50 ms", "p90 ms", "p99 ms", "max ms", "errors"]
-    header += ["done alerts/s", "p50 / floor", "p99 / floor"]
+    header += ["done alerts/s", "server CPU, cores", "p50 / floor", "p99 / floor"]
     rows = []
     for label, doc in documents.items():
         for row in doc["results"]["summary"]:
@@ -81,6 +87,7 @@ def ingest_table(documents: dict[str, dict[str, Any]]) -> list[str]:
                     _spread(latency["max"]),
                     str(row["errors"]),
                     _spread(row["completed_alerts_per_s"]).replace(".0", ""),
+                    _cores(row.get("server_cpu_cores")),  # measured since the writer-lock generation
                     _ratio(ratio.get("p50")),
                     _ratio(ratio.get("p99")),
                 ]
@@ -249,6 +256,27 @@ def e2e_table(doc: dict[str, Any]) -> list[str]:
     return lines
 
 
+def contention_table(document: dict[str, Any]) -> list[str]:
+    """Floor and webhook alone, without and beside a CPU-bound neighbour: p50/p99 and ratios to the lone floor."""
+    rows = []
+    for row in document["results"]["summary"]:
+        latency, ratio = row["latency_ms"], row["ratio_to_floor"]
+        rows.append(
+            [
+                row["server"],
+                row["neighbour"],
+                _cores(row.get("neighbour_cpu_cores")),
+                _spread(latency["p50"]),
+                _spread(latency["p99"]),
+                str(row["errors"]),
+                _ratio(ratio["p50"]),
+                _ratio(ratio["p99"]),
+            ]
+        )
+    header = ["server", "neighbour", "neighbour CPU, cores", "p50 ms", "p99 ms", "errors"]
+    return _table([*header, "p50 / lone floor", "p99 / lone floor"], rows)
+
+
 def render(results: Path) -> str:
     def load(name: str) -> dict[str, dict[str, Any]]:
         found = {}
@@ -260,6 +288,11 @@ def render(results: Path) -> str:
     lines: list[str] = []
     sections = (
         ("Webhook ingest", "ingest.json", ingest_table),
+        (
+            "A CPU-bound neighbour on the same cores",
+            "contention.json",
+            lambda docs: contention_table(docs[list(docs)[-1]]),
+        ),
         (
             "Engine ingest, in-process (one thread, SQLite, no HTTP)",
             "engine_ingest.json",

@@ -18,6 +18,7 @@ a webhook token.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -41,6 +42,13 @@ class Server:
     url: str  # base URL, no trailing slash
     token_file: Path
     daemon: Daemon
+    worker: Daemon | None = None  # nightshift-split's `nightshift worker`
+
+    def cpu_seconds(self) -> float:
+        """CPU time (user + system) used so far by every process of the server: master, gunicorn workers, and
+        the separate worker process if any."""
+        roots = [self.daemon.proc.pid] + ([self.worker.proc.pid] if self.worker else [])
+        return sum(cpu_seconds(pid) for root in roots for pid in [root, *children(root)])
 
     @property
     def webhook(self) -> str:
@@ -79,7 +87,7 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
     worker = None
     try:
         if worker_argv:
-            worker = Daemon(f"{kind}-worker", worker_argv, workdir, cwd=REPO)
+            worker = server.worker = Daemon(f"{kind}-worker", worker_argv, workdir, cwd=REPO)
         wait_until(
             lambda: requests.get(f"{server.url}/readyz", timeout=1).status_code == 200,
             60,
@@ -124,6 +132,18 @@ def children(pid: int) -> list[int]:
         if int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return sorted(found)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` (/proc/<pid>/stat fields 14 and 15); 0 once it has exited."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = text[
+        text.rindex(")") + 2 :
+    ].split()  # fields from the 3rd on: utime and stime are the 14th, 15th
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_mib(pid: int) -> float:

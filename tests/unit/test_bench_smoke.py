@@ -9,11 +9,26 @@ drives the same stack.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
+import time
 
 import pytest
 
-from bench import decision, e2e, engine_ingest, floor, ingest, lifecycle, memory, profile, record, report
+from bench import (
+    contention,
+    decision,
+    e2e,
+    engine_ingest,
+    floor,
+    ingest,
+    lifecycle,
+    memory,
+    profile,
+    record,
+    report,
+    servers,
+)
 from bench.servers import KINDS, NIGHTSHIFT_KINDS
 from bench.stats import percentile
 from bench.workload import Fleet, schedule
@@ -90,11 +105,35 @@ def test_ingest_benchmark_measures_every_server(tmp_path):
         assert run["errors"] == 0, run["errors_by_kind"]
         assert set(run["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
         assert run["offered"]["alerts_per_s"] > 0 and run["measured"]["notifications"] >= 1
+        assert run["server_cpu_cores"] >= 0
     for kind in KINDS[1:]:
         row = next(r for r in results["summary"] if r["server"] == kind)
         assert set(row["ratio_to_floor"]) == {"p50", "p99"}
     # 500 alerts/s was not offered
     assert results["verdicts"] == [{"server": kind, "measured": False} for kind in NIGHTSHIFT_KINDS]
+
+
+def test_contention_benchmark_measures_each_server_alone_and_beside_the_neighbour(tmp_path):
+    out = tmp_path / "contention.json"
+    contention.main(["--rate", "60", "--rounds", "1", "--duration", "2", "--out", str(out)])
+    results = read(out)
+    pairs = sorted((r["server"], r["neighbour"]) for r in results["runs"])
+    assert pairs == sorted((s, n) for s in contention.SERVERS for n in contention.NEIGHBOURS)
+    assert all(r["errors"] == 0 for r in results["runs"])
+    busy = [r for r in results["runs"] if r["neighbour"] == "busy"]
+    assert all(r["neighbour_cpu_cores"] > 0.3 for r in busy)  # it did keep a core busy (asked: 0.9)
+    lone_floor = next(r for r in results["summary"] if r["server"] == "floor" and r["neighbour"] == "none")
+    assert lone_floor["ratio_to_floor"]["p99"]["median"] == 1.0
+    text = report.render(tmp_path)
+    assert "### A CPU-bound neighbour on the same cores" in text and "| nightshift-webhook | busy |" in text
+
+
+def test_server_cpu_seconds_count_this_process_work():
+    before = servers.cpu_seconds(os.getpid())
+    end = time.process_time() + 0.2
+    while time.process_time() < end:
+        pass
+    assert servers.cpu_seconds(os.getpid()) - before >= 0.1
 
 
 def test_the_durable_floor_commits_every_body(tmp_path):
