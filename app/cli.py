@@ -121,7 +121,11 @@ def worker(config: str | None) -> None:
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), engine.wakeup.set()))
-    run_worker(engine, stop, settings.worker.poll_seconds, kind="process")
+    engine.wakeup.listen()  # a webhook on this host wakes it as soon as it accepts a notification
+    try:
+        run_worker(engine, stop, settings.worker.poll_seconds, kind="process")
+    finally:
+        engine.wakeup.close()
 
 
 @cli.command()

@@ -20,8 +20,8 @@ def worker_id(kind: str) -> str:
 def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind: str = "thread") -> None:
     """Loop until ``stop`` is set. Store outages back off and retry; nothing else escapes a tick.
 
-    An idle worker looks again every ``poll_seconds``, or at once when this process's webhook accepts a
-    notification (``engine.wakeup``); notifications accepted by other processes wait for the poll.
+    An idle worker looks again every ``poll_seconds``, or at once when a webhook accepts a notification
+    (``engine.wakeup``: this process's, or any on the host when this process listens, as ``nightshift worker`` does).
     """
     me = worker_id(kind)
     log.info("worker %s started", me)

@@ -3,7 +3,6 @@ controls, and views."""
 
 from __future__ import annotations
 
-import threading
 from datetime import timedelta
 from typing import Any
 
@@ -14,6 +13,7 @@ from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.store import records
+from app.wakeup import Wakeup
 
 __all__ = ["Engine", "EngineDeps", "IngestResult"]
 
@@ -25,8 +25,8 @@ class Engine:
         self.lifecycle = Lifecycle(deps)
 
     @property
-    def wakeup(self) -> threading.Event:
-        """Set when there is new work for this process's worker (a notification accepted)."""
+    def wakeup(self) -> Wakeup:
+        """Set when there is new work for a worker (a notification accepted), in this process or on this host."""
         return self.inbox.wakeup
 
     def accept(self, notification: Notification, body: bytes) -> int:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 
 from app.alertmanager import Notification, parse_notification
 from app.engine.deps import EngineDeps
 from app.engine.ingest import IngestResult, ingest_alerts, publish
 from app.errors import StoreUnavailable
 from app.store import records
+from app.wakeup import SOCKET_NAME, Wakeup
 
 log = logging.getLogger(__name__)
 
@@ -30,11 +32,12 @@ class _Parsed:
 
 
 class Inbox:
-    """Accepts notifications (the webhook) and ingests them (the worker). ``wakeup`` is set on every accept."""
+    """Accepts notifications (the webhook) and ingests them (the worker). ``wakeup`` is set on every accept: it wakes
+    this process's worker threads, and a ``nightshift worker`` process on the same host."""
 
     def __init__(self, deps: EngineDeps):
         self.deps = deps
-        self.wakeup = threading.Event()
+        self.wakeup = Wakeup(Path(deps.settings.data_dir) / SOCKET_NAME)
         # The notification being ingested, parsed once for all its batches (one worker thread per process).
         self._parsed: _Parsed | None = None
         self._parsed_lock = threading.Lock()

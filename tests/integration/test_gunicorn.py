@@ -40,8 +40,8 @@ def sink() -> Iterator[WebhookSink]:
     receiver.close()
 
 
-@pytest.fixture
-def server(tmp_path, sink):
+def start_serve(tmp_path: Path, sink: WebhookSink, **settings: object) -> tuple[Daemon, str]:
+    """``nightshift serve`` with 2 gunicorn workers on a free port, once ready; ``settings`` override the test's."""
     (tmp_path / "playbooks").mkdir()
     (tmp_path / "playbooks" / "gpu.yaml").write_text(PLAYBOOK)
     (tmp_path / "token").write_text(TOKEN)
@@ -51,27 +51,20 @@ def server(tmp_path, sink):
         "webhook": {"token_file": str(tmp_path / "token")},
         "notify": {"webhook_url": sink.url("/hook")},
         "worker": {"poll_seconds": 0.2},
+        **settings,
     }
     (tmp_path / "settings.yaml").write_text(yaml.safe_dump(config))
     port = free_port()
-    daemon = Daemon(
-        "nightshift",
-        [
-            sys.executable,
-            "-m",
-            "app.cli",
-            "serve",
-            "--config",
-            str(tmp_path / "settings.yaml"),
-            "--bind",
-            f"127.0.0.1:{port}",
-            "--workers",
-            "2",
-            "--threads",
-            "4",
-        ],
-        tmp_path,
-    )
+    argv = [
+        *nightshift_argv(tmp_path, "serve"),
+        "--bind",
+        f"127.0.0.1:{port}",
+        "--workers",
+        "2",
+        "--threads",
+        "4",
+    ]
+    daemon = Daemon("nightshift", argv, tmp_path)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_until(
@@ -79,6 +72,20 @@ def server(tmp_path, sink):
             30,
             f"nightshift serve to be ready (log: {daemon.log_path})",
         )
+    except BaseException:
+        daemon.stop()
+        raise
+    return daemon, url
+
+
+def nightshift_argv(tmp_path: Path, command: str) -> list[str]:
+    return [sys.executable, "-m", "app.cli", command, "--config", str(tmp_path / "settings.yaml")]
+
+
+@pytest.fixture
+def server(tmp_path, sink):
+    daemon, url = start_serve(tmp_path, sink)
+    try:
         yield url
     finally:
         daemon.stop()
@@ -132,6 +139,22 @@ def test_concurrent_duplicate_deliveries_across_workers_yield_one_incident(serve
     metrics = requests.get(f"{server}/metrics", timeout=5).text
     # Aggregated over both gunicorn workers (multiprocess mode), whichever served each request.
     assert 'nightshift_alerts_received_total{status="firing"} 40.0' in metrics
+
+
+def test_a_worker_process_beside_serve_is_woken_by_the_webhook_not_by_its_poll(tmp_path, sink):
+    """`serve` without its embedded worker and `nightshift worker` on the same SQLite file: the worker polls only
+    every 60 s here, so an incident opened within seconds of the POST was ingested on the webhook's wakeup."""
+    daemon, url = start_serve(tmp_path, sink, embedded_worker=False, worker={"poll_seconds": 60})
+    worker = Daemon("worker", nightshift_argv(tmp_path, "worker"), tmp_path)
+    try:
+        wait_until(lambda: (tmp_path / "var" / "worker.sock").exists(), 30, "the worker to listen")
+        assert post(url, body(alert(xid()))).status_code == 200
+        only_incident(url, timeout=20)  # ingested by the worker process: within seconds, not at its 60 s poll
+    finally:
+        worker.stop()
+        daemon.stop()
+        print(worker.log_tail(), daemon.log_tail())
+    assert not (tmp_path / "var" / "worker.sock").exists()  # removed on a clean stop
 
 
 def test_real_gunicorn_limits_and_errors(server):
