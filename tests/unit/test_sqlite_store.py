@@ -95,6 +95,14 @@ def test_a_file_store_queues_writers_on_a_lock_file_beside_the_database(tmp_path
     assert (tmp_path / "nightshift.db-writer.lock").stat().st_mode & 0o777 == 0o600
 
 
+def _store_with_probe_table(tmp_path: Path) -> tuple[Store, Path]:
+    db = tmp_path / "nightshift.db"
+    store = Store.from_url(f"sqlite:///{db}")
+    with store.transaction() as conn:
+        conn.execute(text("CREATE TABLE probe (n INTEGER)"))
+    return store, db
+
+
 def _row_count_in_main_file(db: Path, copy: Path) -> int:
     """Rows of ``probe`` that have reached the database file itself (a copy without its -wal file)."""
     shutil.copy(db, copy)
@@ -103,10 +111,7 @@ def _row_count_in_main_file(db: Path, copy: Path) -> int:
 
 
 def test_checkpoint_copies_the_log_into_the_database(tmp_path: Path) -> None:
-    db = tmp_path / "nightshift.db"
-    store = Store.from_url(f"sqlite:///{db}")
-    with store.transaction() as conn:
-        conn.execute(text("CREATE TABLE probe (n INTEGER)"))
+    store, db = _store_with_probe_table(tmp_path)
     store.checkpoint(min_interval_s=0)
     with store.transaction() as conn:
         conn.execute(text("INSERT INTO probe VALUES (1), (2), (3)"))
@@ -116,10 +121,7 @@ def test_checkpoint_copies_the_log_into_the_database(tmp_path: Path) -> None:
 
 
 def test_checkpoint_runs_at_most_once_per_interval(tmp_path: Path) -> None:
-    db = tmp_path / "nightshift.db"
-    store = Store.from_url(f"sqlite:///{db}")
-    with store.transaction() as conn:
-        conn.execute(text("CREATE TABLE probe (n INTEGER)"))
+    store, db = _store_with_probe_table(tmp_path)
     store.checkpoint(min_interval_s=3600)
     with store.transaction() as conn:
         conn.execute(text("INSERT INTO probe VALUES (1)"))
@@ -128,10 +130,8 @@ def test_checkpoint_runs_at_most_once_per_interval(tmp_path: Path) -> None:
 
 
 def test_checkpoint_neither_waits_for_nor_blocks_a_writer(tmp_path: Path) -> None:
-    db = tmp_path / "nightshift.db"
-    store = Store.from_url(f"sqlite:///{db}")
+    store, db = _store_with_probe_table(tmp_path)
     with store.transaction() as conn:
-        conn.execute(text("CREATE TABLE probe (n INTEGER)"))
         conn.execute(text("INSERT INTO probe VALUES (1)"))
     writer = sqlite3.connect(db, isolation_level=None)
     writer.execute("BEGIN IMMEDIATE")  # SQLite's write lock held by another connection
