@@ -27,7 +27,9 @@ from app.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
 
-# SQLite checkpoints its log itself past this many pages (40 MiB at 4 KiB); the worker's checkpoints run first.
+# The worker finishes a checkpoint under the writer lock once the log holds this many pages (SQLite's own default
+# threshold); SQLite checkpoints itself, inside a commit, only past the backstop (40 MiB at 4 KiB pages).
+WAL_RESTART_PAGES = 1_000
 WAL_AUTOCHECKPOINT_PAGES = 10_000
 
 
@@ -100,24 +102,36 @@ class Store:
                     insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
 
-    def checkpoint(self, min_interval_s: float = 1.0) -> None:
-        """Copy SQLite's write-ahead log into the database, without waiting for or blocking writers, at most once
-        every ``min_interval_s`` (PostgreSQL: nothing to do).
+    def checkpoint(self, min_interval_s: float = 0.1) -> None:
+        """Copy SQLite's write-ahead log into the database, at most once every ``min_interval_s`` (PostgreSQL:
+        nothing to do). The worker calls this, so that the webhook's commits do not.
 
-        The worker calls this, so that the webhook's commits do not: SQLite's own checkpoint runs in whichever
-        commit pushes the log past its threshold, inside the writer lock (``wal_autocheckpoint`` is raised to a
-        backstop for a store with no worker).
+        SQLite's own checkpoint runs inside whichever commit pushes the log past its threshold, holding the write
+        lock. Here a passive checkpoint first copies what it can outside the writer lock, blocking nobody; writers
+        keep appending meanwhile, so it rarely finishes, and a log it cannot finish would only grow. Once the log
+        holds ``WAL_RESTART_PAGES``, a second pass under the writer lock copies the remainder, and the next writer
+        starts the log over. ``wal_autocheckpoint`` stays as a backstop for a store with no worker.
         """
         now = time.monotonic()
         if self.dialect != "sqlite" or now - self._last_checkpoint < min_interval_s:
             return
         self._last_checkpoint = now
+        if self._passive_checkpoint() >= WAL_RESTART_PAGES:
+            with self._writers:
+                self._passive_checkpoint()
+
+    def _passive_checkpoint(self) -> int:
+        """One ``PRAGMA wal_checkpoint(PASSIVE)``; the log's size in pages (0 when it failed)."""
         with _translated():
             raw = self.engine.raw_connection()  # outside a transaction: a BEGIN would take the write lock
         try:
-            raw.driver_connection.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+            _busy, log_pages, _copied = raw.driver_connection.execute(
+                "PRAGMA wal_checkpoint(PASSIVE)"
+            ).fetchone()
+            return int(log_pages)
         except sqlite3.Error as exc:  # housekeeping: the next one, or SQLite's own, catches up
             log.warning("store: WAL checkpoint failed: %s", exc)
+            return 0
         finally:
             raw.close()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 
-from app.store import Store
+from app.store import WAL_RESTART_PAGES, Store
 from app.store.writer_lock import WriterLock
 
 HOLD_UNTIL_STDIN_CLOSES = """
@@ -147,3 +147,38 @@ def test_checkpoint_neither_waits_for_nor_blocks_a_writer(tmp_path: Path) -> Non
         writer.execute("COMMIT")
         writer.close()
     assert _row_count_in_main_file(db, tmp_path / "copy.db") == 1
+
+
+def test_a_long_log_is_finished_under_the_writer_lock(tmp_path: Path, monkeypatch) -> None:
+    """Writers append during the first, lock-free pass, so it may not finish; past WAL_RESTART_PAGES a second pass
+    runs with the writers held off, so that the log can start over."""
+    store, _ = _store_with_probe_table(tmp_path)
+    writers = store._writers
+    assert isinstance(writers, WriterLock)
+    passes: list[tuple[int, bool]] = []
+
+    def passive(log_pages: int) -> int:
+        passes.append((log_pages, writers._threads.locked()))
+        return log_pages
+
+    monkeypatch.setattr(store, "_passive_checkpoint", lambda: passive(WAL_RESTART_PAGES - 1))
+    store.checkpoint(min_interval_s=0)
+    assert passes == [(WAL_RESTART_PAGES - 1, False)]  # short enough: no second pass
+    passes.clear()
+    monkeypatch.setattr(store, "_passive_checkpoint", lambda: passive(WAL_RESTART_PAGES))
+    store.checkpoint(min_interval_s=0)
+    assert passes == [(WAL_RESTART_PAGES, False), (WAL_RESTART_PAGES, True)]
+
+
+def test_after_a_checkpoint_of_a_long_log_the_next_writer_starts_it_over(tmp_path: Path) -> None:
+    store, db = _store_with_probe_table(tmp_path)
+    with store.transaction() as conn:
+        conn.execute(text("CREATE TABLE blobs (b BLOB)"))
+        for _ in range(WAL_RESTART_PAGES + 200):
+            conn.execute(text("INSERT INTO blobs VALUES (randomblob(4000))"))
+    store.checkpoint(min_interval_s=0)
+    with store.transaction() as conn:
+        conn.execute(text("INSERT INTO probe VALUES (1)"))
+    with sqlite3.connect(db) as conn:
+        _busy, log_pages, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+    assert log_pages < 10, log_pages  # the small write went to the start of the log, not after 1,200 pages
