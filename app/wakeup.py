@@ -29,16 +29,17 @@ class Wakeup:
     def __init__(self, socket_path: Path | None = None):
         self.socket_path = socket_path
         self._event = threading.Event()
+        self._address = str(socket_path) if socket_path is not None else ""
         self._sender = _datagram_socket() if socket_path is not None else None
         self._listener: socket.socket | None = None
 
     def set(self) -> None:
         self._event.set()
-        if self._sender is None or self.socket_path is None:
+        if self._sender is None:
             return
         # Nobody listening, a wakeup already pending (buffer full), or an unusable path: the worker polls.
         with contextlib.suppress(OSError):
-            self._sender.sendto(b"!", str(self.socket_path))
+            self._sender.sendto(b"!", self._address)
 
     def is_set(self) -> bool:
         """Whether this process set it (another process's wakeup shows only in ``wait``)."""
@@ -63,7 +64,7 @@ class Wakeup:
         or the socket cannot be made."""
         if self.socket_path is None or self._listener is not None:
             return self._listener is not None
-        path = str(self.socket_path)
+        path = self._address
         listener = _datagram_socket()
         try:
             try:

@@ -83,13 +83,13 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     alone = {r["round"]: r for r in runs if r["server"] == "floor" and r["neighbour"] == "none"}
     rows = []
     for kind in SERVERS:
-        for neighbour in NEIGHBOURS:
-            mine = [r for r in runs if r["server"] == kind and r["neighbour"] == neighbour]
+        for beside in NEIGHBOURS:
+            mine = [r for r in runs if r["server"] == kind and r["neighbour"] == beside]
             if not mine:
                 continue
             row: dict[str, Any] = {
                 "server": kind,
-                "neighbour": neighbour,
+                "neighbour": beside,
                 "latency_ms": {p: spread([r["latency_ms"][p] for r in mine]) for p in ("p50", "p99")},
                 "errors": sum(r["errors"] for r in mine),
                 "ratio_to_floor": {
@@ -99,7 +99,7 @@ def summarize(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     for p in ("p50", "p99")
                 },
             }
-            if neighbour == "busy":
+            if beside == "busy":
                 row["neighbour_cpu_cores"] = spread([r["neighbour_cpu_cores"] for r in mine])
             rows.append(row)
     return rows

@@ -84,10 +84,9 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
         raise ValueError(f"unknown server kind {kind!r} (one of {', '.join(KINDS)})")
     daemon = Daemon(kind, argv, workdir, cwd=REPO)
     server = Server(kind, f"http://{bind}", token_file, daemon)
-    worker = None
     try:
         if worker_argv:
-            worker = server.worker = Daemon(f"{kind}-worker", worker_argv, workdir, cwd=REPO)
+            server.worker = Daemon(f"{kind}-worker", worker_argv, workdir, cwd=REPO)
         wait_until(
             lambda: requests.get(f"{server.url}/readyz", timeout=1).status_code == 200,
             60,
@@ -95,12 +94,14 @@ def serve(kind: str, workdir: Path, *, workers: int = 1, threads: int = 8) -> It
         )
         wait_until(lambda: len(server.worker_pids()) == workers, 30, f"{workers} {kind} workers")
         yield server
-        if worker is not None and not worker.alive():
-            raise RuntimeError(f"the worker process of {kind} died during the run:\n{worker.log_tail()}")
+        if server.worker is not None and not server.worker.alive():
+            raise RuntimeError(
+                f"the worker process of {kind} died during the run:\n{server.worker.log_tail()}"
+            )
     finally:
         daemon.stop()
-        if worker is not None:
-            worker.stop()
+        if server.worker is not None:
+            server.worker.stop()
 
 
 def _nightshift_config(workdir: Path, token_file: Path, *, embedded_worker: bool) -> Path:
@@ -123,27 +124,28 @@ def children(pid: int) -> list[int]:
     """PIDs whose parent is ``pid`` (from /proc)."""
     found = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            text = stat.read_text()
-        except OSError:  # the process exited while we looked
-            continue
-        # The command name may hold spaces and parentheses: the fields after it start past the last ")".
-        fields = text[text.rindex(")") + 2 :].split()
-        if int(fields[1]) == pid:
+        fields = _stat_fields(stat)
+        if fields and int(fields[1]) == pid:
             found.append(int(stat.parent.name))
     return sorted(found)
 
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU seconds of ``pid`` (/proc/<pid>/stat fields 14 and 15); 0 once it has exited."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
+    fields = _stat_fields(Path(f"/proc/{pid}/stat"))
+    if not fields:
         return 0.0
-    fields = text[
-        text.rindex(")") + 2 :
-    ].split()  # fields from the 3rd on: utime and stime are the 14th, 15th
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _stat_fields(stat: Path) -> list[str]:
+    """The fields of a /proc/<pid>/stat from the 3rd (state) on; empty once the process has exited."""
+    try:
+        text = stat.read_text()
+    except OSError:
+        return []
+    # The command name may hold spaces and parentheses: the fields after it start past the last ")".
+    return text[text.rindex(")") + 2 :].split()
 
 
 def rss_mib(pid: int) -> float:

@@ -59,12 +59,11 @@ class Store:
             engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
             _configure_sqlite(engine)
             return cls(engine, clock, writer_lock)
-        else:
-            if url.startswith("postgresql://"):
-                url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-            engine = create_engine(
-                url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"connect_timeout": 5}
-            )
+        if url.startswith("postgresql://"):
+            url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
+        engine = create_engine(
+            url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"connect_timeout": 5}
+        )
         return cls(engine, clock)
 
     @contextmanager
