@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Install what Nightshift's tests and demo need on a fresh Debian/Ubuntu machine; idempotent and quick when present.
 #   system: Prometheus, Alertmanager, promtool/amtool, Slurm (slurmctld, slurmd, client) + munge, OpenSSH server,
-#           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests.
+#           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests,
+#           buildah/podman/mmdebstrap (the container image test, docs/deploy.md).
 #   python: a virtualenv in .venv with the package and its dev extras.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=(prometheus prometheus-alertmanager slurmctld slurmd slurm-client munge openssh-server etcd-server golang-go
-      rsync postgresql wrk chromium chromium-driver)
+      rsync postgresql wrk chromium chromium-driver buildah podman mmdebstrap uidmap fuse-overlayfs)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
