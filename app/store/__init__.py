@@ -22,7 +22,7 @@ from sqlalchemy.exc import DBAPIError, OperationalError
 
 from app.clock import Clock, SystemClock
 from app.errors import ConfigError, StoreUnavailable
-from app.store.schema import SCHEMA_VERSION, metadata, schema_version
+from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version
 from app.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -96,7 +96,8 @@ class Store:
                     f"store schema version {found.version} is newer than this Nightshift ({SCHEMA_VERSION}); upgrade"
                 )
             elif found.version < SCHEMA_VERSION:
-                # Every change so far adds tables, which create_all has just made: recording the version is the upgrade.
+                # New tables come from create_all above; new columns of existing tables are added here.
+                _add_columns(conn, found.version)
                 conn.execute(
                     insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
@@ -176,3 +177,17 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def _first_line(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _add_columns(conn: Connection, from_version: int) -> None:
+    """ALTER TABLE ... ADD COLUMN for every column added to an existing table after ``from_version``."""
+    dialect = conn.dialect
+    for version, columns in sorted(ADDED_COLUMNS.items()):
+        if version <= from_version:
+            continue
+        for table_name, column_name in columns:
+            column = metadata.tables[table_name].c[column_name]
+            ddl = f"ALTER TABLE {table_name} ADD COLUMN {column_name} {column.type.compile(dialect=dialect)}"
+            if column.server_default is not None:
+                ddl += f" NOT NULL DEFAULT '{column.server_default.arg}'"
+            conn.execute(text(ddl))

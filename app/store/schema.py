@@ -21,7 +21,19 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 2  # 2: the inbox
+SCHEMA_VERSION = 3  # 2: the inbox; 3: job episodes (incident columns below) and node repairs
+
+# Columns added to existing tables since version 2, by the version that added them: an older store gets them with
+# ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
+ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
+    3: (
+        ("incidents", "kind"),
+        ("incidents", "culprits"),
+        ("incidents", "act_after"),
+        ("incidents", "tick_errors"),
+        ("incidents", "verify_from"),
+    ),
+}
 
 
 class UtcDateTime(TypeDecorator[datetime]):
@@ -98,6 +110,14 @@ incidents = Table(
     Column("target", JSON, nullable=False),
     Column("node", String(255)),
     Column("job", String(255)),
+    # app.states.IncidentKind: a job's failure episode, a node's fault, or one (playbook, target).
+    Column("kind", String(16), nullable=False, default="target", server_default="target"),
+    # Job incidents: the nodes named as culprits, each {node, source, reason, confirmed}; confirmed = in the
+    # job's allocation (only confirmed culprits are excluded and repaired).
+    Column("culprits", JSON),
+    Column("act_after", UtcDateTime),  # end of the correlation window: no action before, unless a culprit is known
+    Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),  # consecutive failed ticks; at the limit, needs_human
+    Column("verify_from", UtcDateTime),  # verification counts only samples after this (the job running again)
     # Set while the incident is open, NULL once closed: the unique constraint makes (playbook, target) idempotent
     # across workers and replicas (NULLs never collide on SQLite or PostgreSQL).
     Column("open_key", Text, unique=True),
