@@ -123,6 +123,9 @@ class Playbook:
     steps: tuple[Step, ...] = ()
     verify: Verify | None = None
     on_resolved: tuple[Step, ...] = ()
+    # Among the playbooks matched by the alerts of one job's failure episode, the highest priority plans the
+    # job's one recovery (a GPU fault's playbook over the NCCL timeouts it causes on every rank).
+    priority: int = 0
     source: str = ""
     line: int = 0
 
@@ -251,6 +254,12 @@ def playbook_schema(registry: ActionRegistry) -> dict[str, Any]:
                 },
             },
             "cooldown": duration,
+            "priority": {
+                "type": "integer",
+                "minimum": -1000,
+                "maximum": 1000,
+                "description": "Which playbook plans a job's recovery when several match its alerts: the highest.",
+            },
             "recheck": {
                 "type": ["string", "null"],
                 "description": 'PromQL checked just before acting; references sit inside "..." literals.',
@@ -425,6 +434,7 @@ class _PlaybookReader:
             steps=self._steps("steps", read_only=False),
             verify=self._verify(),
             on_resolved=self._steps("on_resolved", read_only=False),
+            priority=self._value(("priority",)) or 0,
             source=self.check.source,
             line=self.check.doc.line,
         )
