@@ -42,6 +42,35 @@ class WebhookSettings:
 
 
 @dataclass
+class AccessSettings:
+    """Who may read the JSON API and the UI pages; acting always needs the operator token (docs/security.md)."""
+
+    viewer_token_file: str | None = None  # bearer token, and UI login, that may read but not act
+    anonymous_read: bool = False  # reads without credentials: must be set explicitly, like webhook.auth_disabled
+    # A user header set by an authenticating proxy (oauth2-proxy: X-Auth-Request-User or X-Forwarded-User),
+    # trusted only from the proxy's own addresses or networks; such a user may read.
+    proxy_user_header: str | None = None
+    proxy_addresses: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if bool(self.proxy_user_header) != bool(self.proxy_addresses):
+            raise ConfigError("access: proxy_user_header and proxy_addresses must be set together")
+
+
+@dataclass
+class HttpSettings:
+    """Bounds of every HTTP request under ``nightshift serve`` (the buffering worker, app/serving.py)."""
+
+    read_timeout_seconds: float = 10.0  # the whole request (head and body) must arrive within this
+    max_header_bytes: int = 32_768  # request line and headers together
+
+    def __post_init__(self) -> None:
+        for name in ("read_timeout_seconds", "max_header_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"http.{name}: must be positive, got {getattr(self, name)!r}")
+
+
+@dataclass
 class GuardSettings:
     """Defaults of the guard chain; playbooks set budget, cooldown and recheck themselves."""
 
@@ -112,6 +141,27 @@ class CheckpointSettings:
 
 
 @dataclass
+class EpisodeSettings:
+    """How alerts of one training job become one failure episode (one job incident), and its culprit nodes."""
+
+    # Alerts naming the same job within this window form one incident, which waits the window out before acting
+    # unless a culprit node is already known (a node-scoped alert such as an Xid on a node of the job).
+    correlation_seconds: int = 45
+    # More culprits than this, or than this share of the job's nodes, and none is excluded: a person decides
+    # (a fault that seems to be everywhere is rarely in the nodes).
+    max_culprits: int = 2
+    max_culprit_share: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.correlation_seconds <= 3600:
+            raise ConfigError(f"episodes.correlation_seconds: 0..3600, got {self.correlation_seconds!r}")
+        if self.max_culprits < 0:
+            raise ConfigError(f"episodes.max_culprits: must be >= 0, got {self.max_culprits!r}")
+        if not 0 < self.max_culprit_share <= 1:
+            raise ConfigError(f"episodes.max_culprit_share: in (0, 1], got {self.max_culprit_share!r}")
+
+
+@dataclass
 class WorkerSettings:
     poll_seconds: float = 1.0
     lease_seconds: int = 120
@@ -125,6 +175,8 @@ class WorkerSettings:
                 raise ConfigError(f"worker.{name}: must be positive, got {getattr(self, name)!r}")
 
     step_retry_limit: int = 5
+    # An incident whose processing raises this many times in a row goes to a person, the error in its ledger.
+    max_tick_errors: int = 5
 
 
 @dataclass
@@ -140,6 +192,8 @@ class Settings:
     embedded_worker: bool = True  # `nightshift serve` runs a worker thread in each gunicorn worker
     log_level: str = "INFO"
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
+    access: AccessSettings = field(default_factory=AccessSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)
     guards: GuardSettings = field(default_factory=GuardSettings)
     prometheus: PrometheusSettings = field(default_factory=PrometheusSettings)
     grafana: GrafanaSettings = field(default_factory=GrafanaSettings)
@@ -148,6 +202,7 @@ class Settings:
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
+    episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
 
     @property
     def resolved_store_url(self) -> str:
