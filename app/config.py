@@ -75,10 +75,20 @@ class GuardSettings:
     """Defaults of the guard chain; playbooks set budget, cooldown and recheck themselves."""
 
     kill_switch: bool = False
-    blast_radius_max_nodes: int = 3  # distinct nodes acted on (non return-to-service) within the window
+    blast_radius_max_nodes: int = 3  # distinct nodes taken out (drain, cordon, reboot) within the window
     blast_radius_window_seconds: int = 3600
+    # ... and at most this share of the node's Slurm partition or Kubernetes node pool (always at least one node).
+    blast_radius_max_share: float = 0.25
+    # The Kubernetes node label whose value names a node's pool (its peers carry the same value).
+    node_pool_label: str = "node.kubernetes.io/instance-type"
     default_backoff_seconds: int = 600
     defer_seconds: int = 30  # how long a deferred incident waits before the chain runs again
+
+    def __post_init__(self) -> None:
+        if not 0 < self.blast_radius_max_share <= 1:
+            raise ConfigError(
+                f"guards.blast_radius_max_share: in (0, 1], got {self.blast_radius_max_share!r}"
+            )
 
 
 @dataclass
@@ -125,6 +135,9 @@ class SlurmSettings:
     connect_timeout_seconds: float = 10.0
     command_timeout_seconds: float = 60.0
     login_shell: bool = True  # run commands under `bash -lc` so the login environment (SLURM_CONF...) applies
+    # Where a command runs ON a node (the repair's validation): this host, "{node}" replaced by the node's name;
+    # same port, user and keys as above.
+    node_ssh_host: str = "{node}"
 
 
 @dataclass
@@ -133,6 +146,35 @@ class KubernetesSettings:
     context: str | None = None
     request_timeout_seconds: float = 10.0
     eviction_api_version: str | None = None  # None: let the server pick (works on 1.20 and >= 1.22)
+
+
+@dataclass
+class RepairSettings:
+    """The node repair lifecycle: take out, repair, validate, return to service or hold (docs/node-repair.md)."""
+
+    validation_command: str = "dcgmi diag -r 2"  # run on the node; exit 0 = healthy
+    validation_timeout_seconds: int = 900  # a validation still running after this has failed
+    # How long a node may take to come back from its repair (a reboot) and be validated before it is held.
+    return_timeout_seconds: int = 1800
+    poll_seconds: int = 15  # how often to look again while a node reboots or a validation pod runs
+    # A node repaired this many times within the window is held for a person instead of repaired again.
+    lemon_repairs: int = 3
+    lemon_window_seconds: int = 7 * 86400
+    # Kubernetes: the validation runs in a pod pinned to the node, with this image, in this namespace.
+    validation_image: str = "nvcr.io/nvidia/cloud-native/dcgm:3.3.5-1-ubuntu22.04"
+    validation_namespace: str = "nightshift"
+
+    def __post_init__(self) -> None:
+        for name in (
+            "validation_timeout_seconds",
+            "return_timeout_seconds",
+            "poll_seconds",
+            "lemon_window_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"repair.{name}: must be positive, got {getattr(self, name)!r}")
+        if self.lemon_repairs < 1:
+            raise ConfigError(f"repair.lemon_repairs: must be >= 1, got {self.lemon_repairs!r}")
 
 
 @dataclass
@@ -201,6 +243,7 @@ class Settings:
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    repair: RepairSettings = field(default_factory=RepairSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
 

@@ -83,6 +83,7 @@ class RepairState(StrEnum):
     TAKING_OUT = "taking_out"
     REPAIRING = "repairing"
     VALIDATING = "validating"
+    RETURNING = "returning"  # validated, or released by an operator: the return to service is due
     RETURNED = "returned"  # back in service (we resumed/uncordoned what we took out)
     HELD = "held"  # out of service until a person releases it
     ADVISORY = "advisory"  # not whitelisted: the plan was recorded, nothing done
@@ -96,5 +97,12 @@ REPAIR_SETTLED = frozenset(
 )
 # The node is out of service or on its way through repair: one such record per node (its open key).
 REPAIR_OPEN = frozenset(
-    {RepairState.REQUESTED, RepairState.TAKING_OUT, RepairState.REPAIRING, RepairState.VALIDATING, RepairState.HELD}
+    {
+        RepairState.REQUESTED,
+        RepairState.TAKING_OUT,
+        RepairState.REPAIRING,
+        RepairState.VALIDATING,
+        RepairState.RETURNING,
+        RepairState.HELD,
+    }
 )
