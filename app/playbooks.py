@@ -49,6 +49,7 @@ DURATION = re.compile(r"(?=[0-9])(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([
 SERIALIZE = ("node", "job", "none")
 # The alert is all a target can be built from: the rest of the context is derived from the target.
 TARGET_NAMESPACES = ("labels", "annotations")
+NODE_REPAIR_NAMESPACES = (*NAMESPACES, "node")  # {{ node.name }}: the node being repaired
 # What a rendered target may hold; a missing label renders "" and leaves that key out of the target.
 TARGET_PARAMS: Mapping[str, Param] = {
     "scheduler": Param(
@@ -108,6 +109,16 @@ class Verify:
 
 
 @dataclass(frozen=True)
+class NodeRepair:
+    """What happens to a culprit node this playbook names: repaired (``repair`` steps, possibly none), then
+    validated (``validate``; None: the scheduler's default validation) before it returns to service or is held.
+    Taking the node out and returning it are the scheduler's own actions (drain/resume, cordon/uncordon)."""
+
+    repair: tuple[Step, ...] = ()
+    validate: Step | None = None
+
+
+@dataclass(frozen=True)
 class Playbook:
     """One remediation recipe, as loaded from ``source`` (the document starts at ``line``)."""
 
@@ -126,6 +137,9 @@ class Playbook:
     # Among the playbooks matched by the alerts of one job's failure episode, the highest priority plans the
     # job's one recovery (a GPU fault's playbook over the NCCL timeouts it causes on every rank).
     priority: int = 0
+    # Set on node-scoped playbooks (Xid, ECC, NVLink...): the alert's node is a culprit of its job's episode, and
+    # is repaired through the node lifecycle.
+    node_repair: NodeRepair | None = None
     source: str = ""
     line: int = 0
 
@@ -278,6 +292,17 @@ def playbook_schema(registry: ActionRegistry) -> dict[str, Any]:
                 },
             },
             "on_resolved": step_list,
+            "node_repair": {
+                "title": "node_repair",
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "description": "Makes the playbook node-scoped: its alert's node is a culprit, repaired and "
+                "validated before it returns to service. Templates may also use {{ node.name }}.",
+                "properties": {
+                    "repair": step_list,
+                    "validate": {"$ref": "#/$defs/step"},
+                },
+            },
         },
         "$defs": {
             "duration": {"title": "duration", "type": "string", "pattern": f"^{DURATION.pattern}$"},
@@ -434,6 +459,7 @@ class _PlaybookReader:
             steps=self._steps("steps", read_only=False),
             verify=self._verify(),
             on_resolved=self._steps("on_resolved", read_only=False),
+            node_repair=self._node_repair(),
             priority=self._value(("priority",)) or 0,
             source=self.check.source,
             line=self.check.doc.line,
@@ -524,34 +550,58 @@ class _PlaybookReader:
             interval=self._duration(("verify", "interval"), Verify.interval, positive=True),
         )
 
-    def _steps(self, key: str, *, read_only: bool) -> tuple[Step, ...]:
+    def _steps(
+        self, key: str, *, read_only: bool, at: PathKey = (), namespaces: Sequence[str] = NAMESPACES
+    ) -> tuple[Step, ...]:
         steps = []
-        for index, raw in enumerate(self._value((key,)) or []):
-            path: PathKey = (key, index)
-            if not self.check.typed(path) or not self.check.sound((*path, "action")):
-                continue
-            action = self.registry.get(raw["action"])
-            if read_only and not action.read_only:
-                self.check.fail(
-                    (*path, "action"),
-                    f"{key} steps must be read-only; {action.name} changes things (move it to steps)",
-                )
-            with_ = self._value((*path, "with")) or {}
-            for name, value in with_.items():
-                if self.check.sound((*path, "with", name)):
-                    spec = action.params[name]
-                    self._literal_or_template((*path, "with", name), action.name, spec, value, NAMESPACES)
-            steps.append(
-                Step(
-                    action=action.name,
-                    with_=with_,
-                    when=self._matchers((*path, "when")) or (),
-                    approval=raw.get("approval") == "required",
-                    name=raw.get("name") or action.name,
-                    line=self.check.doc.line_of(path),
-                )
-            )
+        for index in range(len(self._value((*at, key)) or [])):
+            step = self._step((*at, key, index), key, read_only=read_only, namespaces=namespaces)
+            if step is not None:
+                steps.append(step)
         return tuple(steps)
+
+    def _step(
+        self, path: PathKey, key: str, *, read_only: bool, namespaces: Sequence[str] = NAMESPACES
+    ) -> Step | None:
+        if not self.check.typed(path) or not self.check.sound((*path, "action")):
+            return None
+        raw = self._value(path)
+        action = self.registry.get(raw["action"])
+        if read_only and not action.read_only:
+            self.check.fail(
+                (*path, "action"),
+                f"{key} steps must be read-only; {action.name} changes things (move it to steps)",
+            )
+        with_ = self._value((*path, "with")) or {}
+        for name, value in with_.items():
+            if self.check.sound((*path, "with", name)):
+                spec = action.params[name]
+                self._literal_or_template((*path, "with", name), action.name, spec, value, namespaces)
+        return Step(
+            action=action.name,
+            with_=with_,
+            when=self._matchers((*path, "when")) or (),
+            approval=raw.get("approval") == "required",
+            name=raw.get("name") or action.name,
+            line=self.check.doc.line_of(path),
+        )
+
+    def _node_repair(self) -> NodeRepair | None:
+        if self._value(("node_repair",)) is None:
+            return None
+        if "node" not in self.data.get("target", {}):
+            self.check.fail(("node_repair",), "a node-scoped playbook needs target.node")
+        validate = None
+        if self._value(("node_repair", "validate")) is not None:
+            validate = self._step(
+                ("node_repair", "validate"), "validate", read_only=False, namespaces=NODE_REPAIR_NAMESPACES
+            )
+        return NodeRepair(
+            repair=self._steps(
+                "repair", read_only=False, at=("node_repair",), namespaces=NODE_REPAIR_NAMESPACES
+            ),
+            validate=validate,
+        )
 
     def _literal_or_template(
         self, path: PathKey, owner: str, spec: Param, value: Any, namespaces: Sequence[str]
