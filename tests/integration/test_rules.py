@@ -28,8 +28,12 @@ ALERTS = {
     "GpuRowRemapFailure",
     "GpuNvlinkErrors",
     "GpuThermalThrottle",
+    "GpuMemoryGrowth",
     "GpuVanished",
     "DcgmExporterDown",
+    "SlurmNodeDown",
+    "KubeNodeNotReady",
+    "HostMemoryPressure",
     "TrainingHang",
     "TrainingThroughputDrop",
     "TrainingCheckpointStale",
@@ -53,7 +57,7 @@ def name(path: Path) -> str:
 
 
 def test_rule_files_exist() -> None:
-    assert [p.name for p in PRODUCTION] == ["gpu.yml", "gpu_xid.yml", "training.yml"]
+    assert [p.name for p in PRODUCTION] == ["gpu.yml", "gpu_xid.yml", "node.yml", "training.yml"]
     assert [p.name for p in FAST] == [p.name for p in PRODUCTION]
 
 
