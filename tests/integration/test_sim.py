@@ -378,7 +378,7 @@ def test_fast_rules_evaluate_without_errors(live: Live) -> None:
     wait_until(lambda: all(rule["health"] != "unknown" for rule in rules()), 15, "every rule evaluated")
     broken = [(rule["name"], rule.get("lastError")) for rule in rules() if rule["health"] != "ok"]
     assert broken == []
-    assert len(rules()) == 20
+    assert len(rules()) == 24  # 7 gpu + 7 gpu_xid + 3 node + 7 training
 
 
 def test_xid_79_fires_gpu_xid_error_with_the_contract_labels(live: Live) -> None:
