@@ -225,3 +225,40 @@ controls = Table(
     Column("value", JSON, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
 )
+
+# One row per repair of a node: taken out by us -> repaired -> validated -> returned, or held for a person
+# (app/engine/repair.py). ``open_key`` is ``<scheduler>/<node>`` while the repair is open (RepairState REPAIR_OPEN,
+# held included) and NULL once settled: one open repair per node across workers and replicas.
+node_repairs = Table(
+    "node_repairs",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("node", String(255), nullable=False),
+    Column("scheduler", String(16), nullable=False),  # slurm | kubernetes
+    Column("state", String(16), nullable=False),  # app.states.RepairState
+    Column("open_key", String(300), unique=True),
+    Column("playbook", String(200)),  # whose node_repair section plans the repair; NULL: the defaults
+    Column("incident_id", Integer),  # the incident that asked for it (ledger rows carry it)
+    Column("reason", Text, nullable=False, default=""),
+    Column("taken_out_by_us", Boolean, nullable=False, default=False),
+    Column("taken_out_at", UtcDateTime),
+    # This node's repairs within the lemon window, this one included.
+    Column("repairs", Integer, nullable=False, default=1),
+    Column("step", String(32)),  # the step under way: take_out | repair:<i> | validate | return
+    Column("step_status", String(16)),  # pending | running (found running by a later claimer: ambiguous)
+    Column("retries", Integer, nullable=False, default=0),
+    Column("steps", JSON, nullable=False, default=list),  # finished steps: action, command, status, output
+    Column("validation", JSON),  # command, exit code, output tail, verdict
+    Column("held_reason", Text),
+    Column("released_by", String(100)),
+    Column("deadline", UtcDateTime),  # back and validated by then, else held (repair.return_timeout_seconds)
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("closed_at", UtcDateTime),
+    Column("next_run_at", UtcDateTime),
+    Column("claimed_by", String(200)),
+    Column("claim_expires_at", UtcDateTime),
+)
+Index("ix_node_repairs_due", node_repairs.c.next_run_at)
+Index("ix_node_repairs_node", node_repairs.c.node, node_repairs.c.created_at)
+Index("ix_node_repairs_taken_out", node_repairs.c.taken_out_at)
