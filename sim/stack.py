@@ -191,17 +191,32 @@ SHIPPED_ALERTMANAGER_CONFIG = REPO_ROOT / "alerts" / "alertmanager.yml"
 
 
 def nightshift_config(
-    webhook_url: str, credentials_file: Path, group_wait: str = "1s", group_interval: str = "1s"
+    webhook_url: str,
+    credentials_file: Path,
+    group_wait: str = "1s",
+    group_interval: str = "1s",
+    people_url: str | None = None,
 ) -> dict[str, Any]:
     """The shipped configuration with the webhook URL, the token file and the group timers replaced.
 
-    Everything else (grouping, receiver options, inhibition) is what ships, so tests and the demo exercise it.
+    ``people_url`` replaces the people receiver's chat webhook URL; without it the people route and receiver are
+    dropped (nothing here would answer them). Everything else (grouping, routes, receiver options, inhibition) is
+    what ships, so tests and the demo exercise it.
     """
     config = yaml.safe_load(SHIPPED_ALERTMANAGER_CONFIG.read_text())
     config["route"].update(group_wait=group_wait, group_interval=group_interval)
-    (webhook,) = config["receivers"][0]["webhook_configs"]
+    nightshift, people = config["receivers"]
+    (webhook,) = nightshift["webhook_configs"]
     webhook["url"] = webhook_url
     webhook["http_config"]["authorization"]["credentials_file"] = str(credentials_file)
+    if people_url is None:
+        config["receivers"] = [nightshift]
+        config["route"]["receiver"] = nightshift["name"]
+        config["route"]["routes"] = [r for r in config["route"]["routes"] if r["receiver"] == nightshift["name"]]
+    else:
+        (chat,) = people["slack_configs"]
+        del chat["api_url_file"]
+        chat["api_url"] = people_url
     return config
 
 

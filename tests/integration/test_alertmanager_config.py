@@ -58,15 +58,19 @@ def test_amtool_accepts_the_shipped_config() -> None:
     assert "SUCCESS" in result.stdout and "1 inhibit rules" in result.stdout
 
 
-def test_shipped_config_routes_everything_to_nightshift() -> None:
+def test_shipped_config_routes_everything_to_nightshift_and_to_people() -> None:
     config = yaml.safe_load(SHIPPED_CONFIG.read_text())
     route = config["route"]
-    assert route["receiver"] == "nightshift" and "routes" not in route
+    assert route["routes"] == [
+        {"receiver": "nightshift", "continue": True},
+        {"receiver": "people"},
+    ]
+    assert route["receiver"] == "people"  # the fallback, were a matcher ever added to the routes
     assert route["group_by"] == ["alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod"]
     assert (route["group_wait"], route["group_interval"], route["repeat_interval"]) == ("10s", "1m", "4h")
-    (receiver,) = config["receivers"]
-    (webhook,) = receiver["webhook_configs"]
-    assert receiver["name"] == "nightshift"
+    nightshift, people = config["receivers"]
+    (webhook,) = nightshift["webhook_configs"]
+    assert nightshift["name"] == "nightshift" and people["name"] == "people"
     assert webhook == {
         "url": "http://127.0.0.1:8080/api/v1/alerts",
         "send_resolved": True,
@@ -75,6 +79,53 @@ def test_shipped_config_routes_everything_to_nightshift() -> None:
             "authorization": {"type": "Bearer", "credentials_file": "/etc/alertmanager/nightshift.token"}
         },
     }
+    (chat,) = people["slack_configs"]
+    assert chat["api_url_file"] == "/etc/alertmanager/people-slack.url" and chat["send_resolved"] is True
+
+
+@pytest.mark.parametrize(
+    "labels",
+    [
+        "alertname=GpuXidError xid_class=reboot Hostname=node1",
+        "alertname=TrainingMetricsAbsent train_job=a",
+        "alertname=SlurmNodeDown Hostname=node2",
+        "alertname=SomethingNobodyWrote",
+    ],
+)
+def test_amtool_routes_every_alert_to_both_receivers(labels: str) -> None:
+    amtool = require_binary("amtool", "apt-get install prometheus-alertmanager")
+    result = subprocess.run(
+        [amtool, "config", "routes", "test", f"--config.file={SHIPPED_CONFIG}", *labels.split()],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["nightshift,people"]
+
+
+def test_a_real_alertmanager_delivers_each_alert_to_nightshift_and_to_the_people_channel(
+    start_alertmanager: Callable[..., AlertmanagerServer], sink: Sink, tmp_path: Path
+) -> None:
+    token = tmp_path / "nightshift.token"
+    token.write_text("t\n")
+    am = start_alertmanager(nightshift_config(sink.url(), token, people_url=sink.url("/people")))
+    am.post_alerts([alert(alertname="SlurmNodeDown", Hostname="node2", node_name="node2")])
+
+    def by_path() -> dict[str, list[Any]]:
+        found: dict[str, list[Any]] = {}
+        for request in sink.received:
+            found.setdefault(request.path, []).append(request.body)
+        return found
+
+    received = wait_until(lambda: len(by_path()) == 2 and by_path(), 15, "a POST to each receiver")
+    (to_nightshift,) = received["/api/v1/alerts"]
+    assert to_nightshift["receiver"] == "nightshift"
+    assert [a["labels"]["alertname"] for a in to_nightshift["alerts"]] == ["SlurmNodeDown"]
+    (to_people,) = received["/people"]  # Slack's incoming-webhook shape
+    assert to_people["channel"] == "#gpu-oncall"
+    (attachment,) = to_people["attachments"]
+    assert attachment["title"] == "FIRING SlurmNodeDown node2"
+    assert attachment["text"].startswith("SlurmNodeDown: ")
 
 
 def test_alerts_reach_the_webhook_grouped_with_the_bearer_token(
