@@ -8,6 +8,7 @@ with ``outcome``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -63,6 +64,16 @@ class GuardFacts:
     disrupted_nodes: frozenset[str] = frozenset()  # nodes disrupted fleet-wide within the blast window
     blast_max_nodes: int = 3
     blast_window: timedelta = timedelta(hours=1)
+    # Blast radius on nodes (see :func:`blast_radius`). ``takes_out``: the nodes the granted steps take out of
+    # service (drain, cordon, reboot; :func:`app.planning.nodes_taken_out`); None when the caller predates node
+    # counting, then derived from ``destructive`` and ``node``. ``taken_out``: nodes taken out fleet-wide within the
+    # window (:func:`app.store.repairs.nodes_taken_out_since`), else ``disrupted_nodes``. ``pool_nodes``: every node of
+    # the partition / node pool of the node taken out (empty: unknown, no share limit), named ``pool``.
+    takes_out: frozenset[str] | None = None
+    taken_out: frozenset[str] | None = None
+    pool: str = ""
+    pool_nodes: frozenset[str] = frozenset()
+    blast_max_share: float = 1.0
     defer: timedelta = timedelta(seconds=30)
 
 
@@ -93,21 +104,48 @@ def permission(f: GuardFacts) -> Verdict:
 
 
 def blast_radius(f: GuardFacts) -> Verdict:
-    if not f.destructive:
-        return Verdict("blast_radius", PASS, "no capacity-reducing step")
-    if f.node and f.node in f.disrupted_nodes:
-        return Verdict("blast_radius", PASS, f"node {f.node} already counted")
-    used = len(f.disrupted_nodes)
-    window = _human(f.blast_window)
-    if used >= f.blast_max_nodes:
-        nodes = ", ".join(sorted(f.disrupted_nodes)[:10])
+    """Nodes taken out of service (drain, cordon, reboot) within the window, fleet-wide and per partition/pool.
+
+    Job restarts never count, and returning a node to service is never held (it takes nothing out)."""
+    adding = (
+        f.takes_out if f.takes_out is not None else frozenset({f.node} if f.destructive and f.node else ())
+    )
+    out = f.taken_out if f.taken_out is not None else f.disrupted_nodes
+    if not adding:
+        return Verdict("blast_radius", PASS, "takes no node out of service")
+    new = adding - out
+    if not new:
+        return Verdict("blast_radius", PASS, f"node(s) {', '.join(sorted(adding))} already counted")
+    window = human_duration(f.blast_window)
+    after = out | adding
+    if len(after) > f.blast_max_nodes:
+        nodes = ", ".join(sorted(out)[:10])
         return Verdict(
             "blast_radius",
             WAIT,
-            f"{used} node(s) disrupted in the last {window} (limit {f.blast_max_nodes}): {nodes}",
+            f"{len(out)} node(s) taken out in the last {window} (limit {f.blast_max_nodes}): {nodes}",
             until=f.now + f.defer,
         )
-    return Verdict("blast_radius", PASS, f"{used + 1} of {f.blast_max_nodes} nodes within {window}")
+    if f.pool_nodes:
+        limit = pool_limit(len(f.pool_nodes), f.blast_max_share)
+        in_pool = after & f.pool_nodes
+        if len(in_pool) > limit:
+            return Verdict(
+                "blast_radius",
+                WAIT,
+                f"{len(in_pool - new)} of the {len(f.pool_nodes)} nodes of {f.pool or 'its pool'} taken out in the "
+                f"last {window} (limit {limit}, {f.blast_max_share:.0%}): {', '.join(sorted(in_pool - new)[:10])}",
+                until=f.now + f.defer,
+            )
+        share = f"; {len(in_pool)} of {limit} in {f.pool or 'its pool'}"
+    else:
+        share = ""
+    return Verdict("blast_radius", PASS, f"{len(after)} of {f.blast_max_nodes} nodes within {window}{share}")
+
+
+def pool_limit(pool_size: int, max_share: float) -> int:
+    """How many nodes of a partition/pool of ``pool_size`` may be out at once: the share, at least one."""
+    return max(1, math.floor(pool_size * max_share + 1e-9))
 
 
 def serialisation(f: GuardFacts) -> Verdict:
@@ -122,14 +160,16 @@ def budget(f: GuardFacts) -> Verdict:
         return Verdict(
             "budget",
             STOP,
-            f"{used} attempt(s) in the last {_human(f.budget_window)} (budget {f.budget_attempts})",
+            f"{used} attempt(s) in the last {human_duration(f.budget_window)} (budget {f.budget_attempts})",
             outcome="needs_human",
         )
     if f.attempts:
         last = f.attempts[-1]
         ready = (last.finished_at or last.started_at) + f.backoff
         if ready > f.now:
-            return Verdict("budget", WAIT, f"backoff {_human(f.backoff)} after attempt {used}", until=ready)
+            return Verdict(
+                "budget", WAIT, f"backoff {human_duration(f.backoff)} after attempt {used}", until=ready
+            )
     return Verdict("budget", PASS, f"attempt {used + 1} of {f.budget_attempts}")
 
 
@@ -140,8 +180,8 @@ def cooldown(f: GuardFacts) -> Verdict:
             return Verdict(
                 "cooldown",
                 WAIT,
-                f"recovered {_human(f.now - f.last_recovery.finished_at)} ago "
-                f"(cooldown {_human(f.cooldown)})",
+                f"recovered {human_duration(f.now - f.last_recovery.finished_at)} ago "
+                f"(cooldown {human_duration(f.cooldown)})",
                 until=ready,
             )
     return Verdict("cooldown", PASS, "no recent recovery")
@@ -188,7 +228,7 @@ def evaluate(facts: GuardFacts) -> list[Verdict]:
     return verdicts
 
 
-def _human(delta: timedelta) -> str:
+def human_duration(delta: timedelta) -> str:
     seconds = int(delta.total_seconds())
     for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
         if seconds >= size and seconds % size == 0:

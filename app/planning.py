@@ -46,6 +46,13 @@ class PlannedStep:
         return self.mutating and not self.action.return_to_service
 
 
+def nodes_taken_out(planned: Sequence[PlannedStep]) -> frozenset[str]:
+    """The nodes the steps that will run take out of service (drain, cordon, reboot): what blast radius counts."""
+    return frozenset(
+        str(p.params["node"]) for p in planned if p.runs and p.action.takes_out and p.params.get("node")
+    )
+
+
 def when_context(
     labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int
 ) -> dict[str, str]:

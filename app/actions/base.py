@@ -42,6 +42,8 @@ class Action(ABC):
 
     ``read_only`` actions (logs, queries, notifications) need no grant in the permissions whitelist.
     ``return_to_service`` actions (resume, uncordon) are never held back by the blast-radius guard.
+    ``takes_out`` actions (drain, cordon, reboot) take their ``node`` parameter out of service: the blast-radius
+    guard counts those nodes, and nothing else.
     """
 
     name: ClassVar[str]
@@ -49,6 +51,7 @@ class Action(ABC):
     params: ClassVar[Mapping[str, Param]] = {}
     read_only: ClassVar[bool] = False
     return_to_service: ClassVar[bool] = False
+    takes_out: ClassVar[bool] = False
     # Which target field scopes this action in permissions.yaml (node, namespace, partition...).
     scope_keys: ClassVar[tuple[str, ...]] = ()
 

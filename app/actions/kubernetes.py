@@ -87,6 +87,7 @@ class CordonNode(KubernetesAction):
     )
     params = {"node": NODE}
     scope_keys = ("node",)
+    takes_out = True
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         node = params["node"]

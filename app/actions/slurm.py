@@ -103,6 +103,7 @@ class DrainNode(SlurmAction):
         "reason": Param(pattern=SAFE_TEXT, max_length=180, description="why (prefixed with 'nightshift: ')"),
     }
     scope_keys = ("node", "partition")
+    takes_out = True
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         argv = drain_command(params["node"], prefixed_reason(params["reason"]))

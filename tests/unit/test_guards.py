@@ -56,7 +56,7 @@ def test_blast_radius_waits_when_the_limit_of_other_nodes_is_reached():
     full = replace(BASE, disrupted_nodes=frozenset({"n2", "n3", "n4"}), blast_max_nodes=3)
     last = guards.evaluate(full)[-1]
     assert (last.guard, last.decision) == ("blast_radius", WAIT)
-    assert "3 node(s) disrupted in the last 1h (limit 3): n2, n3, n4" in last.reason
+    assert "3 node(s) taken out in the last 1h (limit 3): n2, n3, n4" in last.reason
 
 
 def test_blast_radius_counts_a_node_once_and_never_blocks_return_to_service():
@@ -64,6 +64,40 @@ def test_blast_radius_counts_a_node_once_and_never_blocks_return_to_service():
     assert guards.blast_radius(already).decision == PASS
     resume_only = replace(BASE, destructive=False, disrupted_nodes=frozenset({"n2", "n3", "n4"}))
     assert guards.blast_radius(resume_only).decision == PASS
+
+
+def test_blast_radius_counts_nodes_taken_out_never_job_restarts():
+    # A requeue takes no node out: however many nodes are out, it passes.
+    restart = replace(BASE, takes_out=frozenset(), taken_out=frozenset({"n2", "n3", "n4"}))
+    verdict = guards.blast_radius(restart)
+    assert (verdict.decision, verdict.reason) == (PASS, "takes no node out of service")
+    drain = replace(restart, takes_out=frozenset({"node1"}))
+    assert guards.blast_radius(drain).decision == WAIT
+    # The node counts are the ones taken out, not the legacy ``disrupted_nodes`` (job restarts included).
+    legacy = replace(drain, taken_out=frozenset(), disrupted_nodes=frozenset({"n2", "n3", "n4"}))
+    assert guards.blast_radius(legacy).decision == PASS
+
+
+def test_blast_radius_share_of_the_partition_at_least_one_node():
+    pool = frozenset(f"node{i}" for i in range(1, 9))  # 8 nodes, 25 %: 2 may be out
+    facts = replace(
+        BASE, takes_out=frozenset({"node1"}), taken_out=frozenset(), pool="partition gpu", pool_nodes=pool,
+        blast_max_share=0.25, blast_max_nodes=10,
+    )  # fmt: skip
+    assert guards.blast_radius(facts).reason == "1 of 10 nodes within 1h; 1 of 2 in partition gpu"
+    one_out = replace(facts, taken_out=frozenset({"node2"}))
+    assert guards.blast_radius(one_out).decision == PASS
+    two_out = replace(facts, taken_out=frozenset({"node2", "node3", "elsewhere9"}))
+    verdict = guards.blast_radius(two_out)
+    assert verdict.decision == WAIT
+    assert verdict.reason == (
+        "2 of the 8 nodes of partition gpu taken out in the last 1h (limit 2, 25%): node2, node3"
+    )
+    # A pool of 2 at 25 %: still one node may go.
+    small = replace(facts, pool_nodes=frozenset({"node1", "node2"}))
+    assert guards.blast_radius(small).decision == PASS
+    assert guards.blast_radius(replace(small, taken_out=frozenset({"node2"}))).decision == WAIT
+    assert guards.pool_limit(0, 0.25) == 1 and guards.pool_limit(10, 0.3) == 3
 
 
 def test_serialisation_waits_behind_an_earlier_incident():
