@@ -119,6 +119,9 @@ class NotifySettings:
     smtp_password_file: str | None = None
     email_from: str = "nightshift@localhost"
     email_to: list[str] = field(default_factory=list)
+    # PagerDuty Events v2 (the paging channel): pages only when a person is needed (app/paging.py).
+    pagerduty_routing_key_file: str | None = None  # the service integration key (32 characters), a secret
+    pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
     timeout_seconds: float = 10.0
 
 

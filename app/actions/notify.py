@@ -15,6 +15,7 @@ from app.actions.base import Action, ActionContext, Plan
 from app.config import read_secret
 from app.errors import BackendError, ConfigError
 from app.outcome import Failed, Ok, Outcome, outcome_from_error
+from app.paging import page_for
 from app.params import SAFE_TEXT, URL, Param
 
 if TYPE_CHECKING:
@@ -89,7 +90,8 @@ class NotifyEmail(Action):
 def send_notification(
     clients: Clients, settings: Settings, subject: str, text: str, data: Mapping[str, Any]
 ) -> list[Outcome]:
-    """Send ``subject``/``text`` to every configured channel: one outcome per channel (webhook, then email).
+    """Send ``subject``/``text`` to every configured channel: one outcome per channel (webhook, email, then
+    PagerDuty when :func:`app.paging.page_for` says the notice needs a person).
 
     Never raises: a missing secret, an unreachable server or a refusal is that channel's outcome. The webhook
     body carries ``data`` (made JSON-safe) under ``nightshift``. No channel configured: an empty list.
@@ -110,6 +112,15 @@ def send_notification(
         outcomes.append(
             _deliver(
                 _mail_command(", ".join(to), subject), "email", lambda: _mail(clients, to, subject, text)
+            )
+        )
+    page = page_for(subject, text, data, settings.external_url) if section.pagerduty_routing_key_file else None
+    if page is not None:
+        outcomes.append(
+            _deliver(
+                f"POST <pagerduty events v2> trigger {page.dedup_key} ({page.severity})",
+                "pagerduty",
+                lambda: f"dedup_key {clients.pagerduty.trigger(page)}",
             )
         )
     return outcomes

@@ -47,6 +47,12 @@ class Clients:
         return self._get("http", HttpPoster.from_settings)
 
     @property
+    def pagerduty(self) -> Any:
+        from app.clients.pagerduty import PagerDutyClient
+
+        return self._get("pagerduty", PagerDutyClient.from_settings)
+
+    @property
     def mail(self) -> Any:
         from app.clients.mail import Mailer
 
