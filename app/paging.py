@@ -1,0 +1,168 @@
+"""What reaches a person, and what pages one: the notices Nightshift owes people and the paging event of each.
+
+Pure: no I/O. Slack and email get every notice (:func:`app.actions.notify.send_notification`); a paging channel
+(PagerDuty Events v2) gets only the notices where a person is needed, and :func:`page_for` says which, from the
+notice's ``data``:
+
+* an incident that closed ``needs_human``, ``failed``, ``credential_error``, ``unverified`` or ``advisory`` (an
+  advisory incident is a plan that only a person can carry out) — not ``recovered``, ``blocked``, ``resolved``;
+* a node held after a failed validation or by the lemon rule (:func:`node_held`);
+* an alert that no playbook matches (:func:`unmatched_alert`);
+* the blast radius reached (destructive actions paused) and a step waiting for approval.
+
+Each page has a ``dedup_key`` naming what it is about, so a repeated notice (a retried finalisation, an
+Alertmanager repeat of an unmatched alert) updates the one open PagerDuty alert instead of opening another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+# PagerDuty Events v2 limits (developer.pagerduty.com, "Send an Alert Event").
+MAX_SUMMARY = 1024
+MAX_DEDUP_KEY = 255
+SEVERITIES = ("critical", "error", "warning", "info")
+
+# Incident outcomes that need a person, and how loudly.
+PAGE_OUTCOMES = {
+    "needs_human": "critical",
+    "failed": "critical",
+    "credential_error": "critical",
+    "unverified": "error",
+    "advisory": "warning",
+}
+# An alert's own severity label (rules/README.md: critical | warning | info) carried to the page.
+ALERT_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
+
+
+@dataclass(frozen=True)
+class Page:
+    """One PagerDuty Events v2 ``trigger``: the fields of its ``payload`` plus the ``dedup_key`` and links."""
+
+    dedup_key: str
+    summary: str
+    source: str
+    severity: str
+    event_class: str
+    component: str = ""
+    group: str = ""
+    custom_details: Mapping[str, Any] = field(default_factory=dict)
+    links: tuple[tuple[str, str], ...] = ()  # (href, text)
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A message for people: ``subject`` and ``text`` for chat and email, ``data`` for machines and paging."""
+
+    subject: str
+    text: str
+    data: Mapping[str, Any]
+
+
+def page_for(subject: str, text: str, data: Mapping[str, Any], external_url: str = "") -> Page | None:
+    """The page a notice deserves, or None when it only informs (a recovery, a resolved alert)."""
+    labels: Mapping[str, Any] = data.get("labels") or {}
+    source = str(data.get("node") or labels.get("Hostname") or labels.get("node") or "nightshift")
+    details = {"text": text[:4000], **{k: v for k, v in data.items() if k != "labels"}}
+    if labels:
+        details["labels"] = dict(labels)
+    group = str(labels.get("slurm_job_id") or labels.get("train_job") or labels.get("namespace") or "")
+    incident = data.get("incident")
+    link = _incident_link(external_url, incident)
+    if data.get("outcome") in PAGE_OUTCOMES and incident is not None:
+        key, severity, event_class = f"incident/{incident}", PAGE_OUTCOMES[data["outcome"]], data["outcome"]
+    elif data.get("node_held"):
+        key = f"node/{data.get('scheduler', '')}/{data['node_held']}/repair/{data.get('repair_id', '')}"
+        severity, event_class, source = "critical", "node_held", str(data["node_held"])
+        link = _url(external_url, "/nodes")
+    elif data.get("unmatched"):
+        key = f"alert/{data.get('fingerprint', '')}"
+        severity = ALERT_SEVERITY.get(str(labels.get("severity", "")), "warning")
+        event_class = "unmatched_alert"
+    elif data.get("guard") == "blast_radius":
+        key, severity, event_class = f"blast_radius/{incident}", "critical", "blast_radius"
+    elif data.get("step") is not None:
+        key, severity, event_class = f"approval/{data['step']}", "warning", "approval"
+    else:
+        return None
+    return Page(
+        dedup_key=dedup_key(key),
+        summary=_clip(subject, MAX_SUMMARY),
+        source=source,
+        severity=severity,
+        event_class=event_class,
+        component=str(labels.get("alertname", "")),
+        group=group,
+        custom_details=details,
+        links=((link, "Nightshift"),) if link else (),
+    )
+
+
+def dedup_key(key: str) -> str:
+    """``nightshift/<key>``, at most 255 characters (a longer key keeps its head and a hash of the whole)."""
+    full = f"nightshift/{key}"
+    if len(full) <= MAX_DEDUP_KEY:
+        return full
+    digest = hashlib.sha256(full.encode()).hexdigest()[:16]
+    return f"{full[: MAX_DEDUP_KEY - 17]}#{digest}"
+
+
+def node_held(
+    *, node: str, scheduler: str, reason: str, repair_id: int, incident_id: int | None, external_url: str
+) -> Notice:
+    """A node the repair lifecycle holds for a person (validation failed, lemon rule, not ours)."""
+    subject = f"[nightshift] node {node} held for a person ({scheduler})"
+    text = "\n".join(
+        [
+            f"Node {node} ({scheduler}) is out of service and held: {reason}",
+            "Nightshift will not return it; release it after repair "
+            f"(POST /api/v1/nodes/{node}/release) or look at it: {_url(external_url, '/nodes')}",
+        ]
+    )
+    data = {
+        "node_held": node,
+        "node": node,
+        "scheduler": scheduler,
+        "repair_id": repair_id,
+        "incident": incident_id,
+        "reason": reason,
+    }
+    return Notice(subject, text, data)
+
+
+def unmatched_alert(
+    *, alertname: str, fingerprint: str, labels: Mapping[str, str], annotations: Mapping[str, str]
+) -> Notice:
+    """An alert that no playbook matched: nobody automated it, so a person must look."""
+    where = (
+        labels.get("Hostname")
+        or labels.get("node")
+        or labels.get("train_job")
+        or labels.get("instance")
+        or "-"
+    )
+    subject = f"[nightshift] no playbook for {alertname} on {where}"
+    summary = annotations.get("summary") or alertname
+    lines = [summary]
+    if annotations.get("description"):
+        lines.append(annotations["description"])
+    lines.append("No playbook matches this alert: Nightshift recorded it and did nothing.")
+    lines.append("Labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
+    data = {"unmatched": alertname, "fingerprint": fingerprint, "labels": dict(labels)}
+    return Notice(subject, "\n".join(lines), data)
+
+
+def _incident_link(external_url: str, incident: Any) -> str:
+    return _url(external_url, f"/incidents/{incident}") if incident is not None else ""
+
+
+def _url(external_url: str, path: str) -> str:
+    return f"{external_url.rstrip('/')}{path}" if external_url else ""
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
