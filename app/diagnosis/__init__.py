@@ -5,60 +5,96 @@ bounded: at most the last :data:`MAX_LOG_CHARS` characters and :data:`MAX_LINES`
 only up to :data:`MAX_LINE_CHARS`.
 
 How a verdict is reached:
-1. Each log line votes for its heaviest matching signature (``signatures.yaml``); a distinct line votes once,
-   and a category's line votes are capped so a flood of one repeated error cannot drown everything else.
-2. Label signatures (``alertname``, ``error_class``) add their weights; Xids from labels and kernel lines add
-   one weight for the verdict of :func:`app.diagnosis.xid.judge`, by its class (a node reboot outweighs
-   everything, a restart-the-app Xid barely counts).
-3. Consequences are discounted: when a cause category has decisive evidence, the errors it usually drags
-   along (a Python traceback, NCCL errors on the peers of a dead rank, NaNs from ECC corruption, a truncated
-   checkpoint after a full disk) count for a quarter, so the specific cause wins.
-4. Confidence grows with the winning score and its margin over the runner-up.
+1. One pass over the lines (:mod:`app.diagnosis.evidence`): each line votes for its heaviest matching cause
+   signature (``signatures.yaml``) unless it is known noise; markers note shutdown, completion, progress and
+   recovery; Xids, NCCL's rank table, torchrun's failure summary, gradient norms and py-spy dumps are read.
+2. What a healthy run explains away is dropped: errors after the job was cancelled or timed out (shutdown
+   noise), Xid 45 after a cancel, errors followed by sustained training progress or by their own recovery
+   (``nfs: server OK``, a retry that succeeded).
+3. Patterns across lines add votes: the same app-class Xid on one GPU across processes (suspect the GPU) or on
+   many GPUs (the application), NaN from one rank at several iterations across restarts (silent data
+   corruption), gradient norms exploding, a long gap without progress before a time limit (a hang), the ranks'
+   stacks (:mod:`app.diagnosis.stacks`).
+4. Label signatures and the Xid verdict add their weights; consequences of a decisive cause are discounted
+   (the tracebacks and peer NCCL errors a dead rank drags along), and an application exception that comes
+   before the first NCCL error is the cause of it rather than its consequence.
+5. Confidence grows with the winning score and its margin. Below ``confidence_floor`` the answer is
+   ``unknown`` (or ``benign`` when the run shows it is healthy), with what was seen in the summary.
+6. The culprit (:class:`Culprit`) is the rank, node and GPU the decisive evidence points at: the odd rank out
+   of a collective timeout, the first rank to fail, the node a kernel line came from, the GPU a PCI address
+   maps to.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Mapping
+import statistics
+from collections import Counter
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.diagnosis import stacks as stackdumps
 from app.diagnosis import xid as xids
-from app.diagnosis.signatures import CATEGORIES, UNKNOWN, Signature, SignatureCatalogue, load_catalogue
+from app.diagnosis.evidence import MAX_LINE_CHARS, Reading, Vote, exploding, iteration_of, read
+from app.diagnosis.lines import LogLine, normalise_pci, parse_line
+from app.diagnosis.signatures import (
+    BENIGN,
+    CATEGORIES,
+    UNKNOWN,
+    SignatureCatalogue,
+    load_catalogue,
+)
 
-__all__ = ["CATEGORIES", "UNKNOWN", "Diagnosis", "SignatureCatalogue", "diagnose", "load_catalogue"]
+__all__ = [
+    "BENIGN",
+    "CATEGORIES",
+    "DEFAULT_CONFIDENCE_FLOOR",
+    "UNKNOWN",
+    "Culprit",
+    "Diagnosis",
+    "SignatureCatalogue",
+    "diagnose",
+    "load_catalogue",
+]
 
 MAX_LOG_CHARS = 2 * 1024 * 1024
 MAX_LINES = 20_000
-MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its head only
 MAX_EVIDENCE = 20
 MAX_EVIDENCE_CHARS = 500
+DEFAULT_CONFIDENCE_FLOOR = 0.35
 
 LINE_SCORE_CAP = 10.0  # per category: two decisive lines' worth
 CAUSE_MIN = 5.0  # a category this strong is a cause whose consequences get discounted
 CONSEQUENCE_FACTOR = 0.25
-SOFT_XID_PENALTY = 0.75  # an application error next to an app-class Xid may still be a (rare) hardware fault
 CONFIDENCE_SCALE = 5.0  # score at which strength reaches 1 - 1/e
+SERIOUS = 3.0  # a vote at least this heavy is an error that sustained progress must follow to be survived
+PROGRESS_TO_RESOLVE = 3  # progress lines after an error that show the run survived it
+HANG_GAP_SECONDS = 1800.0  # no progress this long before a time limit or cancel is a hang
+SHUTDOWN_NOISE = frozenset({"application_error", "nccl_network", "hang"})
 
-# Weight of the Xid verdict, by class: hardware Xids must beat a capped flood of consequent NCCL errors;
-# app-class Xids are too weak to be a cause, so an application traceback next to them still wins.
+# Weight of the Xid verdict, by class: hardware Xids must beat a capped flood of consequent NCCL errors.
+# Application-class Xids (13, 31, 43...) vote for application_error (see _xid_votes).
 XID_WEIGHT = {
     "reboot": 12.0,
     "reset_gpu": 10.0,
     "nvlink": 10.0,
     "contact_support": 8.0,
     "other": 4.0,
-    "restart_app": 1.0,
+    "restart_app": 4.0,
     "ignore": 0.5,
 }
-_SOFT_XID_CLASSES = frozenset({"restart_app", "ignore"})
+_SEVERE_XID = frozenset({"reboot", "reset_gpu", "nvlink", "contact_support"})
 
 # consequence -> the categories that typically cause it
 _CAUSES: dict[str, frozenset[str]] = {
     "application_error": frozenset(CATEGORIES) - {"application_error"},
     "nccl_network": frozenset(CATEGORIES) - {"nccl_network", "application_error"},
+    "hang": frozenset(CATEGORIES) - {"hang"},
     "numerical_divergence": frozenset({"gpu_hardware", "nvlink"}),
     "checkpoint_corrupt": frozenset({"storage_io", "object_store_timeout"}),
+    "node_failure": frozenset({"gpu_hardware", "nvlink"}),
 }
 
 # Xid class -> what to do, for the summary sentence
@@ -89,26 +125,58 @@ _WORDING = {
         "CUDA out of memory",
         "reduce batch size or memory use; an unchanged restart will fail again",
     ),
+    "host_oom": (
+        "Host out of memory",
+        "give the job more host memory or fewer data-loader workers; an unchanged restart will fail again",
+    ),
+    "node_failure": ("Node failure", "take the node out and requeue the job elsewhere"),
     "numerical_divergence": (
         "Numerical divergence",
         "roll back to an earlier checkpoint and lower the learning rate",
     ),
+    "hang": ("Training hang", "dump the ranks' stacks, then restart from the last checkpoint"),
     "application_error": (
         "Application error",
         "fix the code or configuration; a restart alone will not help",
     ),
 }
 
-_NODE_LABELS = ("Hostname", "node", "nodename", "host")
+_NODE_LABELS = ("Hostname", "node", "nodename", "host", "instance_hostname")
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """Who the decisive evidence points at: a node, a rank, a GPU (any may be unknown), and the lines that
+    say so."""
+
+    node: str | None
+    rank: int | None
+    gpu: str | None
+    evidence: tuple[str, ...] = ()
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "rank": self.rank, "gpu": self.gpu, "evidence": list(self.evidence)}
+
+    def describe(self) -> str:
+        parts = []
+        if self.rank is not None:
+            parts.append(f"rank {self.rank}")
+        if self.node:
+            parts.append(f"on {self.node}" if parts else self.node)
+        if self.gpu is not None:
+            parts.append(f"GPU {self.gpu}")
+        return " ".join(parts)
 
 
 @dataclass(frozen=True)
 class Diagnosis:
     """The root cause of an incident, as far as labels and logs tell.
 
-    ``category`` is one of :data:`CATEGORIES` or ``unknown``; ``confidence`` is in [0, 1] (0 for unknown);
+    ``category`` is one of :data:`CATEGORIES`, ``benign`` (the run is healthy or was stopped on purpose:
+    nothing to act on) or ``unknown`` (not enough evidence); ``confidence`` is in [0, 1] (0 for unknown);
     ``evidence`` holds the supporting label facts and log lines (at most 20, each at most 500 characters);
-    ``xid``/``xid_class`` are set whenever an Xid was seen (class: see :data:`app.diagnosis.xid.SEVERITY`).
+    ``xid``/``xid_class`` are set whenever an Xid was seen (class: see :data:`app.diagnosis.xid.SEVERITY`);
+    ``culprit`` is the node/rank/GPU the evidence points at, when it points at one.
     """
 
     category: str
@@ -117,6 +185,12 @@ class Diagnosis:
     evidence: tuple[str, ...] = ()
     xid: int | None = None
     xid_class: str | None = None
+    culprit: Culprit | None = None
+
+    @property
+    def actionable(self) -> bool:
+        """Whether this verdict names a fault worth acting on (not ``unknown``, not ``benign``)."""
+        return self.category in CATEGORIES
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-ready form, for the ledger and the API."""
@@ -127,6 +201,8 @@ class Diagnosis:
             "evidence": list(self.evidence),
             "xid": self.xid,
             "xid_class": self.xid_class,
+            "actionable": self.actionable,
+            "culprit": self.culprit.as_dict() if self.culprit else None,
         }
 
 
@@ -135,77 +211,98 @@ class _Tally:
     """Votes for one category."""
 
     line_score: float = 0.0
-    other_score: float = 0.0  # labels and Xids: few, so uncapped
-    facts: list[str] = field(default_factory=list)  # label facts
+    other_score: float = 0.0  # labels, Xids and patterns: few, so uncapped
+    facts: list[str] = field(default_factory=list)  # label facts and pattern findings
     lines: dict[str, None] = field(default_factory=dict)  # distinct matching lines, first occurrences
-    top: Signature | None = None  # heaviest signature seen, first on ties
+    votes: list[Vote] = field(default_factory=list)
+    top: str | None = None  # description of the heaviest evidence, first on ties
+    top_weight: float = 0.0
+    culprit: Culprit | None = None  # set by a pattern that names one
 
     @property
     def raw(self) -> float:
         return min(self.line_score, LINE_SCORE_CAP) + self.other_score
 
-    def vote(self, signature: Signature) -> None:
-        if self.top is None or signature.weight > self.top.weight:
-            self.top = signature
+    def describe(self, description: str, weight: float) -> None:
+        if self.top is None or weight > self.top_weight:
+            self.top, self.top_weight = description, weight
+
+    def add_vote(self, vote: Vote) -> None:
+        text = vote.line.raw.strip()
+        if text not in self.lines:  # a distinct line votes once
+            self.lines[text] = None
+            self.line_score += vote.weight
+            self.votes.append(vote)
+            self.describe(vote.signature.description, vote.weight)
+
+    def add_fact(
+        self, fact: str | None, weight: float, description: str, culprit: Culprit | None = None
+    ) -> None:
+        """A vote that is not one log line: a label, the Xid verdict, a pattern across lines (``fact`` says
+        what was found, None when the evidence lines say it already)."""
+        self.other_score += weight
+        if fact is not None:
+            self.facts.append(fact)
+        self.describe(description, weight)
+        if culprit is not None and (self.culprit is None or weight >= self.top_weight):
+            self.culprit = culprit
 
 
 def diagnose(
-    labels: Mapping[str, str], logs: str = "", catalogue: SignatureCatalogue | None = None
+    labels: Mapping[str, str],
+    logs: str = "",
+    catalogue: SignatureCatalogue | None = None,
+    *,
+    confidence_floor: float = DEFAULT_CONFIDENCE_FLOOR,
 ) -> Diagnosis:
-    """Diagnose one incident from its alert ``labels`` and ``logs`` (job output, kernel messages, in any mix).
+    """Diagnose one incident from its alert ``labels`` and ``logs`` (job output, kernel messages, py-spy dumps,
+    in any mix).
 
-    ``catalogue`` defaults to the packaged signatures. Never raises on odd input; nothing recognised gives
-    category ``unknown`` with confidence 0.
+    ``catalogue`` defaults to the packaged signatures; a verdict needs a confidence of at least
+    ``confidence_floor`` (settings: ``diagnosis.confidence_floor``). Never raises on odd input; nothing
+    recognised gives category ``unknown`` with confidence 0.
     """
     if catalogue is None:
         catalogue = load_catalogue()
     lines = tail_lines(logs)
+    reading = read(lines, catalogue)
     tallies = {category: _Tally() for category in CATEGORIES}
+    shutdown = reading.first("shutdown")
+    explained: list[str] = []  # why errors were set aside, for a benign summary
 
-    events = xids.xids_from_labels(labels)
-    for line in lines:
-        probe = line[:MAX_LINE_CHARS]
-        if event := xids.xid_from_line(probe):
-            events.append(event)
-        elif signature := catalogue.match_line(probe):
-            tally = tallies[signature.category]
-            text = line.strip()
-            if text not in tally.lines:  # a distinct line votes once
-                tally.lines[text] = None
-                tally.line_score += signature.weight
-                tally.vote(signature)
+    votes = _shutdown_filtered(reading.votes, shutdown, explained)
+    votes = _recovery_filtered(votes, reading, explained)
+    for vote in votes:
+        tallies[vote.category].add_vote(vote)
     for signature, fact in catalogue.match_labels(labels):
-        tally = tallies[signature.category]
-        tally.other_score += signature.weight
-        tally.facts.append(fact)
-        tally.vote(signature)
-    verdict = xids.judge(events)
-    if verdict is not None:
-        tallies[_xid_category(verdict.primary.code)].other_score += XID_WEIGHT[verdict.xid_class]
+        tallies[signature.category].add_fact(fact, signature.weight, signature.description)
 
-    scores = _discounted({category: tally.raw for category, tally in tallies.items()})
+    verdict = _xid_votes(labels, reading, shutdown, tallies, explained)
+    _pattern_votes(reading, votes, shutdown, tallies, lines)
+
+    scores = _discounted({category: tally.raw for category, tally in tallies.items()}, tallies)
     ranked = sorted(CATEGORIES, key=lambda c: -scores[c])  # stable: catalogue order breaks ties
     winner, runner_up = ranked[0], ranked[1]
     best = scores[winner]
-    if best <= 0:
-        return Diagnosis(
-            category=UNKNOWN,
-            confidence=0.0,
-            summary=f"No known failure signature in the alert labels or the {len(lines)} log lines examined.",
+    confidence = 0.0
+    if best > 0:
+        confidence = (1 - math.exp(-best / CONFIDENCE_SCALE)) * (
+            0.5 + 0.5 * (best - scores[runner_up]) / best
         )
+    if best <= 0 or confidence < confidence_floor:
+        return _no_fault(reading, tallies, scores, winner, confidence, explained, labels)
 
-    confidence = (1 - math.exp(-best / CONFIDENCE_SCALE)) * (0.5 + 0.5 * (best - scores[runner_up]) / best)
-    if winner == "application_error" and verdict is not None and verdict.xid_class in _SOFT_XID_CLASSES:
-        confidence *= SOFT_XID_PENALTY
     tally = tallies[winner]
+    culprit = _culprit(winner, tally, reading, labels)
     xid_evidence = [event.evidence for event in verdict.events] if verdict else []
     return Diagnosis(
         category=winner,
         confidence=round(confidence, 2),
-        summary=_summary(winner, tally, verdict, labels),
+        summary=_summary(winner, tally, verdict, labels, culprit),
         evidence=_evidence([*tally.facts, *xid_evidence, *tally.lines]),
         xid=verdict.primary.code if verdict else None,
         xid_class=verdict.xid_class if verdict else None,
+        culprit=culprit,
     )
 
 
@@ -217,18 +314,402 @@ def tail_lines(logs: str) -> list[str]:
     return logs.splitlines()[-MAX_LINES:]
 
 
+# --- what a healthy run explains away ---------------------------------------------------------------------
+
+
+def _shutdown_filtered(votes: list[Vote], shutdown: Any, explained: list[str]) -> list[Vote]:
+    """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM."""
+    if shutdown is None:
+        return votes
+    kept = [
+        v
+        for v in votes
+        if v.line.index < shutdown.index
+        or not (v.category in SHUTDOWN_NOISE or (v.category == "host_oom" and v.weight < 5))
+    ]
+    if len(kept) < len(votes):
+        explained.append(
+            f"{len(votes) - len(kept)} error line(s) after the job was stopped ({shutdown.signature.description}) "
+            "are shutdown noise"
+        )
+    return kept
+
+
+def _recovery_filtered(votes: list[Vote], reading: Reading, explained: list[str]) -> list[Vote]:
+    """Votes without the errors the run survived: those followed by their recovery marker, or by sustained
+    progress (at least :data:`PROGRESS_TO_RESOLVE` progress lines without an error of their own)."""
+    vote_lines = {v.line.index for v in votes}
+    progress = [
+        m.index for m in reading.markers if m.signature.role == "progress" and m.index not in vote_lines
+    ]
+    completed = [m.index for m in reading.markers if m.signature.role == "completed"]
+    recovered: dict[str, int] = {}
+    for marker in reading.markers:
+        if marker.signature.role == "recovered":
+            recovered[marker.signature.category] = marker.index
+    last: dict[str, int] = {}
+    for vote in votes:
+        if vote.weight >= SERIOUS or vote.category not in last:
+            last[vote.category] = max(last.get(vote.category, -1), vote.line.index)
+    survived: set[str] = set()
+    for category, index in last.items():
+        after = sum(1 for p in progress if p > index)
+        if recovered.get(category, -1) > index:
+            survived.add(category)
+            explained.append(f"{_WORDING[category][0].lower()} cleared later in the log")
+        elif after >= PROGRESS_TO_RESOLVE or any(c > index for c in completed):
+            survived.add(category)
+            explained.append(
+                f"{_WORDING[category][0].lower()} followed by "
+                + ("the job finishing" if any(c > index for c in completed) else f"{after} progress lines")
+            )
+    return [v for v in votes if v.category not in survived]
+
+
+# --- Xids and patterns across lines -----------------------------------------------------------------------
+
+
+def _xid_votes(
+    labels: Mapping[str, str],
+    reading: Reading,
+    shutdown: Any,
+    tallies: dict[str, _Tally],
+    explained: list[str],
+) -> xids.XidVerdict | None:
+    """Vote the Xids of labels and kernel lines; returns the Xid verdict (None without Xids)."""
+    events = xids.xids_from_labels(labels)
+    located: list[tuple[LogLine, xids.XidEvent]] = []
+    for line, event in reading.xid_lines:
+        if event.code == xids.PREEMPTIVE_CLEANUP_XID and shutdown is not None:
+            explained.append("Xid 45 (preemptive cleanup) after the job was stopped")
+            continue
+        events.append(event)
+        located.append((line, event))
+    verdict = xids.judge(events)
+    if verdict is None:
+        return None
+    app_class = [(line, e) for line, e in located if e.xid_class == "restart_app"]
+    if verdict.xid_class == "restart_app" and app_class:
+        by_gpu = Counter(line.pci for line, _ in app_class)
+        pids = {_pid(line.body) for line, _ in app_class}
+        code = verdict.primary.code
+        if len(by_gpu) == 1 and len(app_class) >= 3 and len(pids - {None}) >= 2:
+            line = app_class[0][0]
+            culprit = Culprit(line.host, None, _gpu_of(line, reading, labels), (line.raw.strip(),))
+            tallies["gpu_hardware"].add_fact(
+                f"Xid {code} {len(app_class)} times on PCI {line.pci} across {len(pids)} processes",
+                XID_WEIGHT["contact_support"],
+                f"Xid {code} repeats on one GPU across jobs: suspect the GPU, not the application",
+                culprit,
+            )
+            return verdict
+        if len(by_gpu) >= 2:
+            tallies["application_error"].add_fact(
+                f"Xid {code} on {len(by_gpu)} different GPUs",
+                XID_WEIGHT["restart_app"] + 2,
+                f"Xid {code} on many GPUs: the application, not one GPU",
+            )
+            return verdict
+    if verdict.primary.code == xids.PREEMPTIVE_CLEANUP_XID or verdict.xid_class == "ignore":
+        weight = XID_WEIGHT["ignore"]
+    else:
+        weight = XID_WEIGHT[verdict.xid_class]
+    category = (
+        "application_error" if verdict.xid_class == "restart_app" else _xid_category(verdict.primary.code)
+    )
+    primary_line = next((line for line, e in located if e == verdict.primary), None)
+    culprit = None
+    if primary_line is not None:
+        culprit = Culprit(
+            primary_line.host, None, _gpu_of(primary_line, reading, labels), (primary_line.raw.strip(),)
+        )
+    tallies[category].add_fact(
+        None,
+        weight,
+        _xid_title(verdict.primary.code, labels),
+        culprit,
+    )
+    return verdict
+
+
+def _pattern_votes(
+    reading: Reading,
+    votes: list[Vote],
+    shutdown: Any,
+    tallies: dict[str, _Tally],
+    lines: Sequence[str],
+) -> None:
+    """Votes from patterns across lines: SDC, exploding gradients, a gap before a time limit, stacks."""
+    nan_votes = [v for v in votes if v.category == "numerical_divergence" and v.weight >= 5]
+    sources = {(v.line.rank, v.line.host, v.line.gpu) for v in nan_votes if v.line.rank is not None}
+    iterations = {iteration_of(v.line) for v in nan_votes} - {None}
+    if nan_votes and len(sources) == 1 and len(nan_votes) >= 2:
+        restarts = [r for r in reading.restarts if nan_votes[0].line.index < r < nan_votes[-1].line.index]
+        others = reading.ranks_seen - {next(iter(sources))[0]}
+        if (restarts or len(iterations) >= 2) and (others or (reading.world_size or 1) > 1):
+            rank, host, gpu = next(iter(sources))
+            culprit = Culprit(
+                host or reading.rank_hosts.get(rank),
+                rank,
+                gpu or reading.rank_gpus.get(rank),
+                tuple(v.line.raw.strip() for v in nan_votes[:3]),
+            )
+            tallies["gpu_hardware"].add_fact(
+                f"NaN only on rank {rank}, {len(nan_votes)} times"
+                + (
+                    f" across {len(restarts)} restarts"
+                    if restarts
+                    else f" at iterations {sorted(iterations)}"
+                ),
+                XID_WEIGHT["contact_support"],
+                "NaN on the same GPU at different iterations: suspect silent data corruption",
+                culprit,
+            )
+    if boom := exploding(reading.grad_norms):
+        baseline, peak, line = boom
+        tallies["numerical_divergence"].add_fact(
+            f"gradient norm rose from {baseline:g} to {peak:g}",
+            5.0,
+            "exploding gradient norm",
+        )
+        tallies["numerical_divergence"].lines.setdefault(line.raw.strip(), None)
+    if shutdown is not None and (gap := _progress_gap(reading, shutdown, lines)):
+        tallies["hang"].add_fact(
+            f"no training progress for {_duration(gap)} before: {shutdown.raw[:200]}",
+            6.0,
+            f"no progress for {_duration(gap)} before the job was stopped",
+        )
+    if any(line.startswith(("Thread ", "==> py-spy")) for line in lines):
+        stack_verdict = stackdumps.judge(stackdumps.parse_dumps(lines))
+        if stack_verdict is not None:
+            culprit = None
+            if stack_verdict.culprit is not None:
+                c = stack_verdict.culprit
+                culprit = Culprit(
+                    c.node or reading.rank_hosts.get(c.rank or -1),
+                    c.rank,
+                    reading.rank_gpus.get(c.rank) if c.rank is not None else None,
+                    (c.describe(),),
+                )
+            tallies[stack_verdict.category].add_fact(
+                "py-spy: " + stack_verdict.description,
+                stack_verdict.weight,
+                stack_verdict.description,
+                culprit,
+            )
+            for item in stack_verdict.evidence:
+                tallies[stack_verdict.category].facts.append("py-spy: " + item)
+
+
+def _progress_gap(reading: Reading, shutdown: Any, lines: Sequence[str]) -> float | None:
+    """Seconds between the last progress line and the stop, when that is a hang: over
+    :data:`HANG_GAP_SECONDS` and over ten times the usual interval between progress lines."""
+    before = [m for m in reading.markers if m.signature.role == "progress" and m.index < shutdown.index]
+    if not before:
+        return None
+    last = parse_line(before[-1].index, lines[before[-1].index][:MAX_LINE_CHARS]).time
+    stop = parse_line(shutdown.index, lines[shutdown.index][:MAX_LINE_CHARS])
+    stop_time = stop.time if stop.time is not None else _cancel_time(stop.body)
+    if last is None or stop_time is None or stop_time - last < HANG_GAP_SECONDS:
+        return None
+    times = [t for t in reading.progress_times if t <= last][-50:]
+    intervals = [b - a for a, b in itertools.pairwise(times) if b > a]
+    usual = statistics.median(intervals) if intervals else 0.0
+    gap = stop_time - last
+    return gap if gap > 10 * usual else None
+
+
+def _cancel_time(body: str) -> float | None:
+    marker = body.find("CANCELLED AT ")
+    if marker < 0:
+        return None
+    return parse_line(0, body[marker + len("CANCELLED AT ") :]).time
+
+
+def _duration(seconds: float) -> str:
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h {rest // 60:02d}m" if hours else f"{rest // 60}m"
+
+
+def _pid(body: str) -> str | None:
+    marker = body.find("pid=")
+    if marker < 0:
+        return None
+    return body[marker + 4 :].split(",", 1)[0].strip() or None
+
+
+# --- scoring ----------------------------------------------------------------------------------------------
+
+
 def _xid_category(code: int) -> str:
     """NVLink Xids (74, 144-150) are their own category; every other Xid is GPU hardware."""
     return "nvlink" if xids.xid_class(code) == "nvlink" else "gpu_hardware"
 
 
-def _discounted(raw: Mapping[str, float]) -> dict[str, float]:
-    """Scores with consequences of a decisive cause discounted (causes judged on raw scores)."""
+def _discounted(raw: Mapping[str, float], tallies: Mapping[str, _Tally]) -> dict[str, float]:
+    """Scores with consequences of a decisive cause discounted (causes judged on raw scores).
+
+    An application exception that precedes the first NCCL error is that error's cause: one rank's bug makes
+    every peer's collective fail."""
     scores = dict(raw)
+    first_app = _first_specific(tallies["application_error"])
+    first_nccl = min((v.line.index for v in tallies["nccl_network"].votes), default=None)
+    app_first = first_app is not None and (first_nccl is None or first_app < first_nccl)
     for consequence, causes in _CAUSES.items():
-        if any(raw[cause] >= CAUSE_MIN for cause in causes):
+        decisive = [cause for cause in causes if raw[cause] >= CAUSE_MIN]
+        if consequence == "application_error" and decisive == ["nccl_network"] and app_first:
+            continue
+        if decisive:
             scores[consequence] *= CONSEQUENCE_FACTOR
+    if app_first and raw["application_error"] >= CAUSE_MIN:
+        scores["nccl_network"] *= CONSEQUENCE_FACTOR
     return scores
+
+
+def _first_specific(tally: _Tally) -> int | None:
+    """The line index of the first application error that names what went wrong (an exception type or a
+    crash), not just that something did (a traceback header, an exit code)."""
+    return min((v.line.index for v in tally.votes if v.weight >= 3), default=None)
+
+
+def _no_fault(
+    reading: Reading,
+    tallies: Mapping[str, _Tally],
+    scores: Mapping[str, float],
+    winner: str,
+    confidence: float,
+    explained: list[str],
+    labels: Mapping[str, str],
+) -> Diagnosis:
+    """``benign`` when the run shows it is healthy or was stopped on purpose, else ``unknown``; either way
+    the summary says what was seen."""
+    shutdown = reading.first("shutdown")
+    completed = reading.first("completed")
+    progress = sum(1 for m in reading.markers if m.signature.role == "progress")
+    seen = ""
+    if scores[winner] > 0:
+        seen = f" Weak evidence only: {tallies[winner].top} ({winner}, confidence {confidence:.2f})."
+    evidence = [*tallies[winner].facts, *tallies[winner].lines] if scores[winner] > 0 else []
+    if shutdown is not None or completed is not None or explained or (progress and not scores[winner]):
+        reasons = []
+        if completed is not None:
+            reasons.append("the job finished")
+        if shutdown is not None:
+            reasons.append(shutdown.signature.description)
+        reasons.extend(explained)
+        if not reasons:
+            reasons.append(f"training progressed ({progress} progress lines) with no failure signature")
+        markers = [m.raw for m in (shutdown, completed) if m is not None]
+        return Diagnosis(
+            category=BENIGN,
+            confidence=0.8 if (shutdown or completed or explained) else 0.6,
+            summary="No fault to act on: " + "; ".join(dict.fromkeys(reasons)) + "." + seen,
+            evidence=_evidence([*markers, *evidence]),
+        )
+    node = _node(labels)
+    where = f" for {node}" if node else ""
+    return Diagnosis(
+        category=UNKNOWN,
+        confidence=0.0,
+        summary=f"No known failure signature{where} in the alert labels or the {reading.line_count} log lines "
+        f"examined.{seen}",
+        evidence=_evidence(evidence),
+    )
+
+
+# --- the culprit ------------------------------------------------------------------------------------------
+
+
+def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str, str]) -> Culprit | None:
+    """The rank, node and GPU the evidence for ``category`` points at (None when it points nowhere)."""
+    if tally.culprit is not None and (tally.culprit.node or tally.culprit.rank is not None):
+        return _completed(tally.culprit, reading, labels)
+    if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
+        return _completed(odd, reading, labels)
+    for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
+        line = vote.line
+        if line.rank is not None or line.host or line.pci:
+            return _completed(Culprit(line.host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
+    if reading.root_cause is not None and category not in ("nccl_network", "hang"):
+        rank, host, text = reading.root_cause
+        return _completed(Culprit(host, rank, None, (text,)), reading, labels)
+    return None
+
+
+def _odd_rank_out(reading: Reading) -> Culprit | None:
+    """In a collective timeout the stuck rank is the one that does not report it, or the one whose sequence
+    number differs from everyone else's."""
+    timeouts = reading.timeouts
+    if len(timeouts) < 2:
+        return None
+    world = reading.world_size or (max(reading.ranks_seen | set(timeouts)) + 1)
+    silent = sorted(set(range(world)) - set(timeouts))
+    if len(silent) == 1 and len(timeouts) >= world - 1:
+        rank = silent[0]
+        return Culprit(
+            reading.rank_hosts.get(rank),
+            rank,
+            reading.rank_gpus.get(rank),
+            (f"ranks {_ranges(sorted(timeouts))} report the collective timeout; rank {rank} does not",),
+        )
+    seqs = Counter((seq, op) for seq, op, _ in timeouts.values())
+    if len(seqs) > 1:
+        (common, _), *_ = seqs.most_common(1)
+        odd = [r for r, (seq, op, _) in timeouts.items() if (seq, op) != common]
+        if len(odd) == 1:
+            seq, op, line = timeouts[odd[0]]
+            return Culprit(
+                line.host or reading.rank_hosts.get(odd[0]),
+                odd[0],
+                reading.rank_gpus.get(odd[0]),
+                (
+                    f"rank {odd[0]} times out in {op} #{seq} while the others wait in #{common[0]}",
+                    line.raw.strip(),
+                ),
+            )
+    return None
+
+
+def _completed(culprit: Culprit, reading: Reading, labels: Mapping[str, str]) -> Culprit:
+    """Fill in the node and GPU of a culprit rank from what the log says about that rank."""
+    node, gpu = culprit.node, culprit.gpu
+    if culprit.rank is not None:
+        node = node or reading.rank_hosts.get(culprit.rank)
+        gpu = gpu or reading.rank_gpus.get(culprit.rank)
+    return Culprit(node, culprit.rank, gpu, culprit.evidence)
+
+
+def _gpu_of(line: LogLine, reading: Reading, labels: Mapping[str, str]) -> str | None:
+    """The GPU index of a kernel line's PCI address: from NCCL's rank table, else from the alert's
+    ``pci_bus_id``/``gpu`` labels when they name the same device."""
+    if line.pci is None:
+        return line.gpu
+    for (host, pci), gpu in reading.pci_gpus.items():
+        if pci == line.pci and (host is None or line.host is None or host == line.host):
+            return gpu
+    bus = labels.get("pci_bus_id") or labels.get("PCI_BUS_ID")
+    if bus and labels.get("gpu") and normalise_pci(bus) == line.pci:
+        return labels["gpu"]
+    return None
+
+
+def _ranges(ranks: list[int]) -> str:
+    """``0-2,4-7``: a compact list of rank numbers."""
+    parts: list[str] = []
+    start = prev = None
+    for rank in ranks:
+        if prev is not None and rank == prev + 1:
+            prev = rank
+            continue
+        if start is not None:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+        start = prev = rank
+    if start is not None:
+        parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+# --- wording ----------------------------------------------------------------------------------------------
 
 
 def _evidence(items: list[str]) -> tuple[str, ...]:
@@ -239,33 +720,61 @@ def _evidence(items: list[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(bounded))[:MAX_EVIDENCE]
 
 
+def _same_host(a: str, b: str) -> bool:
+    """``gpu-node07`` and ``gpu-node07.cluster.local`` are one host."""
+    return a.split(".")[0].lower() == b.split(".")[0].lower()
+
+
 def _node(labels: Mapping[str, str]) -> str | None:
     return next((labels[name] for name in _NODE_LABELS if labels.get(name)), None)
 
 
-def _summary(category: str, tally: _Tally, verdict: xids.XidVerdict | None, labels: Mapping[str, str]) -> str:
+def _summary(
+    category: str,
+    tally: _Tally,
+    verdict: xids.XidVerdict | None,
+    labels: Mapping[str, str],
+    culprit: Culprit | None,
+) -> str:
     """One sentence: what failed, where, and what to do."""
     node = _node(labels)
-    if verdict is not None and category == _xid_category(verdict.primary.code):
-        return _xid_summary(verdict, labels, node)
-    title, advice = _WORDING[category]
-    where = f" on {node}" if node else ""
-    what = tally.top.description if tally.top else "signature matched"
-    count = (
-        f" ({len(tally.lines)} matching log line{'s' if len(tally.lines) != 1 else ''})"
-        if tally.lines
-        else ""
+    elsewhere = (
+        culprit is not None
+        and culprit.node is not None
+        and node is not None
+        and not _same_host(culprit.node, node)
     )
-    if category == "application_error" and verdict is not None and verdict.xid_class in _SOFT_XID_CLASSES:
-        code = verdict.primary.code
-        advice += f"; Xid {code} ({_xid_description(code, labels)}) points the same way"
-    return f"{title}{where}: {what}{count}; {advice}."
+    where_node = (
+        culprit.node if elsewhere and culprit is not None else node or (culprit.node if culprit else None)
+    )
+    if verdict is not None and tally.top == _xid_title(verdict.primary.code, labels):
+        text = _xid_summary(verdict, labels, where_node, culprit)
+    else:
+        title, advice = _WORDING[category]
+        where = f" on {where_node}" if where_node else ""
+        what = tally.top or "signature matched"
+        count = (
+            f" ({len(tally.lines)} matching log line{'s' if len(tally.lines) != 1 else ''})"
+            if tally.lines
+            else ""
+        )
+        who = f"; culprit {culprit.describe()}" if culprit is not None and culprit.describe() else ""
+        text = f"{title}{where}: {what}{count}{who}; {advice}."
+    if elsewhere:
+        text += f" The alert came from {node}; the log points at {culprit.node}."  # type: ignore[union-attr]
+    return text
 
 
-def _xid_summary(verdict: xids.XidVerdict, labels: Mapping[str, str], node: str | None) -> str:
+def _xid_summary(
+    verdict: xids.XidVerdict, labels: Mapping[str, str], node: str | None, culprit: Culprit | None
+) -> str:
     primary = verdict.primary
     place = [node] if node else []
-    if primary.pci:
+    if culprit is not None and culprit.gpu is not None:
+        place.append(f"GPU {culprit.gpu}")
+        if primary.pci:
+            place.append(f"(PCI {primary.pci})")
+    elif primary.pci:
         place.append(f"PCI {primary.pci}")
     elif labels.get("gpu"):
         place.append(f"GPU {labels['gpu']}")
@@ -279,6 +788,10 @@ def _xid_summary(verdict: xids.XidVerdict, labels: Mapping[str, str], node: str 
         action = "not in NVIDIA's Xid catalogue; investigate"
     recovery = f" (driver recovery action: {verdict.recovery})" if verdict.recovery else ""
     return f"Xid {primary.code} ({_xid_description(primary.code, labels)}){where}: {action}{recovery}."
+
+
+def _xid_title(code: int, labels: Mapping[str, str]) -> str:
+    return f"Xid {code} ({_xid_description(code, labels)})"
 
 
 def _xid_description(code: int, labels: Mapping[str, str]) -> str:

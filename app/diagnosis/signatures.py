@@ -2,8 +2,10 @@
 
 The catalogue is data (``signatures.yaml``, packaged); this module loads and validates it and matches lines
 and labels. A signature is ``{category, pattern, weight, description}`` and applies to each log line, or, with
-``label: <name>``, to the value of that alert label. Loading reports every mistake as ``file:line: message``
-in a :class:`~app.errors.ConfigError`. No I/O beyond reading the catalogue file.
+``label: <name>``, to the value of that alert label. Its optional ``role`` says what a match means (see
+:data:`ROLES`): evidence of a fault (``cause``, the default), or one of the markers that keep a healthy run
+quiet. Loading reports every mistake as ``file:line: message`` in a :class:`~app.errors.ConfigError`. No I/O
+beyond reading the catalogue file.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import yaml
 
 from app.errors import ConfigError
 
-# Every category a signature may vote for; "unknown" is what nothing matching means, never a vote.
+# Every fault category a signature may vote for. "benign" (a verdict that there is nothing to act on) and
+# "unknown" (not enough evidence either way) are verdicts, never votes of a cause signature.
 CATEGORIES: tuple[str, ...] = (
     "gpu_hardware",
     "nvlink",
@@ -29,14 +32,30 @@ CATEGORIES: tuple[str, ...] = (
     "object_store_timeout",
     "checkpoint_corrupt",
     "cuda_oom",
+    "host_oom",
+    "node_failure",
     "numerical_divergence",
+    "hang",
     "application_error",
 )
+BENIGN = "benign"
 UNKNOWN = "unknown"
 MAX_WEIGHT = 20.0
 
+# What a match means:
+# - cause: evidence for ``category`` with ``weight``;
+# - noise: known harmless chatter (NCCL async GID events, deprecation warnings, fp16 overflow skips); the line
+#   votes for nothing, whatever else it matches;
+# - shutdown: the job was stopped from outside (scancel, time limit, SIGTERM): the tracebacks, NCCL errors and
+#   Xid 45 that follow are shutdown noise;
+# - completed: the job finished normally;
+# - progress: a training progress line (step, loss); progress after an error means it was survived;
+# - recovered: the condition of ``category`` cleared (``nfs: server X OK``), cancelling earlier votes for it.
+ROLES: tuple[str, ...] = ("cause", "noise", "shutdown", "completed", "progress", "recovered")
+MARKER_ROLES = frozenset({"shutdown", "completed", "progress"})  # category: benign
+
 _REQUIRED = ("category", "pattern", "weight", "description")
-_OPTIONAL = ("label",)
+_OPTIONAL = ("label", "role")
 _LABEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -49,6 +68,18 @@ class Signature:
     weight: float
     description: str
     label: str | None = None
+    role: str = "cause"
+
+
+@dataclass(frozen=True)
+class LineMatch:
+    """What one line is: its heaviest cause signature and its marker (noise, shutdown, progress...), if any."""
+
+    cause: Signature | None
+    marker: Signature | None
+
+
+_NO_MATCH = LineMatch(None, None)
 
 
 @dataclass(frozen=True)
@@ -58,16 +89,35 @@ class SignatureCatalogue:
     line_signatures: tuple[Signature, ...]
     label_signatures: tuple[Signature, ...]
 
+    @functools.cached_property
+    def _prefilter(self) -> re.Pattern[str]:
+        """One alternation of every line pattern: most lines of a healthy log match none, and one search of
+        this is far cheaper than one search per signature."""
+        return re.compile("|".join(f"(?:{_scoped(s.regex.pattern)})" for s in self.line_signatures))
+
+    def classify(self, line: str) -> LineMatch:
+        """The heaviest cause signature matching ``line`` (first in catalogue order on ties) and its first
+        marker. A noise marker silences the line: it then has no cause."""
+        if not self.line_signatures or not self._prefilter.search(line):
+            return _NO_MATCH
+        cause: Signature | None = None
+        marker: Signature | None = None
+        for signature in self.line_signatures:
+            if signature.role == "cause":
+                if (cause is None or signature.weight > cause.weight) and signature.regex.search(line):
+                    cause = signature
+            elif marker is None and signature.regex.search(line):
+                marker = signature
+        if marker is not None and marker.role == "noise":
+            return LineMatch(None, marker)
+        return LineMatch(cause, marker)
+
     def match_line(self, line: str) -> Signature | None:
-        """The heaviest signature matching ``line`` (first in catalogue order on ties), or None.
+        """The heaviest cause signature matching ``line``, or None (a noise line has none).
 
         A line votes once: ``RuntimeError: CUDA out of memory`` is OOM evidence, not also a generic exception.
         """
-        best: Signature | None = None
-        for signature in self.line_signatures:
-            if (best is None or signature.weight > best.weight) and signature.regex.search(line):
-                best = signature
-        return best
+        return self.classify(line).cause
 
     def match_labels(self, labels: Mapping[str, str]) -> Iterator[tuple[Signature, str]]:
         """Each label signature whose label is present and matches, with its ``label name=value`` fact."""
@@ -137,9 +187,15 @@ def _parse_entry(entry: Any, node: yaml.Node, source: str, index: int) -> Signat
     if missing:
         raise ConfigError(f"{where}: signature #{index}: missing {', '.join(missing)}")
 
+    role = entry.get("role", "cause")
+    if role not in ROLES:
+        raise fail("role", f"unknown role {role!r} (one of {', '.join(ROLES)})")
     category = entry["category"]
-    if category not in CATEGORIES:
-        raise fail("category", f"unknown category {category!r} (one of {', '.join(CATEGORIES)})")
+    allowed = (BENIGN,) if role in MARKER_ROLES or role == "noise" else CATEGORIES
+    if category not in allowed:
+        raise fail("category", f"unknown category {category!r} for role {role} (one of {', '.join(allowed)})")
+    if role != "cause" and "label" in entry:
+        raise fail("role", "label signatures are always causes")
     weight = entry["weight"]
     if isinstance(weight, bool) or not isinstance(weight, int | float) or not 0 < weight <= MAX_WEIGHT:
         raise fail("weight", f"weight must be a number in (0, {MAX_WEIGHT:g}]")
@@ -159,5 +215,18 @@ def _parse_entry(entry: Any, node: yaml.Node, source: str, index: int) -> Signat
     if regex.search(""):
         raise fail("pattern", f"regex {pattern!r} matches the empty string, so it would match everything")
     return Signature(
-        category=category, regex=regex, weight=float(weight), description=description.strip(), label=label
+        category=category,
+        regex=regex,
+        weight=float(weight),
+        description=description.strip(),
+        label=label,
+        role=role,
     )
+
+
+def _scoped(pattern: str) -> str:
+    """``pattern`` with leading global flags (``(?i)``) turned into a scoped group, so it can sit in an
+    alternation."""
+    if match := re.match(r"\(\?([aiLmsux]+)\)", pattern):
+        return f"(?{match.group(1)}:{pattern[match.end() :]})"
+    return pattern

@@ -1,0 +1,178 @@
+"""Reading a log once: the votes, markers, Xids and facts that :mod:`app.diagnosis` weighs.
+
+Pure: strings in, a :class:`Reading` out. Each line is classified by the signature catalogue; lines that vote, mark
+or carry context (NCCL's rank table, torchrun's failure summary, grad-norm figures) are parsed for who wrote
+them (:mod:`app.diagnosis.lines`). Nothing here decides the verdict.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from app.diagnosis import xid as xids
+from app.diagnosis.lines import LogLine, normalise_pci, parse_line
+from app.diagnosis.signatures import Signature, SignatureCatalogue
+
+MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its head only
+
+# Context worth parsing even when no signature matches: NCCL's rank table, torchrun's failure summary,
+# world size, gradient norms, restarts.
+_CONTEXT = re.compile(
+    r"\bnranks \d|\bnRanks \d|^\s*(?:\[[^\]]*\]:?\s*)*(?:host|rank|exitcode)\s*: |Root Cause \(first observed|"
+    r"world[_ ]size|WORLD_SIZE|grad[_ ]norm|(?i:resum(?:ing|ed) (?:from|training)|loading checkpoint|"
+    r"restart(?:ing)? (?:attempt|worker))"
+)
+_NCCL_RANK = re.compile(
+    r"\brank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)"
+)
+_NCCL_NRANKS = re.compile(r"\bn[Rr]anks (?P<n>\d+)")
+_WORLD = re.compile(r"(?i)world[_ ]size['\"]?\s*[:=]\s*(?P<n>\d+)")
+_BLOCK_HOST = re.compile(r"^\s*host\s*: (?P<host>[\w.-]+)")
+_BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+)")
+_GRAD_NORM = re.compile(r"(?i)grad[_ ]norm['\"]?\s*[:=]\s*(?P<v>[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))")
+_RESTART = re.compile(
+    r"(?i)resum(?:ing|ed) (?:from|training)|loading checkpoint|restart(?:ing)? (?:attempt|worker)"
+)
+_SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
+_WATCHDOG = "Watchdog caught collective operation timeout"
+_ITERATION = re.compile(r"(?i)\b(?:iteration|iter|step)\b\s*[:=]?\s*(?P<n>\d+)")
+
+
+@dataclass(frozen=True)
+class Vote:
+    """One line's vote for a category."""
+
+    line: LogLine
+    signature: Signature
+
+    @property
+    def category(self) -> str:
+        return self.signature.category
+
+    @property
+    def weight(self) -> float:
+        return self.signature.weight
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A line marking shutdown, completion, progress or recovery (see :data:`app.diagnosis.signatures.ROLES`)."""
+
+    index: int
+    signature: Signature
+    raw: str
+
+
+@dataclass
+class Reading:
+    """Everything one pass over the lines found."""
+
+    line_count: int = 0
+    votes: list[Vote] = field(default_factory=list)
+    markers: list[Marker] = field(default_factory=list)
+    noise: int = 0  # lines silenced as known chatter
+    xid_lines: list[tuple[LogLine, xids.XidEvent]] = field(default_factory=list)
+    rank_hosts: dict[int, str] = field(default_factory=dict)
+    rank_gpus: dict[int, str] = field(default_factory=dict)
+    pci_gpus: dict[tuple[str | None, str], str] = field(default_factory=dict)  # (host, pci) -> cudaDev
+    ranks_seen: set[int] = field(default_factory=set)
+    world_size: int | None = None
+    root_cause: tuple[int | None, str | None, str] | None = None  # torchrun's first observed failure
+    grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
+    restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
+    timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
+    progress_times: list[float] = field(default_factory=list)  # times of timestamped progress lines
+
+    def first(self, role: str) -> Marker | None:
+        return next((m for m in self.markers if m.signature.role == role), None)
+
+    def after(self, role: str, index: int) -> list[Marker]:
+        return [m for m in self.markers if m.signature.role == role and m.index > index]
+
+
+def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
+    """Classify and parse ``lines`` (already bounded by the caller) in one pass."""
+    reading = Reading(line_count=len(lines))
+    block: dict[str, str] = {}
+    in_root_cause = False
+    for index, raw in enumerate(lines):
+        probe = raw[:MAX_LINE_CHARS]
+        parsed: LogLine | None = None
+        if event := xids.xid_from_line(probe):
+            parsed = parse_line(index, probe)
+            reading.xid_lines.append((parsed, event))
+        else:
+            match = catalogue.classify(probe)
+            if match.cause is not None:
+                parsed = parse_line(index, probe)
+                reading.votes.append(Vote(parsed, match.cause))
+            if match.marker is not None:
+                if match.marker.role == "noise":
+                    reading.noise += 1
+                else:
+                    reading.markers.append(Marker(index, match.marker, raw.strip()))
+                    if match.marker.role == "progress" and len(reading.progress_times) < 100_000:
+                        parsed = parsed or parse_line(index, probe)
+                        if parsed.time is not None:
+                            reading.progress_times.append(parsed.time)
+        if not _CONTEXT.search(probe) and parsed is None:
+            continue
+        parsed = parsed or parse_line(index, probe)
+        if parsed.rank is not None:
+            reading.ranks_seen.add(parsed.rank)
+            if parsed.host:
+                reading.rank_hosts.setdefault(parsed.rank, parsed.host)
+        body = parsed.body
+        if match_rank := _NCCL_RANK.search(body):
+            rank = int(match_rank["rank"])
+            reading.ranks_seen.add(rank)
+            reading.world_size = reading.world_size or int(match_rank["n"])
+            reading.rank_gpus.setdefault(rank, match_rank["dev"])
+            if parsed.host:
+                reading.rank_hosts.setdefault(rank, parsed.host)
+            reading.pci_gpus.setdefault((parsed.host, normalise_pci(match_rank["bus"])), match_rank["dev"])
+        elif match_n := _NCCL_NRANKS.search(body) or _WORLD.search(body):
+            reading.world_size = reading.world_size or int(match_n["n"])
+        if "Root Cause (first observed" in body:
+            in_root_cause, block = True, {}
+        if host := _BLOCK_HOST.match(body):
+            block["host"] = host["host"]
+        elif rank_line := _BLOCK_RANK.match(body):
+            block["rank"] = rank_line["rank"]
+        if "host" in block and "rank" in block:
+            rank = int(block["rank"])
+            reading.rank_hosts.setdefault(rank, block["host"])
+            reading.ranks_seen.add(rank)
+            if in_root_cause and reading.root_cause is None:
+                reading.root_cause = (rank, block["host"], raw.strip())
+            block, in_root_cause = {}, False
+        if "grad" in body and (norm := _GRAD_NORM.search(body)):
+            reading.grad_norms.append((float(norm["v"]), parsed))
+        if _RESTART.search(body):
+            reading.restarts.append(index)
+        if _WATCHDOG in body and parsed.rank is not None and (seq := _SEQ.search(body)):
+            reading.timeouts.setdefault(parsed.rank, (int(seq["seq"]), seq["op"], parsed))
+    return reading
+
+
+def iteration_of(line: LogLine) -> int | None:
+    """The iteration or step number a line names, if any."""
+    match = _ITERATION.search(line.body)
+    return int(match["n"]) if match else None
+
+
+def exploding(norms: Iterable[tuple[float, LogLine]]) -> tuple[float, float, LogLine] | None:
+    """(baseline, peak, line) when finite gradient norms grew by two orders of magnitude over the run's
+    median to above 1000; None otherwise. NaN and inf norms are the numerical signatures' business."""
+    finite = [(value, line) for value, line in norms if math.isfinite(value)]
+    if len(finite) < 4:
+        return None
+    head = sorted(value for value, _ in finite[: max(2, len(finite) // 2)])
+    baseline = head[len(head) // 2]
+    peak, line = max(finite, key=lambda item: item[0])
+    if peak >= 1000 and peak >= 100 * max(baseline, 1e-9) and line.index > finite[0][1].index:
+        return baseline, peak, line
+    return None

@@ -1,0 +1,157 @@
+"""Who said what, and when: the rank, host, GPU and time of one log line, from its prefixes and its text.
+
+Pure string work. A line reaches diagnosis with whatever its launcher and log shipper put in front of it, often
+several at once (``2024-03-21T02:07:08Z gpu-node-07 [stderr] [rank3]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:607]
+[Rank 3] ...``). :func:`parse_line` peels the known prefixes off the front (timestamps, syslog host, ``pdsh``'s
+``host:``, ``kubectl logs --prefix``'s ``[pod/NAME/CONTAINER]``, ``srun -l``'s ``3:``, torch's ``[rank3]:`` and
+torchrun's ``[default3]:``), then reads the facts the body itself names (NCCL's ``host:pid:tid [gpu]``, c10d's
+``[Rank 3]``, Slurm's ``srun: error: HOST: task 3:``, Megatron's ``Rank 12: ... Device: 2, node: HOST``, the
+driver's ``NVRM: Xid (PCI:...)``). What is not named stays None.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+_MONTHS = {
+    m: i
+    for i, m in enumerate(
+        ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"], start=1
+    )
+}
+
+# Leading prefixes, tried in turn until none matches. Each is anchored at the current position.
+_ISO = re.compile(
+    r"\[?(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T _](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,]\d+)?"
+    r"(?:Z|[+-]\d\d:?\d\d)?\]?\s*"
+)
+_CTIME = re.compile(  # dmesg -T: [Mon Oct 16 09:50:06 2017]
+    r"\[(?:\w{3}) (?P<mon>\w{3}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) (?P<y>\d{4})\]\s*"
+)
+_SYSLOG = re.compile(  # Jan  1 12:00:00 gpu-node-07 kernel: ...
+    r"(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) "
+    r"(?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?:\s*"
+)
+_UPTIME = re.compile(r"\[\s*\d+\.\d+\]\s*")  # dmesg: [12345.678901]
+_GLOG = re.compile(  # glog / c10d: E0321 02:07:08.408271 12345 file.cpp:607]
+    r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.\d+(?: +\d+)?(?: [\w./-]+:\d+)?\]\s*"
+)
+_RANK_TAG = re.compile(r"\[(?:rank|default|worker|trainer)(?P<rank>\d{1,6})\]:?\s*", re.IGNORECASE)
+_POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
+_SRUN_LABEL = re.compile(r"(?P<rank>\d{1,6}): ")
+# pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
+# "RuntimeError: " or "NCCL: " never reads as a host.
+_HOST_COLON = re.compile(
+    r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:)"
+    r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}):\s+(?!\d)"
+)
+_STREAM = re.compile(r"\[(?:stdout|stderr)\]\s*|\|\|\s*")
+_PID_TAG = re.compile(r"\[\d{1,8}\]\s+(?=\[)")  # "[80746] [rank0]:" from some log collectors
+
+# Facts named inside the body.
+_NCCL_SOURCE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<gpu>\d+)\] ")
+_C10D_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d{1,6})\]")
+_SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d{1,6})(?:[-,]\d+)*: ")
+_MEGATRON = re.compile(r"\bRank (?P<rank>\d{1,6}): found (?:NaN|Inf)\b")
+_DEVICE = re.compile(r"\bDevice: (?P<gpu>\d+)")
+_NODE = re.compile(r"\bnode: (?P<host>[\w.-]+)")
+_DS_RANK = re.compile(r"\[Rank (?P<rank>\d{1,6})\]|\bRank (?P<rank2>\d{1,6}) Skipping step\b")
+_XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\)")
+_ON_NODE = re.compile(r"\bON (?P<host>[\w.-]+) CANCELLED AT\b|\bNode failure on (?P<host2>[\w.-]+)")
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line: its position, the text without prefixes, and who wrote it, when known."""
+
+    index: int
+    raw: str
+    body: str
+    rank: int | None = None
+    host: str | None = None
+    gpu: str | None = None
+    pci: str | None = None
+    time: float | None = (
+        None  # seconds since the epoch; year 2000 when the format has no year (relative only)
+    )
+
+
+def parse_line(index: int, raw: str) -> LogLine:
+    """Split ``raw`` into prefixes and body and read who and when from both."""
+    rest = raw.lstrip()
+    rank: int | None = None
+    host: str | None = None
+    gpu: str | None = None
+    when: float | None = None
+    for _ in range(8):  # bounded: each pass removes one prefix
+        if match := _ISO.match(rest):
+            when = when or _epoch(int(match["y"]), int(match["mo"]), match)
+        elif match := _CTIME.match(rest):
+            when = when or _epoch(int(match["y"]), _MONTHS.get(match["mon"].lower(), 1), match)
+        elif match := _SYSLOG.match(rest):
+            when = when or _epoch(2000, _MONTHS.get(match["mon"].lower(), 1), match)
+            host = host or match["host"]
+        elif match := _GLOG.match(rest):
+            when = when or _epoch(2000, int(match["mo"]), match)
+        elif (
+            (match := _UPTIME.match(rest))
+            or (match := _STREAM.match(rest))
+            or (match := _PID_TAG.match(rest))
+        ):
+            pass
+        elif match := _RANK_TAG.match(rest):
+            rank = int(match["rank"]) if rank is None else rank
+        elif match := _POD.match(rest):
+            host = host or match["host"]
+        elif rank is None and (match := _SRUN_LABEL.match(rest)):
+            rank = int(match["rank"])
+        elif host is None and (match := _HOST_COLON.match(rest)) and not _NCCL_SOURCE.match(rest):
+            host = match["host"]
+        else:
+            break
+        rest = rest[match.end() :]
+    body = rest
+    pci = None
+    if match := _NCCL_SOURCE.match(body):
+        host, gpu = host or match["host"], match["gpu"]
+    if rank is None and (match := _C10D_RANK.search(body) or _DS_RANK.search(body)):
+        rank = int(next(g for g in match.groups() if g is not None))
+    if match := _SRUN_TASK.search(body):
+        host = match["host"]
+        rank = int(match["rank"]) if rank is None else rank
+    elif match := _ON_NODE.search(body):
+        host = host or match["host"] or match["host2"]
+    if ("found N" in body or "found I" in body) and (match := _MEGATRON.search(body)):
+        rank = int(match["rank"]) if rank is None else rank
+        if device := _DEVICE.search(body, match.end()):
+            gpu = gpu or device["gpu"]
+        if node := _NODE.search(body, match.end()):
+            host = host or node["host"]
+    if match := _XID.search(body):
+        pci = normalise_pci(match["pci"])
+    return LogLine(index, raw, body, rank, host, gpu, pci, when)
+
+
+def normalise_pci(text: str) -> str:
+    """A PCI address as ``domain:bus:device`` in lower case without the function: ``0000:3b:00``.
+
+    NVRM prints ``0000:3b:00``, DCGM ``00000000:3B:00.0``, NCCL ``busId 3b000``; they compare equal after this."""
+    text = text.strip().lower()
+    if ":" not in text:  # NCCL's busId: bus+device+function in hex digits, e.g. 3b000 or 1b0000
+        digits = text.rjust(5, "0")
+        return f"0000:{digits[-5:-3]}:{digits[-3:-1]}"
+    parts = text.split(".")[0].split(":")
+    if len(parts) == 2:
+        parts = ["0000", *parts]
+    domain, bus, device = parts[-3:]
+    return f"{domain[-4:].rjust(4, '0')}:{bus.rjust(2, '0')}:{device.rjust(2, '0')}"
+
+
+def _epoch(year: int, month: int, match: re.Match[str]) -> float | None:
+    try:
+        moment = datetime(year, month, int(match["d"]), int(match["h"]), int(match["mi"]), int(match["s"]))
+    except ValueError:
+        return None
+    return (moment - datetime(1970, 1, 1)).total_seconds()
