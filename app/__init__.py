@@ -54,7 +54,7 @@ def build_engine(
 
     clock = clock or SystemClock()
     registry = registry or default_registry()
-    store = Store.from_url(settings.resolved_store_url, clock)
+    store = Store.from_url(settings.resolved_store_url, clock, settings.store)
     store.create_schema()
     deps = EngineDeps(
         settings=settings,

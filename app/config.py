@@ -25,6 +25,13 @@ from app.errors import ConfigError
 ENV_PREFIX = "NIGHTSHIFT_"
 
 
+def require_positive(section: str, settings: object, names: tuple[str, ...]) -> None:
+    """ConfigError naming ``section.name`` for the first of ``names`` that is not a positive number."""
+    for name in names:
+        if getattr(settings, name) <= 0:
+            raise ConfigError(f"{section}.{name}: must be positive, got {getattr(settings, name)!r}")
+
+
 @dataclass
 class WebhookSettings:
     """Authentication and limits of ``POST /api/v1/alerts``."""
@@ -65,9 +72,7 @@ class HttpSettings:
     max_header_bytes: int = 32_768  # request line and headers together
 
     def __post_init__(self) -> None:
-        for name in ("read_timeout_seconds", "max_header_bytes"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"http.{name}: must be positive, got {getattr(self, name)!r}")
+        require_positive("http", self, ("read_timeout_seconds", "max_header_bytes"))
 
 
 @dataclass
@@ -168,14 +173,16 @@ class RepairSettings:
     validation_namespace: str = "nightshift"
 
     def __post_init__(self) -> None:
-        for name in (
-            "validation_timeout_seconds",
-            "return_timeout_seconds",
-            "poll_seconds",
-            "lemon_window_seconds",
-        ):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"repair.{name}: must be positive, got {getattr(self, name)!r}")
+        require_positive(
+            "repair",
+            self,
+            (
+                "validation_timeout_seconds",
+                "return_timeout_seconds",
+                "poll_seconds",
+                "lemon_window_seconds",
+            ),
+        )
         if self.lemon_repairs < 1:
             raise ConfigError(f"repair.lemon_repairs: must be >= 1, got {self.lemon_repairs!r}")
 
@@ -215,13 +222,24 @@ class WorkerSettings:
     inbox_batch_alerts: int = 4
 
     def __post_init__(self) -> None:
-        for name in ("poll_seconds", "lease_seconds", "inbox_batch_alerts"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"worker.{name}: must be positive, got {getattr(self, name)!r}")
+        require_positive("worker", self, ("poll_seconds", "lease_seconds", "inbox_batch_alerts"))
 
     step_retry_limit: int = 5
     # An incident whose processing raises this many times in a row goes to a person, the error in its ledger.
     max_tick_errors: int = 5
+
+
+@dataclass
+class StoreSettings:
+    """Bounds on every wait for the store (docs/reliability.md, "Waits and timeouts")."""
+
+    # A write waits this long for another writer's lock (SQLite: the writer lock and busy handler; PostgreSQL:
+    # lock_timeout and the connection pool), then fails with 503 on the webhook, which Alertmanager retries.
+    lock_timeout_seconds: float = 5.0
+    statement_timeout_seconds: float = 30.0  # PostgreSQL statement_timeout: no query runs longer
+
+    def __post_init__(self) -> None:
+        require_positive("store", self, ("lock_timeout_seconds", "statement_timeout_seconds"))
 
 
 @dataclass
@@ -249,6 +267,7 @@ class Settings:
     repair: RepairSettings = field(default_factory=RepairSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
+    store: StoreSettings = field(default_factory=StoreSettings)
 
     @property
     def resolved_store_url(self) -> str:

@@ -37,6 +37,7 @@ import yaml
 from app.config import CheckpointSettings, Settings, SlurmSettings
 from sim.cluster import REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
 from sim.procs import Daemon, free_port, wait_until
+from sim.webhook_sink import WebhookSink
 
 BinaryFinder = Callable[[str, str], str]
 START_TIMEOUT = 20.0
@@ -727,6 +728,7 @@ class Stack:
     trainer_port: int
     playbooks: Path
     operator_token_file: Path
+    notices: WebhookSink  # what people hear: Nightshift's notifications (/notify), Alertmanager's chat (/people)
     jobs: list[str] = field(default_factory=list)
     closers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
@@ -833,9 +835,13 @@ def launch_stack(
         nightshift_url = f"http://127.0.0.1:{nightshift_port}"
         grafana = launch_grafana_standin(base / "grafana", grafana_token)
         closers.callback(grafana.stop)
+        notices = WebhookSink()
+        closers.callback(notices.close)
         alertmanager = launch_alertmanager(
             base / "alertmanager",
-            nightshift_config(f"{nightshift_url}/api/v1/alerts", webhook_token),
+            nightshift_config(
+                f"{nightshift_url}/api/v1/alerts", webhook_token, people_url=notices.url("/people")
+            ),
             find_binary,
         )
         closers.callback(alertmanager.stop)
@@ -860,6 +866,7 @@ def launch_stack(
             "guards": {"defer_seconds": 5},
             "prometheus": {"url": prometheus.url},
             "grafana": {"url": grafana.url, "token_file": str(grafana_token)},
+            "notify": {"webhook_url": notices.url("/notify")},
             "slurm": dataclasses.asdict(slurm.settings.slurm),
             "checkpoint": {"allowed_roots": [str(sim.base_dir / "checkpoints")]},
             "worker": {"poll_seconds": 0.5},
@@ -877,6 +884,7 @@ def launch_stack(
             trainer_port=trainer_port,
             playbooks=playbooks,
             operator_token_file=operator_token,
+            notices=notices,
             closers=closers.pop_all(),
         )
     return stack

@@ -3,13 +3,18 @@
 ``Store`` owns the engine and transactions and translates driver errors into :class:`app.errors.StoreUnavailable`
 once; the query functions live in :mod:`app.store.records`, each taking an open connection so that the engine can
 compose them into one transaction.
+
+Every wait for the store is bounded (``StoreSettings``): the writer lock and SQLite's busy handler by
+``lock_timeout_seconds``, and on PostgreSQL ``lock_timeout`` (a row or table lock another connection holds), the
+connection pool's wait, ``connect_timeout`` and ``statement_timeout``. Each ends in StoreUnavailable, which the webhook
+answers 503 and the worker backs off from.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -17,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Connection, create_engine, event, insert, select, text
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.clock import Clock, SystemClock
+from app.config import StoreSettings
 from app.errors import ConfigError, StoreUnavailable
-from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version
+from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version, store_probe
 from app.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -31,40 +39,65 @@ log = logging.getLogger(__name__)
 # threshold); SQLite checkpoints itself, inside a commit, only past the backstop (40 MiB at 4 KiB pages).
 WAL_RESTART_PAGES = 1_000
 WAL_AUTOCHECKPOINT_PAGES = 10_000
+# A file-backed store is not ready with less free space than this beside the database: SQLite reuses a log it has
+# started over, so a small write may still succeed on a full disk while the next burst of alerts cannot grow the log.
+MIN_FREE_BYTES = 16 * 1024 * 1024
+PG_CONNECT_TIMEOUT_S = 5
 
 
 class Store:
     """Connections and transactions; schema creation and version check."""
 
-    def __init__(self, engine: Engine, clock: Clock | None = None, writer_lock: Path | None = None):
-        """``writer_lock``: the file that queues writers across processes (SQLite on a file; see WriterLock)."""
+    def __init__(
+        self,
+        engine: Engine,
+        clock: Clock | None = None,
+        writer_lock: Path | None = None,
+        lock_timeout_s: float = StoreSettings.lock_timeout_seconds,
+    ):
+        """``writer_lock``: the file that queues writers across processes (SQLite on a file; see WriterLock), which
+        a writer waits for at most ``lock_timeout_s``."""
         self.engine = engine
         self.clock = clock or SystemClock()
         self.dialect = engine.dialect.name
         self._writers: AbstractContextManager[Any] = nullcontext()
-        if writer_lock is not None:
-            self._writers = WriterLock(writer_lock)
-        elif self.dialect == "sqlite":  # in memory: one process
-            self._writers = threading.Lock()
-        self._last_checkpoint = 0.0
+        if self.dialect == "sqlite":  # writer_lock None: in memory, one process, threads only
+            self._writers = WriterLock(writer_lock, lock_timeout_s)
+        self._free_space_dir = writer_lock.parent if writer_lock is not None else None
+        self._last_checkpoint: float | None = None  # monotonic; None: never (monotonic time may start near 0)
 
     @classmethod
-    def from_url(cls, url: str, clock: Clock | None = None) -> Store:
+    def from_url(cls, url: str, clock: Clock | None = None, settings: StoreSettings | None = None) -> Store:
+        settings = settings or StoreSettings()
+        lock_timeout = settings.lock_timeout_seconds
         if url.startswith("sqlite"):
             db_path = url.split("///", 1)[-1]
             writer_lock = None
             if db_path and db_path != ":memory:":
                 Path(db_path).parent.mkdir(parents=True, exist_ok=True)
                 writer_lock = Path(f"{db_path}-writer.lock")
-            engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+            engine = create_engine(
+                url,
+                connect_args={"timeout": lock_timeout, "check_same_thread": False},  # busy handler
+                pool_timeout=lock_timeout,
+            )
             _configure_sqlite(engine)
-            return cls(engine, clock, writer_lock)
+            return cls(engine, clock, writer_lock, lock_timeout)
         if url.startswith("postgresql://"):
             url = "postgresql+psycopg://" + url.removeprefix("postgresql://")
-        engine = create_engine(
-            url, pool_pre_ping=True, pool_size=5, max_overflow=5, connect_args={"connect_timeout": 5}
+        options = (
+            f"-c lock_timeout={round(lock_timeout * 1000)} "
+            f"-c statement_timeout={round(settings.statement_timeout_seconds * 1000)}"
         )
-        return cls(engine, clock)
+        engine = create_engine(
+            url,
+            pool_pre_ping=True,
+            pool_size=5,
+            max_overflow=5,
+            pool_timeout=lock_timeout,
+            connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S, "options": options},
+        )
+        return cls(engine, clock, lock_timeout_s=lock_timeout)
 
     @contextmanager
     def transaction(self) -> Iterator[Connection]:
@@ -113,7 +146,9 @@ class Store:
         starts the log over. ``wal_autocheckpoint`` stays as a backstop for a store with no worker.
         """
         now = time.monotonic()
-        if self.dialect != "sqlite" or now - self._last_checkpoint < min_interval_s:
+        if self.dialect != "sqlite" or (
+            self._last_checkpoint is not None and now - self._last_checkpoint < min_interval_s
+        ):
             return
         self._last_checkpoint = now
         if self._passive_checkpoint() >= WAL_RESTART_PAGES:
@@ -135,9 +170,27 @@ class Store:
         finally:
             raw.close()
 
-    def ping(self) -> None:
-        with self.read() as conn:
-            conn.execute(text("SELECT 1"))
+    def check_writable(self) -> None:
+        """Commit one small write (the ``store_probe`` row), as any writer would, within the same bounded waits;
+        on SQLite on a file, also refuse when the disk beside it is (nearly) full. StoreUnavailable says why."""
+        if self._free_space_dir is not None:
+            try:
+                fs = os.statvfs(self._free_space_dir)
+            except OSError as exc:
+                raise StoreUnavailable(f"store unavailable: {self._free_space_dir}: {exc.strerror}") from exc
+            free = fs.f_bavail * fs.f_frsize
+            if free < MIN_FREE_BYTES:
+                raise StoreUnavailable(
+                    f"store cannot write: {free} bytes free in {self._free_space_dir} (needs {MIN_FREE_BYTES})"
+                )
+        upsert = (postgresql.insert if self.dialect == "postgresql" else sqlite.insert)(store_probe)
+        now = self.clock.now()
+        with self.transaction() as conn:
+            conn.execute(
+                upsert.values(id=1, written_at=now).on_conflict_do_update(
+                    index_elements=[store_probe.c.id], set_={"written_at": now}
+                )
+            )
 
     def dispose(self) -> None:
         self.engine.dispose()
@@ -149,6 +202,8 @@ def _translated() -> Iterator[None]:
         yield
     except OperationalError as exc:
         raise StoreUnavailable(f"store unavailable: {_first_line(exc)}") from exc
+    except PoolTimeout as exc:
+        raise StoreUnavailable(f"store busy: no free connection: {_first_line(exc)}") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise StoreUnavailable(f"store connection lost: {_first_line(exc)}") from exc
@@ -165,7 +220,6 @@ def _configure_sqlite(engine: Engine) -> None:
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")
-        cursor.execute("PRAGMA busy_timeout=30000")
         cursor.execute(f"PRAGMA wal_autocheckpoint={WAL_AUTOCHECKPOINT_PAGES}")
         cursor.close()
 

@@ -226,6 +226,14 @@ controls = Table(
     Column("updated_at", UtcDateTime, nullable=False),
 )
 
+# One row that /readyz writes (Store.check_writable): ready means a write commits, not only that a read answers.
+store_probe = Table(
+    "store_probe",
+    metadata,
+    Column("id", Integer, primary_key=True),
+    Column("written_at", UtcDateTime, nullable=False),
+)
+
 # One row per repair of a node: taken out by us -> repaired -> validated -> returned, or held for a person
 # (app/engine/repair.py). ``open_key`` is ``<scheduler>/<node>`` while the repair is open (RepairState REPAIR_OPEN,
 # held included) and NULL once settled: one open repair per node across workers and replicas.

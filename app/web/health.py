@@ -14,15 +14,19 @@ bp = Blueprint("health", __name__)
 
 @bp.get("/healthz")
 def healthz():
+    """Alive: the process answers HTTP. Never touches the store, so a store outage does not get the process
+    restarted (readiness takes it out of the load balancer instead)."""
     return jsonify({"status": "ok"})
 
 
 @bp.get("/readyz")
 def readyz():
-    """Ready when the store answers. Backend credential health is reported, not gating: advisory mode needs none."""
+    """Ready when the store takes a write (a small commit within the store's lock timeout; on SQLite, free disk
+    space too): 503 with the reason otherwise. Backend credential health is reported, not gating: advisory mode
+    needs none."""
     services = current_app.extensions["nightshift"]
     try:
-        services.store.ping()
+        services.store.check_writable()
         status = services.engine.status()
     except StoreUnavailable as exc:
         return error(503, str(exc))

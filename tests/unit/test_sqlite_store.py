@@ -2,24 +2,42 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import shutil
 import sqlite3
 import subprocess
 import sys
 import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
+import pytest
 from sqlalchemy import text
+from werkzeug.serving import make_server
 
+from app import create_app
+from app.config import Settings, StoreSettings
+from app.errors import StoreUnavailable
+from app.metrics import Metrics
 from app.store import WAL_RESTART_PAGES, Store
 from app.store.writer_lock import WriterLock
+from tests.payloads import alert, body, xid
+
+REPO = Path(__file__).resolve().parents[2]
+LONG = 60.0  # seconds: a lock timeout that the tests of queueing never reach
+MARGIN_S = 1.5  # what a bounded wait may overrun its timeout by on a loaded 2-core machine
 
 HOLD_UNTIL_STDIN_CLOSES = """
 import sys
 from pathlib import Path
 from app.store.writer_lock import WriterLock
-with WriterLock(Path(sys.argv[1])):
+with WriterLock(Path(sys.argv[1]), timeout_s=60):
     print("held", flush=True)
     sys.stdin.read()
 """
@@ -37,31 +55,38 @@ def _enter_in_thread(lock: WriterLock) -> tuple[threading.Event, threading.Threa
     return entered, thread
 
 
-def test_writer_lock_makes_another_process_wait_until_released(tmp_path: Path) -> None:
-    path = tmp_path / "db-writer.lock"
+@contextmanager
+def _held_by_another_process(path: Path) -> Iterator[subprocess.Popen[str]]:
+    """Another process holds the writer lock at ``path`` until its stdin is closed (or the block ends)."""
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLD_UNTIL_STDIN_CLOSES, str(path)],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        cwd=Path(__file__).resolve().parents[2],
+        cwd=REPO,
     )
     try:
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        entered, thread = _enter_in_thread(WriterLock(path))
-        assert not entered.wait(0.3), "entered while another process held the lock"
-        assert holder.stdin is not None
-        holder.stdin.close()
-        assert entered.wait(10), "still waiting after the other process released the lock"
-        thread.join(5)
+        yield holder
     finally:
         holder.kill()
         holder.wait()
 
 
+def test_writer_lock_makes_another_process_wait_until_released(tmp_path: Path) -> None:
+    path = tmp_path / "db-writer.lock"
+    with _held_by_another_process(path) as holder:
+        entered, thread = _enter_in_thread(WriterLock(path, LONG))
+        assert not entered.wait(0.3), "entered while another process held the lock"
+        assert holder.stdin is not None
+        holder.stdin.close()
+        assert entered.wait(10), "still waiting after the other process released the lock"
+        thread.join(5)
+
+
 def test_a_forked_child_does_not_share_the_parents_lock(tmp_path: Path) -> None:
     """flock belongs to the open file; a child using its parent's descriptor would walk through the lock."""
-    lock = WriterLock(tmp_path / "db-writer.lock")
+    lock = WriterLock(tmp_path / "db-writer.lock", LONG)
     fork = multiprocessing.get_context("fork")
     with lock:
         parent_end, child_end = fork.Pipe()
@@ -80,7 +105,7 @@ def _child_tries_inherited(lock: WriterLock, conn: multiprocessing.connection.Co
 
 
 def test_threads_of_one_process_queue_on_the_lock(tmp_path: Path) -> None:
-    lock = WriterLock(tmp_path / "db-writer.lock")
+    lock = WriterLock(tmp_path / "db-writer.lock", LONG)
     with lock:
         entered, thread = _enter_in_thread(lock)
         assert not entered.wait(0.2)
@@ -95,9 +120,9 @@ def test_a_file_store_queues_writers_on_a_lock_file_beside_the_database(tmp_path
     assert (tmp_path / "nightshift.db-writer.lock").stat().st_mode & 0o777 == 0o600
 
 
-def _store_with_probe_table(tmp_path: Path) -> tuple[Store, Path]:
+def _store_with_probe_table(tmp_path: Path, settings: StoreSettings | None = None) -> tuple[Store, Path]:
     db = tmp_path / "nightshift.db"
-    store = Store.from_url(f"sqlite:///{db}")
+    store = Store.from_url(f"sqlite:///{db}", settings=settings)
     with store.transaction() as conn:
         conn.execute(text("CREATE TABLE probe (n INTEGER)"))
     return store, db
@@ -121,16 +146,20 @@ def test_checkpoint_copies_the_log_into_the_database(tmp_path: Path) -> None:
 
 
 def test_checkpoint_runs_at_most_once_per_interval(tmp_path: Path) -> None:
+    """The first checkpoint runs however long ago the machine booted: monotonic time starts near 0 at boot, so an
+    interval longer than the uptime (here, always) must not be measured from 0."""
     store, db = _store_with_probe_table(tmp_path)
-    store.checkpoint(min_interval_s=3600)
+    interval = time.monotonic() + 3600
+    store.checkpoint(min_interval_s=interval)
+    assert _row_count_in_main_file(db, tmp_path / "first.db") == 0  # the table reached the file: it ran
     with store.transaction() as conn:
         conn.execute(text("INSERT INTO probe VALUES (1)"))
-    store.checkpoint(min_interval_s=3600)
+    store.checkpoint(min_interval_s=interval)
     assert _row_count_in_main_file(db, tmp_path / "copy.db") == 0
 
 
 def test_checkpoint_neither_waits_for_nor_blocks_a_writer(tmp_path: Path) -> None:
-    store, db = _store_with_probe_table(tmp_path)
+    store, db = _store_with_probe_table(tmp_path, StoreSettings(lock_timeout_seconds=30))
     with store.transaction() as conn:
         conn.execute(text("INSERT INTO probe VALUES (1)"))
     writer = sqlite3.connect(db, isolation_level=None)
@@ -182,3 +211,122 @@ def test_after_a_checkpoint_of_a_long_log_the_next_writer_starts_it_over(tmp_pat
     with sqlite3.connect(db) as conn:
         _busy, log_pages, _copied = conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchone()
     assert log_pages < 10, log_pages  # the small write went to the start of the log, not after 1,200 pages
+
+
+# --- bounded waits ----------------------------------------------------------------------------------------------
+
+
+def _fails_busy_within(enter: Callable[[], object], timeout: float) -> float:
+    """Seconds ``enter`` took to raise StoreUnavailable; asserts it did, no sooner than ``timeout``."""
+    started = time.monotonic()
+    with pytest.raises(StoreUnavailable, match="store"):
+        enter()
+    elapsed = time.monotonic() - started
+    assert elapsed >= timeout * 0.95, f"gave up after {elapsed:.2f} s, before the {timeout} s timeout"
+    return elapsed
+
+
+def test_a_writer_lock_held_by_another_process_is_given_up_after_the_timeout(tmp_path: Path) -> None:
+    path = tmp_path / "db-writer.lock"
+    lock = WriterLock(path, timeout_s=0.5)
+    with _held_by_another_process(path):
+        elapsed = _fails_busy_within(lock.__enter__, 0.5)
+    assert elapsed < 0.5 + MARGIN_S
+    with lock:  # released by the failed wait: usable at once
+        pass
+
+
+def test_a_writer_lock_held_by_another_thread_is_given_up_after_the_timeout() -> None:
+    lock = WriterLock(None, timeout_s=0.3)  # an in-memory store: threads only
+    failed: list[float] = []
+    with lock:
+        thread = threading.Thread(target=lambda: failed.append(_fails_busy_within(lock.__enter__, 0.3)))
+        thread.start()
+        thread.join(0.3 + MARGIN_S)
+    assert failed and failed[0] < 0.3 + MARGIN_S
+
+
+def test_sqlite_busy_handler_gives_up_after_the_lock_timeout(tmp_path: Path) -> None:
+    """A writer outside the writer lock (an operator's sqlite3 shell) holds SQLite's own lock."""
+    store, db = _store_with_probe_table(tmp_path, StoreSettings(lock_timeout_seconds=0.5))
+    shell = sqlite3.connect(db, isolation_level=None)
+    shell.execute("BEGIN IMMEDIATE")
+    try:
+
+        def write() -> None:
+            with store.transaction() as conn:
+                conn.execute(text("INSERT INTO probe VALUES (1)"))
+
+        assert _fails_busy_within(write, 0.5) < 0.5 + MARGIN_S
+    finally:
+        shell.execute("ROLLBACK")
+        shell.close()
+
+
+@contextmanager
+def _serving(settings: Settings) -> Iterator[str]:
+    """The app on a real threaded HTTP server on a free port: its base URL."""
+    server = make_server("127.0.0.1", 0, create_app(settings, metrics=Metrics()), threaded=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}"
+    finally:
+        server.shutdown()
+        thread.join(5)
+
+
+def _request(url: str, data: bytes | None = None) -> tuple[int, dict[str, Any], float]:
+    """Status, JSON body and seconds taken of one HTTP request."""
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    started = time.monotonic()
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            status, raw = response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        status, raw = exc.code, exc.read()
+    return status, json.loads(raw), time.monotonic() - started
+
+
+def _settings(tmp_path: Path, lock_timeout_s: float = 5.0) -> Settings:
+    (tmp_path / "playbooks").mkdir(exist_ok=True)
+    settings = Settings(
+        data_dir=str(tmp_path / "var"),
+        playbook_paths=[str(tmp_path / "playbooks")],
+        embedded_worker=False,
+        store=StoreSettings(lock_timeout_seconds=lock_timeout_s),
+    )
+    settings.webhook.auth_disabled = True
+    return settings
+
+
+def test_a_held_writer_lock_gives_the_webhook_a_prompt_503_and_healthz_answers_at_once(
+    tmp_path: Path,
+) -> None:
+    """Another process (a stuck worker, say) holds the writer lock far longer than the timeout: the webhook answers
+    503, which Alertmanager retries, after the lock timeout; /healthz does not wait at all; /readyz says why."""
+    timeout = 2.0
+    settings = _settings(tmp_path, timeout)
+    lock_file = Path(settings.data_dir) / "nightshift.db-writer.lock"
+    notification = body(alert(xid()))
+    with _serving(settings) as base, _held_by_another_process(lock_file) as holder:
+        posted: list[tuple[int, dict[str, Any], float]] = []
+        webhook = threading.Thread(
+            target=lambda: posted.append(_request(f"{base}/api/v1/alerts", notification))
+        )
+        webhook.start()
+        status, answer, seconds = _request(f"{base}/healthz")
+        assert (status, answer) == (200, {"status": "ok"}) and seconds < 0.5, seconds
+        webhook.join(timeout + MARGIN_S)
+        assert posted, "the webhook was still waiting after the lock timeout"
+        status, answer, seconds = posted[0]
+        assert status == 503 and answer["status"] == "error", answer
+        assert "store busy" in answer["message"] and "write lock" in answer["message"], answer
+        assert timeout * 0.95 <= seconds < timeout + MARGIN_S, seconds
+        status, answer, seconds = _request(f"{base}/readyz")
+        assert status == 503 and "write lock" in answer["message"] and seconds < timeout + MARGIN_S, answer
+        assert holder.stdin is not None
+        holder.stdin.close()  # released: the retry succeeds
+        assert holder.wait(10) == 0
+        assert _request(f"{base}/api/v1/alerts", notification)[0] == 200
+        assert _request(f"{base}/readyz")[0] == 200
