@@ -254,6 +254,7 @@ class Settings:
     external_url: str = "http://127.0.0.1:8080"
     embedded_worker: bool = True  # `nightshift serve` runs a worker thread in each gunicorn worker
     log_level: str = "INFO"
+    log_format: str = "text"  # or "json": one object a line for log shippers (app/logging_setup.py)
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
