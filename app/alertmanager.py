@@ -23,6 +23,7 @@ from app.errors import PayloadError
 PAYLOAD_VERSION = "4"
 STATUSES = ("firing", "resolved")
 MAX_LABELS = 200
+MAX_LABEL_NAME = 256  # characters of a label or annotation name
 MAX_LABEL_VALUE = 4096
 MAX_ANNOTATION_VALUE = 65536
 # Go's zero time.Time, which Alertmanager sends as endsAt for alerts still firing.
@@ -38,7 +39,7 @@ _JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _CONTAINERS = (dict, list)  # what json.loads makes of objects and arrays
 # Label names seen valid, so that the next alerts' are checked in one set operation; bounded against a sender
-# that invents names.
+# that invents names: at most MAX_REMEMBERED_LABEL_NAMES names of at most MAX_LABEL_NAME characters (2.5 MB).
 _VALID_LABEL_NAMES: set[str] = set()
 MAX_REMEMBERED_LABEL_NAMES = 10_000
 
@@ -263,6 +264,10 @@ def _labels(value: Any, path: str) -> dict[str, str]:
             raise PayloadError(f"{path}: {len(value)} labels exceed the limit of {MAX_LABELS}")
         if not value.keys() <= _VALID_LABEL_NAMES:  # a fleet uses a few dozen names: one set check in C
             for name in value:
+                if len(name) > MAX_LABEL_NAME:
+                    raise PayloadError(
+                        f"{path}: label name of {len(name)} characters exceeds the limit of {MAX_LABEL_NAME}"
+                    )
                 if not _is_label_name(name):
                     raise PayloadError(f"{path}: label name {_show(name)} is not valid")
             if len(_VALID_LABEL_NAMES) < MAX_REMEMBERED_LABEL_NAMES:
@@ -284,6 +289,8 @@ def _string_map(value: Any, path: str, max_value: int) -> dict[str, str]:
         return value
     out: dict[str, str] = {}
     for key, item in value.items():
+        if len(key) > MAX_LABEL_NAME:
+            raise PayloadError(f"{path}: name of {len(key)} characters exceeds the limit of {MAX_LABEL_NAME}")
         if not isinstance(item, str):
             raise PayloadError(f"{_member(path, key)}: expected a string, got {_kind(item)}")
         if len(item) > max_value:
@@ -305,7 +312,10 @@ def _plain_strings(value: dict[str, Any], max_value: int) -> bool:
         return False
     if len(values) > max_value and any(len(item) > max_value for item in value.values()):
         return False
-    text = "".join(value) + values
+    names = "".join(value)
+    if len(names) > MAX_LABEL_NAME and any(len(name) > MAX_LABEL_NAME for name in value):
+        return False
+    text = names + values
     return text.isascii() and "\x00" not in text
 
 

@@ -3,23 +3,33 @@
 Alert labels are attacker-influenced text. Patterns are applied with ``re.fullmatch`` and forbid whitespace and shell
 metacharacters wherever a value names something (a node, a job, a namespace); free text (a drain reason) is limited to a
 safe printable set. Values then travel as argv elements or API fields, never through a shell.
+
+Each backend gets the pattern of what it accepts as *one* object, and its reserved words are refused: Slurm expands
+``ALL`` (any case) to every node in ``scontrol update NodeName=ALL``, and reads ``node[1-4]`` or ``a,b`` as several;
+Kubernetes names are lower-case DNS-1123 subdomains (``NODE1``, ``x..y`` and ``4242_7`` are refused by the API).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from app.errors import ParamError
 
-# Slurm node names and Kubernetes node names: hostname-like.
+# Any hostname-like node name (a playbook target, before the backend is known): one name, no list, no range.
 NODE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?"
+# A Slurm node name: hostname-like, one node (no hostlist brackets or commas); ALL is reserved (SLURM_RESERVED).
+SLURM_NODE_NAME = NODE_NAME
+SLURM_RESERVED = ("all",)  # compared without case: scontrol reads NodeName=ALL (or all) as every node
 # Slurm job ids: 1234, array tasks 1234_7, het components 1234+1.
 SLURM_JOB_ID = r"[0-9]{1,12}(?:[_+][0-9]{1,8})?"
-# Kubernetes object names (DNS-1123 subdomain) and namespaces (DNS-1123 label).
-K8S_NAME = r"[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?"
+# Kubernetes object and node names (DNS-1123 subdomain: dot-separated labels, each alphanumeric at both ends, at
+# most 253 characters in all) and namespaces (DNS-1123 label).
+_DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
+K8S_NAME = rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*"
+K8S_NODE_NAME = K8S_NAME
 K8S_NAMESPACE = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 # Label/annotation/taint keys: optional DNS prefix, then a name.
 K8S_KEY = r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
@@ -44,6 +54,11 @@ class Param:
     description: str = ""
     promql: bool = False  # a PromQL expression: templates render escaped, and only inside "..." literals
     literal: bool = False  # written out in the playbook, never rendered from an alert (where data is sent)
+    # Free text for humans (a reason, a message): a reference that renders empty leaves a gap. In every other
+    # required parameter an empty reference is an error (planning.render_params).
+    prose: bool = False
+    escape: Callable[[str], str] | None = None  # applied to each value a template substitutes (chat markup)
+    reserved: tuple[str, ...] = ()  # words the backend reads as something else, refused in any case
 
     def json_schema(self) -> dict[str, Any]:
         """The JSON schema of this parameter before templating (templated strings are always allowed)."""
@@ -103,6 +118,8 @@ def _check_string(action: str, name: str, spec: Param, value: Any) -> str:
         raise ParamError(action, name, f"{_show(text)} is not one of {', '.join(spec.choices)}")
     if spec.pattern is not None and not re.fullmatch(spec.pattern, text):
         raise ParamError(action, name, f"{_show(text)} does not match the pattern {spec.pattern}")
+    if text.lower() in spec.reserved:
+        raise ParamError(action, name, f"{_show(text)} is a reserved word of the backend (it names more than one)")
     return text
 
 

@@ -16,7 +16,7 @@ from app.errors import ParamError
 from app.matchers import matches_all
 from app.permissions import Permissions
 from app.playbooks import Step
-from app.templates import render_promql, render_value
+from app.templates import TemplateError, render_promql, render_value
 
 RUN, WOULD_RUN, SKIPPED, INVALID = "pending", "would_run", "skipped", "invalid"
 
@@ -69,14 +69,21 @@ def when_context(
 def render_params(
     action: Action, raw: Mapping[str, Any], context: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, Any]:
-    """Render a step's ``with:``; PromQL parameters get values escaped for PromQL string literals."""
+    """Render a step's ``with:``; PromQL parameters get values escaped for PromQL string literals, markup
+    parameters for their markup (``Param.escape``). A reference that renders empty in a required parameter is a
+    :class:`ParamError`: ``dir: /root/{{ labels.job }}`` without the label must not name the root."""
     rendered = {}
     for name, value in raw.items():
         spec = action.params.get(name)
-        if spec is not None and spec.promql and isinstance(value, str):
-            rendered[name] = render_promql(value, context)
-        else:
-            rendered[name] = render_value(value, context)
+        try:
+            if spec is not None and spec.promql and isinstance(value, str):
+                rendered[name] = render_promql(value, context)
+            else:
+                required = spec is not None and spec.required
+                escape = spec.escape if spec is not None else None
+                rendered[name] = render_value(value, context, required=required, escape=escape)
+        except TemplateError as exc:
+            raise ParamError(action.name, name, f"template {exc}") from None
     return rendered
 
 
@@ -97,8 +104,9 @@ def plan_steps(
             conditions = ", ".join(str(m) for m in step.when)
             planned.append(PlannedStep(**base, status=SKIPPED, reason=f"when: {conditions} does not hold"))
             continue
-        rendered = render_params(action, step.with_, template_context)
+        rendered: Mapping[str, Any] = step.with_
         try:
+            rendered = render_params(action, step.with_, template_context)
             params = action.validate(rendered)
         except ParamError as exc:
             planned.append(PlannedStep(**base, status=INVALID, params=rendered, reason=str(exc)))

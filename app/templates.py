@@ -6,18 +6,23 @@ string literal expects one.
 
 Namespaces: ``labels`` and ``annotations`` (of the alert), ``target`` (the playbook's rendered target),
 ``diagnosis`` and ``incident``. Whitespace inside the braces is optional. A missing key renders as the empty
-string, as a missing label does in Alertmanager matchers.
+string, as a missing label does in Alertmanager matchers; where a value is required (``required=True``: an action's
+required parameter), an empty value is an error instead, so ``/shared/checkpoints/{{ labels.train_job }}`` cannot
+quietly become the root ``/shared/checkpoints/``. ``escape`` transforms each substituted value for the markup it
+lands in (chat mrkdwn), never the template's own text.
 
 PromQL templates (a playbook's ``recheck`` and ``verify``) must place every reference inside a double-quoted
 string literal, e.g. ``up{instance="{{ labels.instance }}"}``; :func:`render_promql` escapes each substituted
 value for that literal, so a label value such as ``"} or vector(1) or {x="`` stays a string and cannot change
-the query. A ``{{`` cannot be written literally in a template.
+the query. The literal must not be a regular expression (the right side of ``=~`` or ``!~``): a label ``.*``
+would widen the query, and nothing escapes regex syntax, so such a template is refused. A ``{{`` cannot be
+written literally in a template.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +97,25 @@ def check_promql_template(text: str, namespaces: Collection[str] = NAMESPACES) -
     _check_quoted(_parse(text, namespaces))
 
 
-def render(text: str, context: Mapping[str, Mapping[str, Any]]) -> str:
-    """Substitute each reference with its value in ``context`` (missing: ""). Raises TemplateError."""
-    return "".join(part if isinstance(part, str) else _lookup(context, part) for part in _parse(text))
+def render(
+    text: str,
+    context: Mapping[str, Mapping[str, Any]],
+    *,
+    required: bool = False,
+    escape: Callable[[str], str] | None = None,
+) -> str:
+    """Substitute each reference with its value in ``context`` (missing: "", or TemplateError when ``required``),
+    passed through ``escape`` if given. Raises TemplateError."""
+    out = []
+    for part in _parse(text):
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        value = _lookup(context, part)
+        if required and not value:
+            raise TemplateError(f"{{{{ {part.namespace}.{part.key} }}}} is empty or missing", part.offset + 1)
+        out.append(escape(value) if escape else value)
+    return "".join(out)
 
 
 def render_promql(text: str, context: Mapping[str, Mapping[str, Any]]) -> str:
@@ -111,14 +132,22 @@ def render_promql(text: str, context: Mapping[str, Mapping[str, Any]]) -> str:
     )
 
 
-def render_value(value: Any, context: Mapping[str, Mapping[str, Any]]) -> Any:
+def render_value(
+    value: Any,
+    context: Mapping[str, Mapping[str, Any]],
+    *,
+    required: bool = False,
+    escape: Callable[[str], str] | None = None,
+) -> Any:
     """Render every string in ``value``, recursing into lists and dict values; other values stay as is."""
     if isinstance(value, str):
-        return render(value, context)
+        return render(value, context, required=required, escape=escape)
     if isinstance(value, list):
-        return [render_value(item, context) for item in value]
+        return [render_value(item, context, required=required, escape=escape) for item in value]
     if isinstance(value, dict):
-        return {key: render_value(item, context) for key, item in value.items()}
+        return {
+            key: render_value(item, context, required=required, escape=escape) for key, item in value.items()
+        }
     return value
 
 
@@ -150,6 +179,8 @@ def _check_quoted(parts: list[str | Ref]) -> None:
     """
     state = "code"  # code | "'" | '"' | "`" | comment
     escaped = False
+    code_tail = ""  # the last two non-blank characters of code: "=~" or "!~" before a literal makes it a regex
+    regex = False  # the literal being read is the right side of =~ or !~
     for part in parts:
         if isinstance(part, Ref):
             if state != '"' or escaped:
@@ -159,13 +190,22 @@ def _check_quoted(parts: list[str | Ref]) -> None:
                     'inside a "..." literal, e.g. {instance="{{ labels.instance }}"}',
                     part.offset + 1,
                 )
+            if regex:
+                raise TemplateError(
+                    f"{{{{ {part.namespace}.{part.key} }}}} is inside a regular expression (after =~ or !~), "
+                    "where a value such as .* would match more than the alert's series; use = or != instead",
+                    part.offset + 1,
+                )
             continue
         for char in part:
             if state == "code":
                 if char in "\"'`":
                     state = char
+                    regex = code_tail in ("=~", "!~")
                 elif char == "#":
                     state = "comment"
+                elif not char.isspace():
+                    code_tail = (code_tail + char)[-2:]
             elif state == "comment":
                 if char == "\n":
                     state = "code"
@@ -175,3 +215,4 @@ def _check_quoted(parts: list[str | Ref]) -> None:
                 escaped = True
             elif char == state:
                 state = "code"
+                code_tail = ""

@@ -3,11 +3,12 @@
 #   system: Prometheus, Alertmanager, promtool/amtool, Slurm (slurmctld, slurmd, client) + munge, OpenSSH server,
 #           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests,
 #           buildah/podman/mmdebstrap (the container image test, docs/deploy.md).
-#   python: a virtualenv in .venv with the package and its dev extras.
+#           sudo (the least-privilege Slurm account's sudoers, deploy/slurm/).
+#   python: a virtualenv in .venv with the package and its dev extras, and the progress library (progress/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=(prometheus prometheus-alertmanager slurmctld slurmd slurm-client munge openssh-server etcd-server golang-go
-      rsync postgresql wrk chromium chromium-driver buildah podman mmdebstrap uidmap fuse-overlayfs)
+      rsync postgresql wrk chromium chromium-driver buildah podman mmdebstrap uidmap fuse-overlayfs sudo)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
@@ -25,6 +26,6 @@ fi
 stamp=.venv/.installed-$(sha1sum pyproject.toml | cut -c1-12)
 if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
-  .venv/bin/pip install -q -e '.[dev]'
+  .venv/bin/pip install -q -e '.[dev]' -e ./progress
   rm -f .venv/.installed-*; touch "$stamp"
 fi

@@ -611,13 +611,15 @@ def launch_grafana_standin(base_dir: Path, token_file: Path) -> GrafanaStandin:
 class NightshiftServer:
     """A running ``nightshift serve`` and the reads of its JSON API the demo and the e2e tests make."""
 
-    def __init__(self, daemon: Daemon, url: str, settings_path: Path):
+    def __init__(self, daemon: Daemon, url: str, settings_path: Path, reader_token: str | None = None):
         self.daemon = daemon
         self.url = url
         self.settings_path = settings_path
+        self.reader_token = reader_token  # reads of the API need a viewer (or operator) token
 
     def get(self, path: str, **params: Any) -> Any:
-        response = requests.get(f"{self.url}{path}", params=params, timeout=10)
+        headers = {"Authorization": f"Bearer {self.reader_token}"} if self.reader_token else {}
+        response = requests.get(f"{self.url}{path}", params=params, headers=headers, timeout=10)
         response.raise_for_status()
         return response.json()
 
@@ -652,7 +654,9 @@ def launch_nightshift(
     argv = [sys.executable, "-m", "app.cli", "serve", "--config", str(settings_path)]
     argv += ["--bind", f"127.0.0.1:{port}", "--workers", str(workers), "--threads", "4"]
     daemon = Daemon("nightshift", argv, base_dir, cwd=REPO_ROOT)
-    server = NightshiftServer(daemon, f"http://127.0.0.1:{port}", settings_path)
+    token_file = settings.get("access", {}).get("viewer_token_file") or settings.get("operator_token_file")
+    token = Path(token_file).read_text().strip() if token_file else None
+    server = NightshiftServer(daemon, f"http://127.0.0.1:{port}", settings_path, token)
     _started(daemon, lambda: _http_ok(f"{server.url}/readyz"), "nightshift /readyz", NIGHTSHIFT_START_TIMEOUT)
     return server
 
@@ -828,6 +832,7 @@ def launch_stack(
     with closers:
         webhook_token = _secret_file(base / "webhook.token")
         operator_token = _secret_file(base / "operator.token")
+        viewer_token = _secret_file(base / "viewer.token")
         grafana_token = _secret_file(base / "grafana.token")
         sim = launch_sim_cluster(base / "sim", nodes=NODES)
         closers.callback(sim.close)
@@ -862,6 +867,7 @@ def launch_stack(
             "operator_token_file": str(operator_token),
             "external_url": nightshift_url,
             "webhook": {"token_file": str(webhook_token)},
+            "access": {"viewer_token_file": str(viewer_token)},
             # A guard that holds an incident looks again after 5 s (default 30 s): the demo runs in minutes.
             "guards": {"defer_seconds": 5},
             "prometheus": {"url": prometheus.url},

@@ -32,9 +32,19 @@ QUARANTINE_MARK = ".quarantined-"
 NAME_PATTERN = r"[A-Za-z0-9._*?\[\]][A-Za-z0-9._*?\[\]-]{0,99}"
 
 
-def within(path: str, roots: Sequence[str]) -> bool:
-    """Whether the resolved ``path`` is one of the resolved ``roots`` or below one."""
-    return any(path == root.rstrip("/") or path.startswith(root.rstrip("/") + "/") for root in roots)
+def below(path: str, roots: Sequence[str]) -> bool:
+    """Whether the resolved ``path`` lies strictly below one of the resolved ``roots`` (never a root itself: the
+    root holds every job's checkpoint directories, and quarantining "its newest" would hit another job)."""
+    return any(path != root and path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def path_problem(path: str) -> str | None:
+    """Why a rendered checkpoint directory is refused before anything runs, or None: every component named, none
+    ``.`` or ``..``, no trailing slash (``/shared/checkpoints/`` and ``/shared/checkpoints/.`` are the root)."""
+    parts = path.split("/")[1:]
+    if not parts or any(part in ("", ".", "..") for part in parts):
+        return "must name a directory below its root: no empty, '.' or '..' component, no trailing '/'"
+    return None
 
 
 def parse_listing(output: str) -> list[tuple[float, str]]:
@@ -65,8 +75,9 @@ def quarantine_name(name: str, ctx: ActionContext) -> str:
 class QuarantineLatest(SlurmAction):
     """Rename the newest checkpoint under an allowed root to ``<name>.quarantined-<UTC timestamp>``.
 
-    ``dir`` is resolved on the remote host (``realpath -e``) and must lie under one of
-    ``settings.checkpoint.allowed_roots`` (also resolved there), so a symlink cannot lead out of a root; the
+    ``dir`` is resolved on the remote host (``realpath -e``) and must lie strictly below one of
+    ``settings.checkpoint.allowed_roots`` (also resolved there), so a symlink cannot lead out of a root, nor
+    back to the root itself; a ``dir`` rendered from an empty label is refused before anything runs; the
     candidates are listed with ``find -type d``, which does not follow symlinks; the rename is ``mv -n -T``,
     which never overwrites.
     """
@@ -82,8 +93,9 @@ class QuarantineLatest(SlurmAction):
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         params = super().validate(raw)
-        if ".." in params["dir"].split("/"):
-            raise ParamError(self.name, "dir", "must not contain '..'")
+        problem = path_problem(params["dir"])
+        if problem:
+            raise ParamError(self.name, "dir", f"{params['dir']!r} {problem}")
         return params
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
@@ -110,9 +122,9 @@ class QuarantineLatest(SlurmAction):
         resolved = executed[-1].stdout.rstrip("\n")
         executed.append(slurm.run(["realpath", "-m", "--", *roots]))
         resolved_roots = executed[-1].stdout.splitlines()
-        if not within(resolved, resolved_roots):
+        if not below(resolved, resolved_roots):
             return Failed(
-                reason=f"{params['dir']} resolves to {resolved}, outside the allowed roots "
+                reason=f"{params['dir']} resolves to {resolved}, not strictly below an allowed root "
                 f"({', '.join(resolved_roots)})",
                 command=executed_commands(executed),
             )

@@ -23,7 +23,7 @@ class GrafanaAnnotate(Action):
     description = "Add a Grafana annotation tagged nightshift (and incident:<id>)"
     read_only = True
     params = {
-        "text": Param(max_length=2000, description="annotation text"),
+        "text": Param(max_length=2000, prose=True, description="annotation text"),
         "tags": Param(kind="list", pattern=TAG, required=False, max_length=100, description="extra tags"),
         "incident": Param(
             kind="integer", required=False, description="incident id (default: the current one)"

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from app import errors
 from app.actions.base import Action, ActionContext, Plan
 from app.outcome import Ambiguous, Failed, Ok, Outcome, outcome_from_error, tail
-from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, NODE_NAME, Param
+from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_NAME, Param
 
 if TYPE_CHECKING:
     from datetime import datetime
@@ -46,7 +46,7 @@ GENERATED_JOB_LABELS = (
 )
 MAX_LOG_LINES = 5000
 
-NODE = Param(pattern=NODE_NAME, description="Kubernetes node name")
+NODE = Param(pattern=K8S_NODE_NAME, description="Kubernetes node name (DNS-1123 subdomain)")
 NAMESPACE = Param(pattern=K8S_NAMESPACE, description="namespace")
 POD = Param(pattern=K8S_NAME, description="pod name")
 GRACE = Param(

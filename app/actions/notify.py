@@ -2,6 +2,11 @@
 
 Slack incoming-webhook URLs are secrets (anyone holding one can post), so a URL taken from settings never
 appears in a plan, a command or an error message: those show ``POST <notify webhook>``.
+
+Label-derived text is escaped for each channel's markup: for the Slack-compatible webhook ``&``, ``<`` and ``>``
+become entities (:func:`slack_escape`), so a label cannot write ``<!channel>`` or a disguised link
+``<https://evil.example|Approve>``. In a playbook's ``text`` only the substituted values are escaped (the author's
+own links stay links); the engine's summaries are escaped whole. Email headers: :mod:`app.clients.mail`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ CONFIGURED_WEBHOOK = "<notify webhook>"
 MAX_TEXT = 4000
 
 
+def slack_escape(text: str) -> str:
+    """``text`` as Slack mrkdwn shows it literally: ``&``, ``<`` and ``>`` as entities (Slack's own rule)."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 class NotifyWebhook(Action):
     """POST ``{"text": ..., "nightshift": {"incident": id, "labels": {...}}}`` to a Slack-style webhook."""
 
@@ -41,7 +51,9 @@ class NotifyWebhook(Action):
             literal=True,  # a URL taken from an alert's labels could send incident data anywhere
             description="default: notify.webhook_url; written out, never templated",
         ),
-        "text": Param(max_length=MAX_TEXT, description="message text"),
+        "text": Param(
+            max_length=MAX_TEXT, prose=True, escape=slack_escape, description="message text (Slack mrkdwn)"
+        ),
     }
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
@@ -71,8 +83,8 @@ class NotifyEmail(Action):
         "to": Param(
             kind="list", pattern=EMAIL, required=False, max_length=320, description="default: notify.email_to"
         ),
-        "subject": Param(pattern=SAFE_TEXT, description="subject line"),
-        "text": Param(max_length=20_000, description="message body"),
+        "subject": Param(pattern=SAFE_TEXT, prose=True, description="subject line"),
+        "text": Param(max_length=20_000, prose=True, description="message body"),
     }
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
@@ -99,7 +111,10 @@ def send_notification(
     section = settings.notify
     outcomes: list[Outcome] = []
     if section.webhook_url or section.webhook_url_file:
-        body = {"text": f"{subject}\n{text}", "nightshift": json.loads(json.dumps(dict(data), default=str))}
+        body = {
+            "text": slack_escape(f"{subject}\n{text}"),
+            "nightshift": json.loads(json.dumps(dict(data), default=str)),
+        }
         outcomes.append(
             _deliver(
                 f"POST {CONFIGURED_WEBHOOK}",

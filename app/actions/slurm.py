@@ -29,7 +29,7 @@ from app.clients.slurm import (
 )
 from app.errors import BackendError, CommandFailed, ConfigError, ParamError
 from app.outcome import Failed, Ok, Outcome, outcome_from_error, tail
-from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
+from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED, Param
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -38,7 +38,7 @@ REASON_PREFIX = "nightshift:"
 # A validation command for resume_node: words of safe characters, split on blanks, no quoting or shell syntax.
 VALIDATION_COMMAND = r"[A-Za-z0-9_./=:,@%+-]+(?: [A-Za-z0-9_./=:,@%+-]+){0,31}"
 
-_NODE = Param(pattern=NODE_NAME, description="Slurm node name")
+_NODE = Param(pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, description="Slurm node name (one; not ALL)")
 _JOB = Param(pattern=SLURM_JOB_ID, description="Slurm job id (1234, 1234_7, 1234+1)")
 
 
@@ -100,7 +100,9 @@ class DrainNode(SlurmAction):
     description = "Drain a Slurm node with a reason prefixed 'nightshift:'; leaves foreign drains alone"
     params = {
         "node": _NODE,
-        "reason": Param(pattern=SAFE_TEXT, max_length=180, description="why (prefixed with 'nightshift: ')"),
+        "reason": Param(
+            pattern=SAFE_TEXT, max_length=180, prose=True, description="why (prefixed with 'nightshift: ')"
+        ),
     }
     scope_keys = ("node", "partition")
     takes_out = True
@@ -214,7 +216,9 @@ class RequeueJob(SlurmAction):
     description = "Requeue a Slurm batch job (optionally excluding a node)"
     params = {
         "job": _JOB,
-        "exclude_node": Param(pattern=NODE_NAME, required=False, description="node to avoid"),
+        "exclude_node": Param(
+            pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, required=False, description="node to avoid"
+        ),
     }
     scope_keys = ("node", "partition")
 

@@ -81,8 +81,7 @@ class Mailer:
         try:
             message["From"] = self.sender
             message["To"] = ", ".join(to)
-            # A header cannot span lines: fold any line break in the subject into a space instead of failing.
-            message["Subject"] = " ".join(subject.split())
+            message["Subject"] = header_text(subject)
             message["Date"] = formatdate(localtime=False, usegmt=True)
             message["Message-ID"] = make_msgid(domain=self.sender.rpartition("@")[2] or None)
         except ValueError as exc:  # a line break in a configured address: header injection refused
@@ -132,6 +131,14 @@ class Mailer:
             raise errors.BackendError(
                 f"{where}: delivered, but these recipients were refused: {_refusals(refused)}"
             )
+
+
+def header_text(text: str) -> str:
+    """A subject from label-derived text: one line, printable characters only (no bidirectional overrides), and no
+    RFC 2047 encoded word: Python's email package decodes ``=?utf-8?b?...?=`` written in a header value, so a label
+    could otherwise put any text in the subject. ``=?`` becomes ``= ?``."""
+    line = " ".join("".join(ch for ch in text if ch.isprintable() or ch.isspace()).split())
+    return line.replace("=?", "= ?")
 
 
 def _refusals(refused: dict[str, tuple[int, bytes]]) -> str:

@@ -21,7 +21,7 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 3  # 2: the inbox; 3: job episodes (incident columns below) and node repairs
+SCHEMA_VERSION = 4  # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -270,3 +270,16 @@ node_repairs = Table(
 Index("ix_node_repairs_due", node_repairs.c.next_run_at)
 Index("ix_node_repairs_node", node_repairs.c.node, node_repairs.c.created_at)
 Index("ix_node_repairs_taken_out", node_repairs.c.taken_out_at)
+
+# UI logins, so that logging out ends a session server-side: a cookie kept from before is refused once its row is
+# revoked or expired. ``id`` is the SHA-256 of the random session id the signed cookie carries, never the id itself.
+ui_sessions = Table(
+    "ui_sessions",
+    metadata,
+    Column("id", String(64), primary_key=True),
+    Column("name", String(100), nullable=False),
+    Column("role", String(16), nullable=False),  # operator | viewer
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("expires_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime),
+)

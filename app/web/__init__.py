@@ -5,11 +5,22 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from flask import Flask, jsonify
+from flask import Flask, abort, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
+from werkzeug.routing import IntegerConverter, Map
 
 from app.errors import StoreUnavailable
+
+# Ids are SQL BIGINTs: a path id outside 1..2**63-1 matches no route (404), never reaches the store.
+MAX_ID = 2**63 - 1
+
+
+class IdConverter(IntegerConverter):
+    """``<id:name>``: a positive integer that fits a signed 64-bit column."""
+
+    def __init__(self, url_map: Map) -> None:
+        super().__init__(url_map, min=1, max=MAX_ID)
 
 
 class JSONProvider(DefaultJSONProvider):
@@ -29,14 +40,34 @@ def error(status: int, message: str, **extra: Any):
     return response
 
 
+def plain_text(value: str, limit: int) -> str:
+    """Free text from a client, printable characters only (no controls, no bidirectional overrides), bounded."""
+    return "".join(ch for ch in value if ch.isprintable())[:limit].strip()
+
+
+def int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
+    """An integer query parameter within ``low..high`` (400 naming the bounds otherwise); ``default`` if absent."""
+    raw = request.args.get(name, "")
+    if raw == "":
+        return default
+    if not (raw.isascii() and raw.lstrip("-").isdigit()) or len(raw) > 20:
+        abort(400, f"{name} must be an integer between {low} and {high}")
+    value = int(raw)
+    if not low <= value <= high:
+        abort(400, f"{name} must be between {low} and {high}, got {value}")
+    return value
+
+
 def register(app: Flask) -> None:
     from app.web import alerts, api, health, ui
+    from app.web.access import ACCESS_KEY, ReadAccess
     from app.web.auth import LIMITER_KEY, AuthFailureLimiter
 
+    services = app.extensions["nightshift"]
     app.json = JSONProvider(app)
-    app.extensions[LIMITER_KEY] = AuthFailureLimiter.from_settings(
-        app.extensions["nightshift"].settings.webhook
-    )
+    app.url_map.converters["id"] = IdConverter  # before the blueprints' rules are built
+    app.extensions[LIMITER_KEY] = AuthFailureLimiter.from_settings(services.settings.webhook)
+    app.extensions[ACCESS_KEY] = ReadAccess.from_settings(services.settings, services.operator_token)
     app.register_blueprint(alerts.bp)
     app.register_blueprint(api.bp)
     app.register_blueprint(health.bp)

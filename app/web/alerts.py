@@ -2,12 +2,13 @@
 
 200 once the notification is committed to the store's inbox (the worker ingests its alerts a few milliseconds
 later, :mod:`app.engine.inbox`); 400 for a payload Alertmanager must not retry; 401 without credentials;
-413 over the size limit; 429 for a client address that keeps failing authentication; 503 when the store is down
-(Alertmanager retries 5xx).
+413 over the size limit (``webhook.max_body_bytes``, with a Content-Length or chunked); 429 for a client address
+that keeps failing authentication; 503 when the store is down (Alertmanager retries 5xx).
 
-Authenticated deliveries are never rate limited: Alertmanager drops a notification answered 4xx, so a limit would
-lose alerts, and in an alert storm, when they matter most. Only failed authentication is limited, per client
-address (:class:`app.web.auth.AuthFailureLimiter`), which bounds online guessing of the token or basic password.
+Authenticated deliveries are never rate limited, nor refused because of their address: credentials are checked
+first, and Alertmanager drops a notification answered 4xx, so a limit would lose alerts, and in an alert storm,
+when they matter most. Only failed authentication is limited, per client address
+(:class:`app.web.auth.AuthFailureLimiter`).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import logging
 
 from flask import Blueprint, current_app, jsonify, request
+from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.alertmanager import parse_notification
 from app.errors import PayloadError
 from app.web import error
-from app.web.auth import record_auth_failure, refuse_if_throttled
+from app.web.auth import refuse_failure
 
 bp = Blueprint("alerts", __name__)
 log = logging.getLogger(__name__)
@@ -29,12 +31,11 @@ log = logging.getLogger(__name__)
 def receive():
     services = current_app.extensions["nightshift"]
     metrics = services.metrics
-    throttled = refuse_if_throttled()
-    if throttled is not None:
-        metrics.webhook_requests.labels("429").inc()
-        return throttled
     if not services.webhook_auth.check(request.headers.get("Authorization")):
-        record_auth_failure()
+        throttled = refuse_failure("webhook")
+        if throttled is not None:
+            metrics.webhook_requests.labels("429").inc()
+            return throttled
         metrics.webhook_requests.labels("401").inc()
         response = error(401, "missing or invalid credentials (Authorization: Bearer <token> or Basic)")
         response.headers["WWW-Authenticate"] = 'Bearer realm="nightshift"'
@@ -42,7 +43,7 @@ def receive():
     if request.mimetype not in ("application/json", ""):
         metrics.webhook_requests.labels("415").inc()
         return error(415, f"expected Content-Type application/json, got {request.mimetype}")
-    body = request.get_data(cache=False)  # MAX_CONTENT_LENGTH turns an oversized body into 413
+    body = _body(services.settings.webhook.max_body_bytes)
     try:
         notification = parse_notification(body, max_alerts=services.settings.webhook.max_alerts_per_payload)
     except PayloadError as exc:
@@ -57,3 +58,17 @@ def receive():
     )
     metrics.webhook_requests.labels("200").inc()
     return jsonify({"status": "ok", "alerts": len(notification.alerts), "inbox_id": inbox_id})
+
+
+def _body(limit: int) -> bytes:
+    """The request body, at most ``limit`` bytes: 413 over it, with a Content-Length or chunked.
+
+    Werkzeug refuses a Content-Length over ``MAX_CONTENT_LENGTH`` itself, but cuts a chunked body at the limit
+    without saying so; one byte more is read here to tell "exactly the limit" from "over it".
+    """
+    if request.content_length is not None or not request.environ.get("wsgi.input_terminated"):
+        return request.get_data(cache=False)
+    body = request.environ["wsgi.input"].read(limit + 1)
+    if len(body) > limit:
+        raise RequestEntityTooLarge(f"request body over the limit of {limit} bytes")
+    return body

@@ -1,18 +1,33 @@
-"""JSON API: incidents and their ledger (read), pause/resume (operator token)."""
+"""JSON API: incidents and their ledger (read: any reader, :mod:`app.web.access`), pause/resume, approve and
+handled (the operator token).
+
+Bounds: ``limit`` 1..1000 (default 100), ``before`` and path ids 1..2**63-1 (a path id outside is 404), filter
+values at most 255 characters, ``reason`` 500 printable characters, the operator's name 100.
+"""
 
 from __future__ import annotations
 
 from functools import wraps
 from typing import Any
 
-from flask import Blueprint, current_app, jsonify, request
+from flask import Blueprint, abort, current_app, jsonify, request
 
-from app.web import error
-from app.web.auth import check_bearer, record_auth_failure, refuse_if_throttled
+from app.web import MAX_ID, error, int_arg, plain_text
+from app.web.access import read_refusal
+from app.web.auth import bearer, refuse_failure, same_secret
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
 FILTERS = ("state", "outcome", "playbook", "node", "job")
+MAX_LIMIT = 1000
+MAX_FILTER = 255
+
+
+@bp.before_request
+def _readers_only():
+    """Reads need a reader; the operator's endpoints check the operator token themselves."""
+    view = current_app.view_functions.get(request.endpoint or "")
+    return None if getattr(view, "operator_only", False) else read_refusal()
 
 
 def operator_only(view: Any) -> Any:
@@ -23,33 +38,31 @@ def operator_only(view: Any) -> Any:
         token = current_app.extensions["nightshift"].operator_token
         if token is None:
             return error(403, "operator API disabled: set operator_token_file in the settings")
-        throttled = refuse_if_throttled()
-        if throttled is not None:
-            return throttled
-        if not check_bearer(request.headers.get("Authorization"), token):
-            record_auth_failure()
-            return error(401, "missing or invalid operator token")
+        credential = bearer(request.headers.get("Authorization"))
+        if credential is None or not same_secret(credential, token):
+            return refuse_failure("operator") or error(401, "missing or invalid operator token")
         return view(*args, **kwargs)
 
+    wrapper.operator_only = True  # type: ignore[attr-defined]
     return wrapper
 
 
 @bp.get("/incidents")
 def list_incidents():
     engine = current_app.extensions["nightshift"].engine
-    try:
-        limit = min(int(request.args.get("limit", 100)), 1000)
-        before = int(request.args["before"]) if "before" in request.args else None
-    except ValueError:
-        return error(400, "limit and before must be integers")
+    limit = int_arg("limit", 100, 1, MAX_LIMIT)
+    before = int_arg("before", None, 1, MAX_ID)
     filters = {name: request.args[name] for name in FILTERS if request.args.get(name)}
+    for name, value in filters.items():
+        if len(value) > MAX_FILTER:
+            abort(400, f"{name}: longer than {MAX_FILTER} characters")
     rows = engine.incidents(
         limit=limit, before_id=before, open_only=request.args.get("open") == "1", **filters
     )
     return jsonify({"status": "ok", "incidents": rows})
 
 
-@bp.get("/incidents/<int:incident_id>")
+@bp.get("/incidents/<id:incident_id>")
 def get_incident(incident_id: int):
     detail = current_app.extensions["nightshift"].engine.incident(incident_id)
     if detail is None:
@@ -65,7 +78,7 @@ def status():
 def _reason() -> str:
     body = request.get_json(silent=True) or {}
     reason = body.get("reason", "") if isinstance(body, dict) else ""
-    return str(reason)[:500]
+    return plain_text(str(reason), 500)
 
 
 @bp.post("/pause")
@@ -82,7 +95,7 @@ def resume():
     return jsonify({"status": "ok", **value})
 
 
-@bp.post("/incidents/<int:incident_id>/steps/<int:step_id>/approve")
+@bp.post("/incidents/<id:incident_id>/steps/<id:step_id>/approve")
 @operator_only
 def approve(incident_id: int, step_id: int):
     engine = current_app.extensions["nightshift"].engine
@@ -95,7 +108,7 @@ def approve(incident_id: int, step_id: int):
     return jsonify({"status": "ok", "incident": incident})
 
 
-@bp.post("/incidents/<int:incident_id>/handled")
+@bp.post("/incidents/<id:incident_id>/handled")
 @operator_only
 def handled(incident_id: int):
     engine = current_app.extensions["nightshift"].engine
@@ -110,5 +123,4 @@ def handled(incident_id: int):
 
 def _operator() -> str:
     """Who acted, as the operator says (free text, bounded); the token proved they may."""
-    name = request.headers.get("X-Nightshift-Operator", "operator")
-    return "".join(ch for ch in name if ch.isprintable())[:100] or "operator"
+    return plain_text(request.headers.get("X-Nightshift-Operator", "operator"), 100) or "operator"

@@ -1,4 +1,10 @@
-"""Credentials checks for the webhook (bearer or basic) and the operator API (bearer). Constant-time compares."""
+"""Credentials checks for the webhook (bearer or basic), the operator API (bearer) and readers (bearer, session or
+a trusted proxy's user header). Constant-time compares.
+
+Credentials are checked first, always: a request with valid credentials is never refused, whatever its address
+did before. Only failures are throttled, per client address and per realm (``webhook``, ``operator``, ``viewer``),
+so a client guessing the operator token does not slow down the Alertmanager that shares its address.
+"""
 
 from __future__ import annotations
 
@@ -62,11 +68,12 @@ class WebhookAuth:
         return False
 
 
-def check_bearer(header: str | None, token: str) -> bool:
+def bearer(header: str | None) -> str | None:
+    """The credential of an ``Authorization: Bearer <credential>`` header, else None."""
     if not header:
-        return False
+        return None
     scheme, _, value = header.partition(" ")
-    return scheme.lower() == "bearer" and same_secret(value.strip(), token)
+    return value.strip() if scheme.lower() == "bearer" else None
 
 
 def same_secret(given: str, expected: str) -> bool:
@@ -75,13 +82,14 @@ def same_secret(given: str, expected: str) -> bool:
 
 
 class AuthFailureLimiter:
-    """A token bucket per client address, spent only by failed authentication.
+    """A token bucket per client (address and realm), spent only by failed authentication.
 
-    Each address may fail ``burst`` times in a row; tokens come back at ``per_minute``. While an address has no
-    token, :meth:`retry_after` says how long it must wait, and the webhook answers 429 without checking its
-    credentials, so a guesser gets ``burst`` tries plus ``per_minute`` a minute. State is in memory, per gunicorn
-    worker process (a brake on guessing, not a precise quota), bounded to the ``max_clients`` addresses that failed
-    most recently: an address forgotten has a full bucket, which is what it would have once refilled.
+    Each client may fail ``burst`` times in a row; tokens come back at ``per_minute``. While a client has no
+    token, a failed attempt is answered 429 with :meth:`retry_after` instead of 401. Valid credentials are checked
+    before the bucket and always pass, so the limit costs a legitimate client sharing the address nothing; the
+    price is that it no longer caps how fast a guesser may try: the length of the secrets does (docs/security.md
+    asks for 32 random bytes). State is in memory, per gunicorn worker process, bounded to the ``max_clients``
+    that failed most recently: a client forgotten has a full bucket, which is what it would have once refilled.
     """
 
     def __init__(
@@ -131,24 +139,24 @@ class AuthFailureLimiter:
                 self._buckets.popitem(last=False)
 
 
-def _client() -> str:
+def _client(realm: str) -> str:
     # The TCP peer, not X-Forwarded-For: a header would let a guesser pick a fresh address per try.
-    return request.remote_addr or "unknown"
+    return f"{realm} {request.remote_addr or 'unknown'}"
 
 
-def refuse_if_throttled() -> Response | None:
-    """429 with Retry-After for an address that failed authentication too often (webhook, operator API, login)."""
+def refuse_failure(realm: str) -> Response | None:
+    """Count one failed authentication in ``realm``; 429 with Retry-After when the address has no try left."""
     from app.web import error
 
-    wait = current_app.extensions[LIMITER_KEY].retry_after(_client())
+    limiter = current_app.extensions[LIMITER_KEY]
+    client = _client(realm)
+    wait = limiter.retry_after(client)
     if not wait:
+        limiter.failed(client)
         return None
     response = error(
-        429, f"too many failed authentication attempts from {_client()}; retry in {math.ceil(wait)}s"
+        429,
+        f"too many failed authentication attempts from {request.remote_addr}; retry in {math.ceil(wait)}s",
     )
     response.headers["Retry-After"] = str(math.ceil(wait))
     return response
-
-
-def record_auth_failure() -> None:
-    current_app.extensions[LIMITER_KEY].failed(_client())

@@ -1,11 +1,13 @@
 """Operator web UI: server-rendered pages (overview, incident, history, lemon nodes) and the operator's forms.
 
-Reading needs no login, as with the JSON API. Acting (pause/resume, approve a step, mark an incident handled) needs
-the operator token; browsers send no bearer header from a form, so ``/login`` takes the token once, compares it in
-constant time, and sets a signed session cookie (HttpOnly, SameSite=Strict, Secure when ``external_url`` is https,
-12 hours). The cookie's signing key is derived from the operator token, so rotating the token ends every session.
-Every form carries the session's CSRF token. Without an operator token the forms are hidden and their routes answer
-403. Pages need no JavaScript; Jinja autoescapes everything, and a Content-Security-Policy forbids scripts anyway.
+Reading needs a reader (:mod:`app.web.access`): a page asked for without one redirects to ``/login``. Acting
+(pause/resume, approve a step, mark an incident handled) needs an operator login. Browsers send no bearer header
+from a form, so ``/login`` takes the operator token (or the viewer token, for reading only) once, compares it in
+constant time, and starts a server-side session: the signed cookie (HttpOnly, SameSite=Strict, Secure when
+``external_url`` is https) names a session row in the store that expires after 12 hours and that logout revokes.
+The cookie's signing key is derived from the tokens, so rotating one ends every session too. Every form carries the
+session's CSRF token. Without an operator token the forms are hidden and their routes answer 403. Pages need no
+JavaScript; Jinja autoescapes everything, and a Content-Security-Policy forbids scripts anyway.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import hmac
 import logging
 import re
 import secrets
-from datetime import timedelta
 from functools import wraps
 from typing import Any
 
@@ -35,8 +36,18 @@ from werkzeug.exceptions import HTTPException
 
 from app.engine import Engine
 from app.errors import StoreUnavailable
-from app.web import views
-from app.web.auth import record_auth_failure, refuse_if_throttled, same_secret
+from app.web import int_arg, plain_text, views
+from app.web.access import (
+    ACCESS_KEY,
+    OPERATOR,
+    SESSION_LIFETIME,
+    current_session,
+    end_session,
+    read_access,
+    read_refusal,
+    start_session,
+)
+from app.web.auth import bearer, refuse_failure, same_secret
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +55,7 @@ bp = Blueprint(
     "ui", __name__, template_folder="templates", static_folder="static", static_url_path="/ui-static"
 )
 
-SESSION_KEY_CONTEXT = b"nightshift ui session key v1"
-SESSION_LIFETIME = timedelta(hours=12)
+SESSION_KEY_CONTEXT = b"nightshift ui session key v2"
 HISTORY_FILTERS = ("node", "job", "playbook", "outcome")
 HISTORY_PAGE = 50
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@ -]{0,63}")
@@ -56,6 +66,7 @@ SECURITY_HEADERS = {
         "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
         "frame-ancestors 'none'; base-uri 'none'"
     ),
+    "X-Frame-Options": "DENY",  # for browsers that ignore CSP frame-ancestors
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "same-origin",
 }
@@ -63,13 +74,13 @@ SECURITY_HEADERS = {
 
 @bp.record_once
 def _configure_sessions(state: BlueprintSetupState) -> None:
-    """Session cookie settings, and a signing key derived from the operator token (none without a token)."""
+    """Session cookie settings, and a signing key derived from the tokens (none without a token)."""
     app = state.app
     services = app.extensions["nightshift"]
-    if services.operator_token and not app.secret_key:
-        app.secret_key = hmac.new(
-            services.operator_token.encode("utf-8"), SESSION_KEY_CONTEXT, hashlib.sha256
-        ).hexdigest()
+    access = app.extensions[ACCESS_KEY]
+    tokens = "\0".join(token or "" for token in (access.operator_token, access.viewer_token))
+    if access.login_enabled and not app.secret_key:
+        app.secret_key = hmac.new(tokens.encode("utf-8"), SESSION_KEY_CONTEXT, hashlib.sha256).hexdigest()
     app.config.update(
         SESSION_COOKIE_NAME="nightshift_session",
         SESSION_COOKIE_HTTPONLY=True,
@@ -106,39 +117,49 @@ def operator_form(view: Any) -> Any:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _operator_token() is None:
             abort(403, "operator actions are disabled: set operator_token_file in the settings")
-        if not session.get("operator"):
+        login = current_session()
+        if login is None or login["role"] != OPERATOR:
             abort(401, "log in with the operator token first")
         if not _csrf_ok():
             abort(403, "missing or invalid CSRF token: reload the page and try again")
         return view(*args, **kwargs)
 
+    wrapper.operator_only = True  # type: ignore[attr-defined]  # checks its own login: outside the read wall
     return wrapper
 
 
 def _text(name: str, limit: int = 500) -> str:
     """A free-text form field, printable characters only, bounded."""
-    return "".join(ch for ch in request.form.get(name, "") if ch.isprintable())[:limit].strip()
+    return plain_text(request.form.get(name, ""), limit)
 
 
-def _int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
-    raw = request.args.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        abort(400, f"{name} must be an integer")
-    if not low <= value <= high:
-        abort(400, f"{name} must be between {low} and {high}")
-    return value
+def _operator_name() -> str:
+    login = current_session()
+    return str(login["name"]) if login else ""
+
+
+@bp.before_request
+def _readers_only() -> Any:
+    """Every page but the login (and the static files) needs a reader; a browser without one goes to log in."""
+    view = current_app.view_functions.get(request.endpoint or "")
+    if request.endpoint in ("ui.login", "ui.logout", "ui.static") or getattr(view, "operator_only", False):
+        return None
+    refusal = read_refusal()
+    if refusal is None or bearer(request.headers.get("Authorization")) is not None:
+        return refusal
+    if request.method == "GET":
+        return redirect(url_for(".login", next=request.full_path.rstrip("?")), 303)
+    return refusal
 
 
 @bp.context_processor
 def _template_context() -> dict[str, Any]:
-    enabled = _operator_token() is not None
+    login = current_session()
     return {
-        "operator_enabled": enabled,
-        "operator": session.get("operator") if enabled else None,
+        "operator_enabled": _operator_token() is not None,
+        "login_enabled": read_access().login_enabled,
+        "operator": login["name"] if login and login["role"] == OPERATOR else None,
+        "viewer": login["name"] if login and login["role"] != OPERATOR else None,
         "csrf_token": _csrf_token,
     }
 
@@ -184,7 +205,7 @@ def overview():
     )
 
 
-@bp.get("/incidents/<int:incident_id>")
+@bp.get("/incidents/<id:incident_id>")
 def incident(incident_id: int):
     engine = _engine()
     detail = engine.incident(incident_id)
@@ -202,8 +223,8 @@ def incident(incident_id: int):
 def history():
     engine = _engine()
     filters = {name: request.args.get(name, "").strip()[:255] for name in HISTORY_FILTERS}
-    limit = _int_arg("limit", HISTORY_PAGE, 1, 500) or HISTORY_PAGE
-    before = _int_arg("before", None, 1, 2**62)
+    limit = int_arg("limit", HISTORY_PAGE, 1, 500) or HISTORY_PAGE
+    before = int_arg("before", None, 1, 2**62)
     rows = engine.incidents(
         limit=limit + 1, before_id=before, **{name: value for name, value in filters.items() if value}
     )
@@ -224,7 +245,7 @@ def history():
 
 @bp.get("/nodes")
 def nodes():
-    days = _int_arg("days", 7, 1, 365) or 7
+    days = int_arg("days", 7, 1, 365) or 7
     data = _engine().node_remediations(days)
     return render_template(
         "nodes.html",
@@ -243,8 +264,8 @@ def _local_next(value: str | None) -> str:
 
 @bp.route("/login", methods=["GET", "POST"])
 def login():
-    token = _operator_token()
-    if token is None:
+    access = read_access()
+    if not access.login_enabled:
         return render_template("login.html", disabled=True), 403
     next_url = _local_next(request.values.get("next"))
     if request.method == "GET":
@@ -255,26 +276,26 @@ def login():
     if not OPERATOR_NAME.fullmatch(name):
         error = "Your name: 1 to 64 letters, digits, spaces or . _ @ -"
         return render_template("login.html", next_url=next_url, error=error, name=""), 400
-    throttled = refuse_if_throttled()
-    if throttled is not None:
-        return throttled
-    if not same_secret(request.form.get("token", ""), token):
-        record_auth_failure()
-        log.warning("ui login refused for %r from %s: wrong operator token", name, request.remote_addr)
-        return render_template("login.html", next_url=next_url, error="Wrong operator token.", name=name), 401
-    session.clear()  # a fresh session (and CSRF token) on every login: no fixation
-    session.permanent = True
-    session["operator"] = name
-    session["csrf"] = secrets.token_urlsafe(32)
-    log.info("ui login: %s from %s", name, request.remote_addr)
-    flash(f"Logged in as {name}.", "info")
+    role = access.token_role(request.form.get("token", ""))
+    if role is None:
+        throttled = refuse_failure(OPERATOR)
+        if throttled is not None:
+            return throttled
+        log.warning("ui login refused for %r from %s: wrong token", name, request.remote_addr)
+        return render_template("login.html", next_url=next_url, error="Wrong token.", name=name), 401
+    start_session(name, role)  # a fresh session (and CSRF token) on every login: no fixation
+    log.info("ui login: %s as %s from %s", name, role, request.remote_addr)
+    flash(f"Logged in as {name} ({role}).", "info")
     return redirect(next_url, 303)
 
 
 @bp.post("/logout")
-@operator_form
 def logout():
-    session.clear()
+    if current_session() is None:
+        abort(401, "not logged in")
+    if not _csrf_ok():
+        abort(403, "missing or invalid CSRF token: reload the page and try again")
+    end_session()
     return redirect(url_for(".overview"), 303)
 
 
@@ -282,7 +303,7 @@ def logout():
 
 
 def _set_paused(paused: bool):
-    value = _engine().set_paused(paused, _text("reason"), by=session["operator"])
+    value = _engine().set_paused(paused, _text("reason"), by=_operator_name())
     flash(f"Automation {'paused' if value['paused'] else 'resumed'}.", "info")
     return redirect(url_for(".overview"), 303)
 
@@ -299,11 +320,11 @@ def resume():
     return _set_paused(False)
 
 
-@bp.post("/incidents/<int:incident_id>/steps/<int:step_id>/approve")
+@bp.post("/incidents/<id:incident_id>/steps/<id:step_id>/approve")
 @operator_form
 def approve(incident_id: int, step_id: int):
     try:
-        _engine().approve_step(incident_id, step_id, by=session["operator"])
+        _engine().approve_step(incident_id, step_id, by=_operator_name())
     except LookupError as exc:
         abort(404, str(exc))
     except ValueError as exc:  # approved meanwhile by someone else, or no longer waiting
@@ -313,11 +334,11 @@ def approve(incident_id: int, step_id: int):
     return redirect(url_for(".incident", incident_id=incident_id), 303)
 
 
-@bp.post("/incidents/<int:incident_id>/handled")
+@bp.post("/incidents/<id:incident_id>/handled")
 @operator_form
 def handled(incident_id: int):
     try:
-        _engine().mark_handled(incident_id, by=session["operator"], note=_text("note"))
+        _engine().mark_handled(incident_id, by=_operator_name(), note=_text("note"))
     except LookupError as exc:
         abort(404, str(exc))
     except ValueError as exc:

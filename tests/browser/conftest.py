@@ -35,6 +35,7 @@ from tests.unit.test_engine import PLAYBOOK
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 WEBHOOK_TOKEN = "browser-webhook-token"
+VIEWER_TOKEN = "browser-viewer-token"
 CHROMIUM_FLAGS = (
     "--headless=new",
     "--no-sandbox",
@@ -196,6 +197,8 @@ def serve(tmp_path: Path, operator_token: str | None) -> Iterator[Site]:
     settings = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(playbooks)])
     settings.permissions_file = str(tmp_path / "permissions.yaml")
     settings.webhook.token_file = str(tmp_path / "webhook.token")
+    (tmp_path / "viewer.token").write_text(VIEWER_TOKEN)
+    settings.access.viewer_token_file = str(tmp_path / "viewer.token")
     settings.guards.blast_radius_max_nodes = 10
     settings.grafana.url = "http://grafana.test:3000"
     settings.grafana.dashboard_uid = "nightshift-remediation"
@@ -321,6 +324,13 @@ class Page:
         self.fill("#operator-token", self.site.operator_token)
         self.submit("#login-submit", lambda: self.has_text("#operator", f"operator: {name}"), "the login")
 
+    def login_viewer(self, name: str = "victor") -> None:
+        """Log in with the viewer token: pages become readable, nothing can be changed."""
+        self.open("/login")
+        self.fill("#operator-name", name)
+        self.fill("#operator-token", VIEWER_TOKEN)
+        self.submit("#login-submit", lambda: self.has_text("#viewer", f"viewer: {name}"), "the viewer login")
+
     def screenshot(self, name: str) -> None:
         """The whole page, for review, in test-output/screenshots/<name>.png."""
         SCREENSHOTS.mkdir(parents=True, exist_ok=True)
@@ -334,4 +344,6 @@ class Page:
 def page(driver, site) -> Page:
     driver.get(site.url + "/healthz")
     driver.delete_all_cookies()  # no session carried over from another test's server on the same host
-    return Page(driver, site)
+    page = Page(driver, site)
+    page.login_viewer()  # reading needs a login; tests that act log in again as the operator
+    return page

@@ -7,6 +7,7 @@ import re
 import requests
 
 from app.guards import CHAIN
+from tests.browser.conftest import VIEWER_TOKEN, Page
 
 GUARDS = [guard.__name__ for guard in CHAIN] + [
     "recheck"
@@ -52,7 +53,7 @@ def test_overview_shows_job_states_open_incidents_guards_and_credentials(site, p
         "#credential-fake"
     )
     assert "unknown" in page.text("#credential-slurm")
-    assert not page.exists("#pause") and page.exists("#login-link")  # reading needs no login; acting does
+    assert not page.exists("#pause") and page.exists("#viewer")  # a viewer reads; acting needs the operator
     page.screenshot("overview")
 
 
@@ -153,7 +154,7 @@ def test_login_then_pause_shows_paused_then_resume(site, page):
     page.fill("#operator-name", "alice")
     page.fill("#operator-token", "not-the-token")
     page.submit("#login-submit", lambda: page.exists("#login-error"), "the refusal")
-    assert page.text("#login-error") == "Wrong operator token."
+    assert page.text("#login-error") == "Wrong token."
     page.screenshot("login")
     page.login("alice")
     page.fill("#pause-reason", "swapping PSUs in row 4")
@@ -240,15 +241,60 @@ def test_forms_without_login_or_csrf_token_are_refused(site):
 
 def test_without_an_operator_token_the_ui_is_read_only(read_only_site, driver):
     site = read_only_site
-    driver.get(site.url + "/")
-    assert "read-only (no operator token configured)" in driver.find_element("css selector", "nav").text
-    assert not driver.find_elements("css selector", "form[method='post']")
+    driver.delete_all_cookies()
+    Page(driver, site).login_viewer()
+    assert "viewer: victor (read-only)" in driver.find_element("css selector", "nav").text
+    assert not driver.find_elements("css selector", "#pause, #resume")
     driver.get(f"{site.url}/incidents/{site.incidents['awaiting_approval']}")
     assert not driver.find_elements("css selector", "button.approve, #mark-handled")
-    assert requests.get(f"{site.url}/login", timeout=10).status_code == 403
     for path in ("/login", "/pause", "/resume", f"/incidents/{site.incidents['waiting']}/handled"):
         assert (
             requests.post(site.url + path, data={"operator": "x", "token": "x"}, timeout=10).status_code
             == 403
         )
     assert not site.engine.status()["paused"] and site.incident("waiting")["state"] == "waiting"
+
+
+# --- the login wall -----------------------------------------------------------------------------------------
+
+
+def test_pages_redirect_to_the_login_and_back_and_the_api_needs_a_reader(site, driver):
+    driver.get(site.url + "/healthz")
+    driver.delete_all_cookies()
+    incident = f"/incidents/{site.incidents['recovered']}"
+    for path in ("/", incident, "/history?node=node1", "/nodes"):
+        driver.get(site.url + path)
+        assert driver.current_url.startswith(f"{site.url}/login?next="), (path, driver.current_url)
+        assert driver.find_elements("css selector", "#login-form")
+        assert "node1" not in driver.find_element("css selector", "main").text  # nothing read past the wall
+    driver.get(site.url + incident)  # after the login the browser lands where it was going
+    page = Page(driver, site)
+    page.fill("#operator-name", "victor")
+    page.fill("#operator-token", VIEWER_TOKEN)
+    page.submit("#login-submit", lambda: page.exists("#incident-state"), "the incident page after login")
+    assert driver.current_url == site.url + incident
+    assert not page.exists("#mark-handled") and not page.exists("button.approve")  # a viewer cannot act
+    for path in ("/api/v1/incidents", "/api/v1/status", f"/api/v1{incident}"):
+        anonymous = requests.get(site.url + path, timeout=10)
+        assert anonymous.status_code == 401 and anonymous.json()["status"] == "error", path
+        viewer = requests.get(
+            site.url + path, headers={"Authorization": f"Bearer {VIEWER_TOKEN}"}, timeout=10
+        )
+        assert viewer.status_code == 200, path
+    for path in ("/healthz", "/readyz", "/metrics", "/login"):
+        assert requests.get(site.url + path, timeout=10).status_code == 200, path
+
+
+def test_logout_revokes_the_session_server_side(site, page):
+    page.login("alice")
+    cookies = {c["name"]: c["value"] for c in page.driver.get_cookies()}
+    kept = requests.Session()
+    kept.cookies.update(cookies)
+    csrf = csrf_from(kept.get(site.url + "/", timeout=10).text)  # the kept cookie works before the logout
+    page.submit("#logout", lambda: page.exists("#login-form") or page.exists("#login-link"), "the logout")
+    replay = kept.get(site.url + "/", timeout=10, allow_redirects=False)
+    assert replay.status_code == 303 and "/login" in replay.headers["Location"]
+    resumed = kept.post(f"{site.url}/resume", data={"reason": "x", "csrf_token": csrf}, timeout=10)
+    assert resumed.status_code == 401
+    pause = kept.post(f"{site.url}/pause", data={"reason": "replayed", "csrf_token": csrf}, timeout=10)
+    assert pause.status_code == 401 and not site.engine.status()["paused"]

@@ -24,6 +24,7 @@ from app.alertmanager import am_fingerprint
 from app.store import Store
 from app.store.schema import alerts
 from tests.fixtures.procs import wait_until
+from tests.fixtures.reader import api_get
 from tests.fixtures.slurm import SlurmCluster
 from tests.integration.test_replicas import (
     HookSink,
@@ -203,7 +204,7 @@ def test_every_alert_answered_200_before_kill_9_is_in_the_store_after_restart(tm
 
     restarted = _start(crashes, config, "serve-after-crash")
     wait_until(
-        lambda: requests.get(f"{restarted.url}/api/v1/status", timeout=10).json()["inbox"]["pending"] == 0,
+        lambda: api_get(restarted.url, "/api/v1/status").json()["inbox"]["pending"] == 0,
         60,
         "the restarted worker to ingest the inbox",
     )

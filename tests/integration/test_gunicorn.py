@@ -13,6 +13,7 @@ import yaml
 
 from sim.webhook_sink import WebhookSink
 from tests.fixtures.procs import Daemon, free_port, wait_until
+from tests.fixtures.reader import api_get, viewer_access
 from tests.integration.test_replicas import only_incident
 from tests.payloads import alert, body, xid
 
@@ -49,6 +50,7 @@ def start_serve(tmp_path: Path, sink: WebhookSink, **settings: object) -> tuple[
         "data_dir": str(tmp_path / "var"),
         "playbook_paths": [str(tmp_path / "playbooks")],
         "webhook": {"token_file": str(tmp_path / "token")},
+        "access": viewer_access(tmp_path),
         "notify": {"webhook_url": sink.url("/hook")},
         "worker": {"poll_seconds": 0.2},
         **settings,
@@ -108,7 +110,7 @@ def test_real_gunicorn_webhook_to_advisory_incident_with_notification(server, si
     incident_id = only_incident(server)
 
     def closed():
-        detail = requests.get(f"{server}/api/v1/incidents/{incident_id}", timeout=5).json()
+        detail = api_get(server, f"/api/v1/incidents/{incident_id}").json()
         return detail if detail["incident"]["outcome"] else None
 
     detail = wait_until(closed, 30, "the worker thread to finish the incident")
@@ -128,13 +130,11 @@ def test_concurrent_duplicate_deliveries_across_workers_yield_one_incident(serve
         statuses = list(pool.map(lambda _: post(server, payload).status_code, range(40)))
     assert statuses == [200] * 40
     wait_until(
-        lambda: requests.get(f"{server}/api/v1/status", timeout=5).json()["inbox"]["pending"] == 0,
+        lambda: api_get(server, "/api/v1/status").json()["inbox"]["pending"] == 0,
         30,
         "the workers to ingest the 40 deliveries",
     )
-    incidents = requests.get(f"{server}/api/v1/incidents", params={"node": "node7"}, timeout=5).json()[
-        "incidents"
-    ]
+    incidents = api_get(server, "/api/v1/incidents", node="node7").json()["incidents"]
     assert len(incidents) == 1
     metrics = requests.get(f"{server}/metrics", timeout=5).text
     # Aggregated over both gunicorn workers (multiprocess mode), whichever served each request.
@@ -161,7 +161,9 @@ def test_real_gunicorn_limits_and_errors(server):
     assert post(server, b'{"alerts": "nope"').status_code == 400
     big = body(alert({**xid(), "blob": "x" * 2_000_000}))
     assert post(server, big).status_code == 413
-    assert requests.get(f"{server}/api/v1/incidents/12345", timeout=5).status_code == 404
+    assert api_get(server, "/api/v1/incidents/12345").status_code == 404
+    anonymous = requests.get(f"{server}/api/v1/incidents/12345", timeout=5)
+    assert anonymous.status_code == 401 and anonymous.json()["status"] == "error"  # reads need a reader
 
 
 def test_example_settings_file_is_valid():

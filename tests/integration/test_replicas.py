@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from app.store import Store, records
 from app.store.schema import alerts, incidents, steps
 from tests.fixtures.procs import Daemon, free_port, wait_until
+from tests.fixtures.reader import api_get, viewer_access
 from tests.payloads import alert, body, xid
 
 pytestmark = pytest.mark.integration
@@ -123,7 +124,7 @@ class Serve:
         )
 
     def incident(self, incident_id: int) -> dict[str, Any]:
-        return requests.get(f"{self.url}/api/v1/incidents/{incident_id}", timeout=10).json()
+        return api_get(self.url, f"/api/v1/incidents/{incident_id}").json()
 
 
 def only_incident(url: str, timeout: float = 30) -> int:
@@ -131,7 +132,7 @@ def only_incident(url: str, timeout: float = 30) -> int:
     what was posted: the worker opens the incident)."""
 
     def one() -> int | None:
-        listed = requests.get(f"{url}/api/v1/incidents", timeout=10).json()["incidents"]
+        listed = api_get(url, "/api/v1/incidents").json()["incidents"]
         assert len(listed) <= 1, listed
         return listed[0]["id"] if listed else None
 
@@ -148,6 +149,7 @@ def write_settings(directory: Path, playbook: str, **settings: Any) -> Path:
         "data_dir": str(directory / "var"),
         "playbook_paths": [str(directory / "playbooks")],
         "webhook": {"token_file": str(directory / "webhook-token")},
+        "access": viewer_access(directory),
         "worker": {"poll_seconds": 0.1},
     }
     for key, value in settings.items():

@@ -20,7 +20,7 @@ from app.web.auth import LIMITER_KEY, AuthFailureLimiter
 from tests.fakes import FakeSample
 from tests.payloads import alert, body, ingest_inbox, payload, xid
 from tests.unit.test_engine import GRANTS, PLAYBOOK
-from tests.unit.test_webhook import make_app
+from tests.unit.test_webhook import VIEWER, make_app, reader_client
 
 TOKEN = "hostile-input-webhook-token"
 # Actions whose parameters name things (patterned); fake.notice is free text for humans, like a chat message.
@@ -74,6 +74,8 @@ def build_app(tmp_path: Path, *, store_url: str | None = None, **webhook: Any) -
         store_url=store_url,
     )
     settings.webhook.token_file = str(tmp_path / "token")
+    (tmp_path / "viewer").write_text(VIEWER)
+    settings.access.viewer_token_file = str(tmp_path / "viewer")
     for key, value in webhook.items():
         setattr(settings.webhook, key, value)
     app = make_app(settings)
@@ -114,7 +116,7 @@ def assert_json_error(response: Any, status: int | None = None) -> None:
 @pytest.mark.parametrize("label", ["Hostname", "slurm_job_id"])
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_target_label_is_recorded_but_opens_no_incident_and_runs_nothing(app, label, value):
-    client = app.test_client()
+    client = reader_client(app)
     response = client.post("/api/v1/alerts", data=body(alert({**xid(), label: value})), headers=headers())
     if refused_by_parser(value):
         assert_json_error(response, 400)
@@ -131,7 +133,7 @@ def test_hostile_target_label_is_recorded_but_opens_no_incident_and_runs_nothing
 
 @pytest.mark.parametrize("value", HOSTILE.values(), ids=HOSTILE.keys())
 def test_hostile_free_labels_and_annotations_never_reach_a_naming_action(app, value):
-    client = app.test_client()
+    client = reader_client(app)
     hostile = alert({**xid(), "gpu": value, "pod": value}, annotations={"summary": value, "runbook": value})
     response = client.post("/api/v1/alerts", data=body(hostile), headers=headers())
     if refused_by_parser(value):
@@ -157,7 +159,7 @@ def test_hostile_free_labels_and_annotations_never_reach_a_naming_action(app, va
 
 
 def test_hostile_label_names_are_refused_with_the_field_named(app):
-    client = app.test_client()
+    client = reader_client(app)
     for name in ("bad-name", "1abc", "a b", "x;rm", "../x", "ünï", ""):
         response = client.post("/api/v1/alerts", data=body(alert({**xid(), name: "v"})), headers=headers())
         assert_json_error(response, 400)
@@ -165,7 +167,7 @@ def test_hostile_label_names_are_refused_with_the_field_named(app):
 
 
 def test_label_value_over_the_limit_is_refused(app):
-    response = app.test_client().post(
+    response = reader_client(app).post(
         "/api/v1/alerts", data=body(alert({**xid(), "gpu": "x" * 4097})), headers=headers()
     )
     assert_json_error(response, 400)
@@ -232,7 +234,7 @@ MALFORMED: dict[str, tuple[bytes, str]] = {
 
 @pytest.mark.parametrize(("data", "message"), MALFORMED.values(), ids=MALFORMED.keys())
 def test_malformed_payload_is_a_clear_4xx(app, data, message):
-    response = app.test_client().post("/api/v1/alerts", data=data, headers=headers())
+    response = reader_client(app).post("/api/v1/alerts", data=data, headers=headers())
     assert_json_error(response, 400)
     assert message in response.json["message"]
     app.extensions["nightshift"].engine.run_until_idle()
@@ -241,7 +243,7 @@ def test_malformed_payload_is_a_clear_4xx(app, data, message):
 
 
 def test_every_truncation_of_a_valid_payload_is_a_400(app):
-    client = app.test_client()
+    client = reader_client(app)
     valid = body(alert(xid()), alert(xid(gpu="5")))
     for cut in range(0, len(valid) - 1, 7):
         response = client.post("/api/v1/alerts", data=valid[:cut], headers=headers())
@@ -251,7 +253,7 @@ def test_every_truncation_of_a_valid_payload_is_a_400(app):
 
 def test_oversized_body_is_413_and_wrong_content_type_is_415(tmp_path):
     app = build_app(tmp_path, max_body_bytes=16 * 1024)
-    client = app.test_client()
+    client = reader_client(app)
     huge = json.dumps(payload(*[alert(xid(gpu=str(n))) for n in range(200)])).encode()
     assert_json_error(client.post("/api/v1/alerts", data=huge, headers=headers()), 413)
     text = headers() | {"Content-Type": "text/plain"}
@@ -264,7 +266,7 @@ def test_oversized_body_is_413_and_wrong_content_type_is_415(tmp_path):
 
 def test_a_client_failing_authentication_is_limited_and_an_authenticated_one_never(tmp_path):
     app = build_app(tmp_path, auth_failure_burst=3, auth_failures_per_minute=1.0)
-    client = app.test_client()
+    client = reader_client(app)
     guesser = {"REMOTE_ADDR": "203.0.113.9"}
     alertmanager = {"REMOTE_ADDR": "10.0.0.5"}
     data = body(alert(xid()))
@@ -274,15 +276,16 @@ def test_a_client_failing_authentication_is_limited_and_an_authenticated_one_nev
     limited = client.post("/api/v1/alerts", data=data, headers=headers("guess"), environ_base=guesser)
     assert_json_error(limited, 429)
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
-    # Locked out: even the right token is not checked for this address, so guessing stops here...
-    still = client.post("/api/v1/alerts", data=data, headers=headers(), environ_base=guesser)
-    assert still.status_code == 429
-    # ...while Alertmanager, authenticating from its own address, is never limited, however much it sends.
+    # Valid credentials are checked first: the right token passes even from the limited address...
+    assert (
+        client.post("/api/v1/alerts", data=data, headers=headers(), environ_base=guesser).status_code == 200
+    )
+    # ...and Alertmanager, authenticating from its own address, is never limited, however much it sends.
     for _ in range(20):
         ok = client.post("/api/v1/alerts", data=data, headers=headers(), environ_base=alertmanager)
         assert ok.status_code == 200
     metrics = client.get("/metrics").get_data(as_text=True)
-    assert 'nightshift_webhook_requests_total{code="429"} 2.0' in metrics
+    assert 'nightshift_webhook_requests_total{code="429"} 1.0' in metrics
 
 
 def test_auth_failure_bucket_refills_and_forgets_old_addresses():

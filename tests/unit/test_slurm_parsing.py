@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.actions.checkpoint import QuarantineLatest, by_age, parse_listing, within
+from app.actions.checkpoint import QuarantineLatest, below, by_age, parse_listing
 from app.actions.slurm import DrainNode, JobLog, RequeueJob, ResumeNode, exclusion, ours, prefixed_reason
 from app.clients.slurm import (
     JOB_KEYS,
@@ -311,8 +311,10 @@ def test_checkpoint_listing_and_order() -> None:
     assert by_age([]) == []
 
 
-def test_within_roots() -> None:
-    assert within("/ckpt/run1", ["/ckpt"])
-    assert within("/ckpt", ["/ckpt/"])
-    assert not within("/ckpt2/run1", ["/ckpt"])
-    assert not within("/etc", ["/ckpt", "/data"])
+def test_below_roots() -> None:
+    assert below("/ckpt/run1", ["/ckpt"])
+    assert below("/ckpt/run1", ["/ckpt/"])
+    assert not below("/ckpt", ["/ckpt/"])  # the root itself holds every job's directories
+    assert not below("/ckpt", ["/ckpt"])
+    assert not below("/ckpt2/run1", ["/ckpt"])
+    assert not below("/etc", ["/ckpt", "/data"])

@@ -1,0 +1,271 @@
+"""The training metric contract as an API: :class:`Progress` owns the metrics of one training process in a
+registry of its own and serves them on ``/metrics``.
+
+Metrics (names, types and labels are Nightshift's contract; its rules and playbooks read them):
+``training_step_total``, ``training_samples_total``, ``training_loss``, ``training_checkpoint_in_progress``,
+``training_eval_in_progress``, ``training_last_checkpoint_timestamp_seconds`` and
+``training_errors_total{error_class}``, each with the labels of :mod:`nightshift_progress.identity`. Every error
+class starts at 0, so the first error is an increase Prometheus can see.
+
+Serving: only the process :meth:`Identity.serves` picks opens the port (one endpoint per node by default);
+the others record into their registry and serve nothing. :meth:`Progress.close` keeps serving until a scrape
+has seen the last change, at most ``linger`` seconds, so an error counted just before the process exits is
+scraped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.registry import Collector
+
+from nightshift_progress.classify import ERROR_CLASSES, Classifier, packaged_classifier
+from nightshift_progress.identity import LABELS, Identity, identity_from_env
+
+log = logging.getLogger("nightshift_progress")
+
+DEFAULT_PORT = 9464
+DEFAULT_LINGER_SECONDS = 10.0
+_POLL_SECONDS = 0.05
+
+
+class _ScrapeMarker(Collector):
+    """A collector that exports nothing and records, on each scrape, the change counter it saw."""
+
+    def __init__(self, progress: Progress):
+        self._progress = progress
+
+    def describe(self) -> list[Any]:
+        return []  # registering must not count as a scrape
+
+    def collect(self) -> Iterator[Any]:
+        self._progress._scraped(self._progress._changes)
+        return iter(())
+
+
+class Progress:
+    """The metrics of one training process. Build with :func:`start` (serves) or directly (``serve()`` later).
+
+    ``registry`` defaults to a fresh one; ``classifier`` to the packaged signatures; ``error_classes`` to the
+    contract's (a site may export more; each starts at 0); ``clock`` is for tests.
+    """
+
+    def __init__(
+        self,
+        identity: Identity,
+        *,
+        registry: CollectorRegistry | None = None,
+        classifier: Classifier | None = None,
+        error_classes: Sequence[str] = ERROR_CLASSES,
+        clock: Any = time.time,
+    ):
+        self.identity = identity
+        self.registry = registry or CollectorRegistry(auto_describe=True)
+        self.classifier = classifier or packaged_classifier()
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._changes = 0
+        self._seen = 0
+        self._server: Any = None
+        # First in the registry: a scrape records the changes made before it collects any metric.
+        self.registry.register(_ScrapeMarker(self))
+        labels = identity.labels()
+
+        def counter(name: str, doc: str) -> Counter:
+            return Counter(name, doc, LABELS, registry=self.registry).labels(**labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, LABELS, registry=self.registry).labels(**labels)
+
+        self._steps = counter("training_step", "Optimizer steps completed (the global step).")
+        self._samples = counter("training_samples", "Training samples consumed.")
+        self._loss = gauge("training_loss", "Training loss of the last step.")
+        self._checkpointing = gauge(
+            "training_checkpoint_in_progress", "1 while a checkpoint is being written."
+        )
+        self._evaluating = gauge("training_eval_in_progress", "1 while an evaluation runs.")
+        self._last_checkpoint = gauge(
+            "training_last_checkpoint_timestamp_seconds", "Unix time of the newest checkpoint (0: none yet)."
+        )
+        errors = Counter(
+            "training_errors",
+            "Errors logged by the job, by class.",
+            (*LABELS, "error_class"),
+            registry=self.registry,
+        )
+        self._errors = {cls: errors.labels(**labels, error_class=cls) for cls in error_classes}
+        self._step_total = 0  # what training_step_total says, for sync_step
+
+    # -- the contract -------------------------------------------------------------------------------------------
+    def step(self, steps: int = 1, samples: int = 0) -> None:
+        """``steps`` optimizer steps done (and ``samples`` consumed by them)."""
+        self._steps.inc(steps)
+        self._step_total += steps
+        if samples:
+            self._samples.inc(samples)
+        self._changed()
+
+    def sync_step(self, global_step: int, samples_per_step: int = 0) -> None:
+        """Advance the step counter to a framework's ``global_step`` (a resumed run jumps to it once); an
+        older value (a restarted count) changes nothing."""
+        done = global_step - self._step_total
+        if done > 0:
+            self.step(done, done * samples_per_step)
+
+    def samples(self, count: int) -> None:
+        """``count`` more samples consumed."""
+        self._samples.inc(count)
+        self._changed()
+
+    def resumed(self, step: int, samples: int = 0, checkpoint_time: float | None = None) -> None:
+        """The job resumed from a checkpoint at global ``step``: the step counter starts there."""
+        self._steps.inc(step)
+        self._step_total += step
+        if samples:
+            self._samples.inc(samples)
+        if checkpoint_time is not None:
+            self._last_checkpoint.set(checkpoint_time)
+        self._changed()
+
+    def loss(self, value: float) -> None:
+        """The loss of the last step."""
+        self._loss.set(value)
+        self._changed()
+
+    @contextlib.contextmanager
+    def checkpointing(self) -> Iterator[None]:
+        """Around writing a checkpoint: in progress meanwhile; saved (:meth:`checkpoint_saved`) if no exception."""
+        self._checkpointing.set(1)
+        self._changed()
+        try:
+            yield
+        finally:
+            self._checkpointing.set(0)
+            self._changed()
+        self.checkpoint_saved()
+
+    def checkpoint_saved(self, timestamp: float | None = None) -> None:
+        """A checkpoint was written at ``timestamp`` (default: now)."""
+        self._last_checkpoint.set(self._clock() if timestamp is None else timestamp)
+        self._changed()
+
+    @contextlib.contextmanager
+    def evaluating(self) -> Iterator[None]:
+        """Around an evaluation (a hang detector does not count it as a stall)."""
+        self.evaluation(True)
+        try:
+            yield
+        finally:
+            self.evaluation(False)
+
+    def evaluation(self, running: bool) -> None:
+        """An evaluation started (True) or ended (False), for frameworks whose hooks are not one block."""
+        self._evaluating.set(1 if running else 0)
+        self._changed()
+
+    def error(self, error_class: str) -> None:
+        """Count one error of ``error_class`` (one of the classes exported; ValueError otherwise)."""
+        if error_class not in self._errors:
+            raise ValueError(f"unknown error class {error_class!r} (one of {', '.join(self._errors)})")
+        self._errors[error_class].inc()
+        self._changed()
+
+    def error_line(self, text: str) -> str | None:
+        """Classify one error event (a log line, or a message with its traceback) with the diagnosis
+        signatures and count it once; its error class, or None when no class applies."""
+        error_class = self.classifier.classify_event(text)
+        if error_class is not None:
+            self.error(error_class)
+        return error_class
+
+    def log_handler(self, level: int = logging.WARNING) -> logging.Handler:
+        """A :class:`logging.Handler` counting the error lines of records at ``level`` or above."""
+        return ErrorLineHandler(self, level)
+
+    # -- serving ------------------------------------------------------------------------------------------------
+    def serve(self, port: int, addr: str = "0.0.0.0", per_node: bool = True) -> bool:
+        """Serve ``/metrics`` on ``addr:port`` if this process serves (see :meth:`Identity.serves`); whether it
+        does. Raises OSError when the port is taken."""
+        if not self.identity.serves(per_node):
+            return False
+        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        for warning in self.identity.warnings:
+            log.warning("nightshift_progress: %s", warning)
+        return True
+
+    @property
+    def port(self) -> int | None:
+        """The port served, None when this process does not serve."""
+        return self._server.server_port if self._server is not None else None
+
+    def close(self, linger: float = DEFAULT_LINGER_SECONDS) -> None:
+        """Stop serving, once a scrape has seen the last change or after ``linger`` seconds."""
+        if self._server is None:
+            return
+        deadline = time.monotonic() + linger
+        while self._seen < self._changes and time.monotonic() < deadline:
+            time.sleep(_POLL_SECONDS)
+        self._server.shutdown()
+        self._server.server_close()
+        self._server = None
+
+    def _changed(self) -> None:
+        with self._lock:
+            self._changes += 1
+
+    def _scraped(self, changes: int) -> None:
+        with self._lock:
+            self._seen = max(self._seen, changes)
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class ErrorLineHandler(logging.Handler):
+    """Counts log records that name an error class (message and traceback, once per record) into a
+    :class:`Progress`."""
+
+    def __init__(self, progress: Progress, level: int = logging.WARNING):
+        super().__init__(level)
+        self.progress = progress
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+            if record.exc_info and record.exc_info[1] is not None:
+                text += "\n" + logging.Formatter().formatException(record.exc_info)
+            self.progress.error_line(text)
+        except Exception:  # a logging handler must never raise into the training loop
+            self.handleError(record)
+
+
+def start(
+    job: str | None = None,
+    *,
+    port: int | None = None,
+    addr: str | None = None,
+    per_node: bool = True,
+    env: Mapping[str, str] | None = None,
+    hostname: str | None = None,
+) -> Progress:
+    """A :class:`Progress` for this process, serving when it should.
+
+    ``port`` defaults to ``NIGHTSHIFT_PROGRESS_PORT``, else :data:`DEFAULT_PORT`; ``addr`` to
+    ``NIGHTSHIFT_PROGRESS_ADDR``, else all interfaces. On Slurm, submit with
+    ``--comment=nightshift.progress_port=<port>`` so Nightshift's service discovery finds the endpoint.
+    """
+    env = os.environ if env is None else env
+    progress = Progress(identity_from_env(env, job, hostname))
+    port = port if port is not None else int(env.get("NIGHTSHIFT_PROGRESS_PORT", DEFAULT_PORT))
+    progress.serve(port, addr or env.get("NIGHTSHIFT_PROGRESS_ADDR", "0.0.0.0"), per_node)
+    return progress
