@@ -27,6 +27,7 @@ from app.errors import StoreUnavailable
 from app.metrics import Metrics
 from app.store import WAL_RESTART_PAGES, Store
 from app.store.writer_lock import WriterLock
+from tests.fixtures.procs import IN_CI, require_binary
 from tests.payloads import alert, body, xid
 
 REPO = Path(__file__).resolve().parents[2]
@@ -330,3 +331,71 @@ def test_a_held_writer_lock_gives_the_webhook_a_prompt_503_and_healthz_answers_a
         assert holder.wait(10) == 0
         assert _request(f"{base}/api/v1/alerts", notification)[0] == 200
         assert _request(f"{base}/readyz")[0] == 200
+
+
+# Runs in a mount namespace of its own (unshare), where it may mount a small tmpfs and fill it: a real full disk.
+FULL_DISK = """
+import json, os, subprocess, sys
+from pathlib import Path
+from app import create_app
+from app.config import Settings
+from app.metrics import Metrics
+from tests.payloads import alert, body, xid
+
+mount = Path(sys.argv[1])
+mount_tmpfs = ["mount", "-t", "tmpfs", "-o", "size=24m", "tmpfs", str(mount)]
+mounted = subprocess.run(mount_tmpfs, capture_output=True, text=True)
+if mounted.returncode:
+    print(json.dumps({"mount": mounted.stderr.strip()}))
+    sys.exit()
+(mount / "playbooks").mkdir()
+settings = Settings(data_dir=str(mount / "var"), playbook_paths=[str(mount / "playbooks")], embedded_worker=False)
+settings.webhook.auth_disabled = True
+client = create_app(settings, metrics=Metrics()).test_client()
+headers = {"Content-Type": "application/json"}
+
+def answers():
+    ready = client.get("/readyz")
+    webhook = client.post("/api/v1/alerts", data=body(alert(xid())), headers=headers)
+    return [ready.status_code, ready.json.get("message"), webhook.status_code]
+
+seen = {"empty": answers()}
+with open(mount / "filler", "wb", buffering=0) as filler:
+    try:
+        while True:
+            filler.write(bytes(65536))
+    except OSError as exc:
+        seen["filled"] = exc.strerror
+seen["full"] = answers()
+os.remove(mount / "filler")
+seen["freed"] = answers()
+print(json.dumps(seen))
+"""
+
+
+def test_readyz_and_the_webhook_fail_while_the_disk_is_full(tmp_path: Path) -> None:
+    """A real full disk: a 24 MiB tmpfs filled to the last block, in a mount namespace of the test's own (unshare,
+    as root or, where user namespaces are allowed, as anyone). Ready means the store can take a write."""
+    unshare = require_binary("unshare", "util-linux")
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    child = subprocess.run(
+        [unshare, "--user", "--map-root-user", "--mount", sys.executable, "-c", FULL_DISK, str(mount)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+    )
+    if (child.returncode and "unshare:" in child.stderr) or '"mount"' in child.stdout:
+        message = f"no tmpfs in a mount namespace of our own: {child.stdout}{child.stderr}"
+        if IN_CI:
+            pytest.fail(message)
+        pytest.skip(message)
+    assert child.returncode == 0, child.stderr[-3000:]
+    seen = json.loads(child.stdout)
+    assert seen["empty"] == [200, None, 200]
+    assert seen["filled"] == "No space left on device"
+    status, message, webhook = seen["full"]
+    assert status == 503 and "bytes free" in message, seen["full"]
+    assert webhook == 503, "a webhook on a full disk should not be acknowledged"
+    assert seen["freed"] == [200, None, 200]
