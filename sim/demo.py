@@ -109,6 +109,7 @@ def _logs(stack: Stack) -> dict[str, tuple[str, Callable[[], str]]]:
         ),
         "slurm": ("slurm daemons", stack.slurm.log_tails),
         "grafana": ("grafana stand-in", stack.grafana.log_tail),
+        "alertmanager": ("alertmanager", stack.alertmanager.log_tail),
     }
 
 
@@ -243,7 +244,30 @@ def xid_scenario(stack: Stack, say: Narrator, job: str) -> int:
     alert_firing(stack, say, "GpuXidError", Hostname=FIRST_NODE, xid=str(XID))
     number = remediation(stack, say, XID_PLAYBOOK, job, after_incident=0, leaves=FIRST_NODE)
     say.say(f"{FIRST_NODE} stays drained ({stack.slurm.node_reason(FIRST_NODE)}) until a person resumes it")
+    people_heard(stack, say, number)
     return number
+
+
+def people_heard(stack: Stack, say: Narrator, number: int) -> None:
+    """What reached people, in the local sink: Alertmanager's chat message and Nightshift's notification."""
+
+    def received(path: str, match: Callable[[Any], bool]) -> Any:
+        return next((r.body for r in stack.notices.received if r.path == path and match(r.body)), None)
+
+    chat = wait_for(
+        "Alertmanager's message to the people channel",
+        lambda: received("/people", lambda body: "GpuXidError" in body["attachments"][0]["title"]),
+        30,
+        _logs(stack)["alertmanager"],
+    )
+    say.say(f"people channel (local sink /people): {chat['attachments'][0]['title']}")
+    notice = wait_for(
+        f"Nightshift's notification of incident #{number}",
+        lambda: received("/notify", lambda body: body["nightshift"].get("incident") == number),
+        30,
+        _logs(stack)["nightshift"],
+    )
+    say.say(f"notification (local sink /notify): {notice['text'].splitlines()[0]}")
 
 
 def hang_scenario(stack: Stack, say: Narrator, job: str, after_incident: int) -> None:
