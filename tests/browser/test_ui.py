@@ -145,6 +145,7 @@ def test_nodes_rank_lemon_nodes_by_remediations(site, page):
     assert page.find("tr.lemon[data-node='node3'] .outcomes").text == "in_progress: 1"
     page.screenshot("nodes")
     site.clock.advance(days=3)
+    page.login_viewer()  # three days on, the 12-hour session has expired
     page.open("/nodes?days=1")
     assert not page.exists("tr.lemon") and "No incident on any node" in page.text("main")
 
