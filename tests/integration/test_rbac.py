@@ -19,11 +19,9 @@ from kubernetes.client.exceptions import ApiException
 
 from app.actions.base import ActionContext
 from app.actions.kubernetes import ACTIONS
-from app.actions.registry import ActionRegistry
 from app.clients.kube import KubeClient
 from app.config import load_settings
 from app.outcome import Ok
-from app.permissions import load_permissions
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (
     IDENTITIES,
@@ -196,15 +194,12 @@ def test_deploy_manifests_are_accepted_as_written(name: str, kube_admin: KubeAdm
         assert_contains(doc, stored, f"{name}:{doc['kind']}")
 
 
-def test_the_shipped_settings_and_permissions_load(tmp_path: Path) -> None:
+def test_the_shipped_settings_load(tmp_path: Path) -> None:
+    """The rendered default settings (permissions, when given as chart values: tests/integration/test_chart.py)."""
     data = documents("configmap.yaml")[0]["data"]
     (tmp_path / "config.yaml").write_text(data["config.yaml"])
-    (tmp_path / "permissions.yaml").write_text(data["permissions.yaml"])
 
     settings = load_settings(tmp_path / "config.yaml", env={})
-    permissions = load_permissions(tmp_path / "permissions.yaml", ActionRegistry(ACTIONS))
 
     assert settings.kubernetes.kubeconfig is None  # in-cluster ServiceAccount
     assert settings.permissions_file is None  # advisory until an operator opts in
-    granted = {grant.action for grant in permissions.grants}
-    assert granted and granted <= {action.name for action in ACTIONS}
