@@ -53,7 +53,7 @@ class AccessSettings:
     """Who may read the JSON API and the UI pages; acting always needs the operator token (docs/security.md)."""
 
     viewer_token_file: str | None = None  # bearer token, and UI login, that may read but not act
-    anonymous_read: bool = False  # reads without credentials: must be set explicitly, like webhook.auth_disabled
+    anonymous_read: bool = False  # reads without credentials: set explicitly, like webhook.auth_disabled
     # A user header set by an authenticating proxy (oauth2-proxy: X-Auth-Request-User or X-Forwarded-User),
     # trusted only from the proxy's own addresses or networks; such a user may read.
     proxy_user_header: str | None = None

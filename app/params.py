@@ -119,7 +119,9 @@ def _check_string(action: str, name: str, spec: Param, value: Any) -> str:
     if spec.pattern is not None and not re.fullmatch(spec.pattern, text):
         raise ParamError(action, name, f"{_show(text)} does not match the pattern {spec.pattern}")
     if text.lower() in spec.reserved:
-        raise ParamError(action, name, f"{_show(text)} is a reserved word of the backend (it names more than one)")
+        raise ParamError(
+            action, name, f"{_show(text)} is a reserved word of the backend (it names more than one)"
+        )
     return text
 
 

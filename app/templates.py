@@ -107,7 +107,8 @@ def render(
     """Substitute each reference with its value in ``context`` (missing: "", or TemplateError when ``required``),
     passed through ``escape`` if given. Raises TemplateError."""
     out = []
-    for part in _parse(text):
+    # The context may add a namespace its caller's load-time check allowed ({{ node.name }} in node_repair).
+    for part in _parse(text, (*NAMESPACES, *context)):
         if isinstance(part, str):
             out.append(part)
             continue
@@ -179,7 +180,9 @@ def _check_quoted(parts: list[str | Ref]) -> None:
     """
     state = "code"  # code | "'" | '"' | "`" | comment
     escaped = False
-    code_tail = ""  # the last two non-blank characters of code: "=~" or "!~" before a literal makes it a regex
+    code_tail = (
+        ""  # the last two non-blank characters of code: "=~" or "!~" before a literal makes it a regex
+    )
     regex = False  # the literal being read is the right side of =~ or !~
     for part in parts:
         if isinstance(part, Ref):

@@ -129,7 +129,9 @@ def send_notification(
                 _mail_command(", ".join(to), subject), "email", lambda: _mail(clients, to, subject, text)
             )
         )
-    page = page_for(subject, text, data, settings.external_url) if section.pagerduty_routing_key_file else None
+    page = (
+        page_for(subject, text, data, settings.external_url) if section.pagerduty_routing_key_file else None
+    )
     if page is not None:
         outcomes.append(
             _deliver(
