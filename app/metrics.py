@@ -15,6 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from app.states import REPAIR_SETTLED
+
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Created at zero up front: a counter series that first appears at 1 reads as increase() == 0 on dashboards.
 OUTCOMES = (
@@ -30,6 +32,8 @@ OUTCOMES = (
     "handled",
 )
 ALERT_STATUSES = ("firing", "resolved")
+# How node repairs settle (app.states.REPAIR_SETTLED): the values of nightshift_node_repairs' one label.
+REPAIR_OUTCOMES = tuple(sorted(str(state) for state in REPAIR_SETTLED))
 
 
 class Metrics:
@@ -70,6 +74,14 @@ class Metrics:
             self.incidents.labels(outcome)
         for status in ALERT_STATUSES:
             self.alerts_received.labels(status)
+        self.node_repairs = Counter(
+            "nightshift_node_repairs",
+            "Node repairs settled, by outcome (returned, held, advisory, released, not_ours).",
+            ["outcome"],
+            registry=r,
+        )
+        for outcome in REPAIR_OUTCOMES:
+            self.node_repairs.labels(outcome)
         self.paused = Gauge(
             "nightshift_paused",
             "1 while automation is paused (kill switch).",
@@ -106,6 +118,17 @@ def inbox_families(stats: Mapping[str, Any], now: datetime) -> list[Metric]:
             "Age of the oldest notification waiting to be ingested; 0 when none waits.",
             value=(now - oldest).total_seconds() if oldest is not None else 0.0,
         ),
+    ]
+
+
+def repair_families(held: int) -> list[Metric]:
+    """Nodes held for a person now (the list, with reasons: ``GET /api/v1/nodes``); no per-node label."""
+    return [
+        GaugeMetricFamily(
+            "nightshift_nodes_held",
+            "Nodes held out of service until a person releases them (validation failed, lemon rule, operator).",
+            value=held,
+        )
     ]
 
 

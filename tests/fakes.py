@@ -127,3 +127,120 @@ class FakePrometheus:
 
     def ready(self) -> bool:
         return not self.down
+
+
+@dataclass
+class FakeSlurmNode:
+    state: str = "idle"
+    flags: set[str] = field(default_factory=set)
+    reason: str = ""
+    partition: str = "gpu"
+    reboots: int = 0
+    reboot_polls: int = 0  # `show node` looks left until a requested reboot is done (-1: never comes back)
+
+
+class FakeSlurmHost:
+    """A Slurm login host at our CommandRunner seam: the scontrol commands the node actions send, on a few nodes.
+
+    ``scontrol reboot ASAP nextstate=DOWN`` drains the node and flags it; after ``reboot_polls`` looks it comes back
+    DOWN with the reason. Every argv is recorded in ``commands``."""
+
+    def __init__(self, *names: str, reboot_polls: int = 1):
+        self.nodes = {name: FakeSlurmNode(reboot_polls=reboot_polls) for name in names}
+        self.reboot_polls = reboot_polls
+        self.commands: list[tuple[str, ...]] = []
+
+    def run(self, argv: Any, timeout: float | None = None) -> Any:
+        from app.clients.ssh import CommandResult
+
+        argv = tuple(argv)
+        self.commands.append(argv)
+        out, code = self._answer(argv)
+        return CommandResult(
+            argv, " ".join(argv), code, out if code == 0 else "", "" if code == 0 else out, 0.01
+        )
+
+    def close(self) -> None:
+        pass
+
+    def changes(self, node: str) -> list[tuple[str, ...]]:
+        """The commands that changed ``node`` (update, reboot), in order."""
+        return [
+            c
+            for c in self.commands
+            if c[1] in ("update", "reboot") and (f"NodeName={node}" in c or c[-1] == node)
+        ]
+
+    def _answer(self, argv: tuple[str, ...]) -> tuple[str, int]:
+        match argv:
+            case ("scontrol", "show", "node", "-o", name):
+                return self._show(name)
+            case ("scontrol", "show", "partition", "-o", part):
+                names = ",".join(n for n, node in self.nodes.items() if node.partition == part)
+                return f"PartitionName={part} AllocNodes=ALL Nodes={names} State=UP\n", 0
+            case ("scontrol", "show", "hostnames", hostlist):
+                return "\n".join(hostlist.split(",")) + "\n", 0
+            case ("scontrol", "update", node_arg, "State=DRAIN", reason):
+                node = self.nodes[node_arg.removeprefix("NodeName=")]
+                node.flags.add("drain")
+                node.reason = reason.removeprefix("Reason=")
+                return "", 0
+            case ("scontrol", "update", node_arg, "State=RESUME"):
+                node = self.nodes[node_arg.removeprefix("NodeName=")]
+                node.flags.discard("drain")
+                node.state = "idle" if node.state == "down" else node.state
+                node.reason = ""
+                return "", 0
+            case ("scontrol", "reboot", "ASAP", "nextstate=DOWN", reason, name):
+                node = self.nodes[name]
+                node.flags.update({"drain", "reboot_requested"})
+                node.reason = reason.removeprefix("reason=")
+                node.reboot_polls = self.reboot_polls
+                return "", 0
+        return f"unexpected command {argv}", 1
+
+    def _show(self, name: str) -> tuple[str, int]:
+        node = self.nodes.get(name)
+        if node is None:
+            return f"Node {name} not found", 1
+        if "reboot_requested" in node.flags:
+            if node.reboot_polls == 0:
+                node.flags -= {"reboot_requested", "drain"}
+                node.state, node.reboots = "down", node.reboots + 1
+            elif node.reboot_polls > 0:
+                node.reboot_polls -= 1
+        state = "+".join([node.state.upper(), *sorted(f.upper() for f in node.flags)])
+        reason = f" Reason={node.reason} [root@2026-12-02T03:00:00]" if node.reason else ""
+        return f"NodeName={name} Arch=x86_64 State={state} Partitions={node.partition}{reason}\n", 0
+
+
+class FakeNodeShell:
+    """Commands run on one node (a repair's validation): each answers with the next exit code (the last repeats);
+    None plays a command that outlives its timeout."""
+
+    def __init__(self, *exit_codes: int | None, output: str = "Diagnostic Result: Pass\n"):
+        self.exit_codes = list(exit_codes) or [0]
+        self.output = output
+        self.runs: list[tuple[tuple[str, ...], float | None]] = []
+
+    def run(self, argv: Any, timeout: float | None = None) -> Any:
+        from app.clients.ssh import CommandResult
+        from app.errors import OutcomeUnknown
+
+        self.runs.append((tuple(argv), timeout))
+        code = self.exit_codes.pop(0) if len(self.exit_codes) > 1 else self.exit_codes[0]
+        if code is None:
+            raise OutcomeUnknown(
+                f"no exit status after {timeout}s, it may have run", output="running test 3 of 9"
+            )
+        return CommandResult(
+            tuple(argv),
+            " ".join(argv),
+            code,
+            self.output if code == 0 else "",
+            "" if code == 0 else "Fail",
+            1.0,
+        )
+
+    def close(self) -> None:
+        pass

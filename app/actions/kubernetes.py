@@ -10,18 +10,19 @@ What "restart" means for each job kind is documented in docs/kubernetes.md.
 from __future__ import annotations
 
 import json
+import re
 from abc import abstractmethod
 from collections.abc import Callable, Mapping
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from app import errors
 from app.actions.base import Action, ActionContext, Plan
-from app.outcome import Ambiguous, Failed, Ok, Outcome, outcome_from_error, tail
+from app.actions.slurm import VALIDATION_COMMAND, check_timeout
+from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_NAME, Param
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from app.clients.kube import KubeClient
 
 OWNER = "nightshift"
@@ -45,6 +46,8 @@ GENERATED_JOB_LABELS = (
     "batch.kubernetes.io/job-name",
 )
 MAX_LOG_LINES = 5000
+VALIDATION_COMPONENT = "node-validation"  # app.kubernetes.io/component of the validation pods
+VALIDATES = "nightshift.io/validates-node"
 
 NODE = Param(pattern=K8S_NODE_NAME, description="Kubernetes node name (DNS-1123 subdomain)")
 NAMESPACE = Param(pattern=K8S_NAMESPACE, description="namespace")
@@ -391,6 +394,152 @@ class RestartJob(KubernetesAction):
             ctx.clock.sleep(self.poll_seconds)
 
 
+class ValidateNode(KubernetesAction):
+    """Validate a node with a short-lived pod pinned to it (``spec.nodeName``: no scheduler, so a cordon does not
+    stop it) running the validation command; the pod's exit code is the verdict.
+
+    Level-triggered, one look per run: the first run creates the pod (``repair.validation_namespace``, image
+    ``repair.validation_image``, ``activeDeadlineSeconds`` = the timeout) and answers Retry; later runs answer
+    Retry while it runs, and once it has finished read its log, delete it and answer Ok (exit 0) or Failed. A pod
+    past its deadline, or still not finished ``timeout_seconds`` after creation, has failed. ``run`` (the repair's
+    id) names the pod, so a verdict is never read from an earlier validation's pod.
+    """
+
+    name = "kubernetes.validate_node"
+    description = "Validate a Kubernetes node with a pod pinned to it running the validation command"
+    params = {
+        "node": NODE,
+        "command": Param(
+            required=False,
+            pattern=VALIDATION_COMMAND,
+            max_length=400,
+            description="command line of plain words run in the pod (default repair.validation_command)",
+        ),
+        "timeout_seconds": Param(
+            kind="integer", required=False, description="default repair.validation_timeout_seconds"
+        ),
+        "run": Param(
+            kind="integer", required=False, default=0, description="the repair's id (names the pod)"
+        ),
+    }
+    scope_keys = ("node",)
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        check_timeout(self.name, params)
+        validation_pod_name(params["node"], params["run"])
+        return params
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        node, pod = params["node"], validation_pod_name(params["node"], params["run"])
+        command = params.get("command") or "<repair.validation_command>"
+        return Plan(
+            summary=f"validate node {node}: run `{command}` in pod {pod} pinned to it, exit 0 = healthy",
+            command=f"POST /api/v1/namespaces/<repair.validation_namespace>/pods {pod} spec.nodeName={node} "
+            f"command={command}; poll its phase; DELETE it",
+        )
+
+    def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        cfg = ctx.settings.repair
+        node, namespace = params["node"], cfg.validation_namespace
+        pod_name = validation_pod_name(node, params["run"])
+        argv = (params.get("command") or cfg.validation_command).split()
+        timeout = params.get("timeout_seconds") or cfg.validation_timeout_seconds
+        try:
+            pod = kube.get_pod(namespace, pod_name)
+        except errors.NotFound:
+            kube.create_pod(
+                namespace, validation_pod(namespace, pod_name, node, argv, cfg.validation_image, timeout)
+            )
+            ctx.record("validation_pod", f"pod {namespace}/{pod_name} created on {node}", {"argv": argv})
+            return Retry(command=command, reason=f"validation pod {pod_name} started", after=cfg.poll_seconds)
+        phase = (pod.get("status") or {}).get("phase") or "Pending"
+        if phase not in ("Succeeded", "Failed"):
+            created = datetime.fromisoformat(pod["metadata"]["creationTimestamp"].replace("Z", "+00:00"))
+            if (ctx.clock.now() - created).total_seconds() < timeout:
+                return Retry(
+                    command=command, reason=f"validation pod {pod_name} is {phase}", after=cfg.poll_seconds
+                )
+        try:
+            log = kube.pod_logs(namespace, pod_name, None, 200) if phase != "Pending" else ""
+        except errors.BackendError as exc:
+            log = f"(no log: {exc})"
+        kube.delete_pod(namespace, pod_name, 0)
+        exit_code = _exit_code(pod)
+        data = {
+            "node": node,
+            "pod": pod_name,
+            "phase": phase,
+            "exit_code": exit_code,
+            "output": tail(log, 2000),
+        }
+        if phase == "Succeeded":
+            return Ok(command=command, output=tail(log), exit_code=0, data={**data, "verdict": "pass"})
+        status = pod.get("status") or {}
+        if phase not in ("Succeeded", "Failed") or status.get("reason") == "DeadlineExceeded":
+            reason = f"validation on {node} timed out after {timeout}s ({phase}): counts as failed"
+        else:
+            reason = f"validation pod {pod_name} failed on {node}: exit code {exit_code}"
+        return Failed(
+            command=command,
+            reason=reason,
+            output=tail(log),
+            exit_code=exit_code,
+            data={**data, "verdict": "fail"},
+        )
+
+
+def validation_pod_name(node: str, run: int) -> str:
+    """``nightshift-validate-<node>-<run>``; a ParamError when that is no valid pod name."""
+    name = f"nightshift-validate-{node}-{run}"
+    if len(name) > 253 or not re.fullmatch(K8S_NAME, name):
+        raise errors.ParamError(
+            "kubernetes.validate_node", "node", f"{node!r} makes no valid pod name ({name!r})"
+        )
+    return name
+
+
+def validation_pod(
+    namespace: str, name: str, node: str, argv: list[str], image: str, timeout: int
+) -> dict[str, Any]:
+    """The pod that validates ``node``: pinned to it, tolerating every taint (ours included), never restarted."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "labels": {
+                "app.kubernetes.io/managed-by": OWNER,
+                "app.kubernetes.io/component": VALIDATION_COMPONENT,
+            },
+            "annotations": {VALIDATES: node},
+        },
+        "spec": {
+            "nodeName": node,
+            "restartPolicy": "Never",
+            "activeDeadlineSeconds": timeout,
+            "tolerations": [{"operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "validate",
+                    "image": image,
+                    "command": argv,
+                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+                }
+            ],
+        },
+    }
+
+
+def _exit_code(pod: Mapping[str, Any]) -> int | None:
+    for status in (pod.get("status") or {}).get("containerStatuses") or []:
+        terminated = (status.get("state") or {}).get("terminated")
+        if terminated is not None:
+            return int(terminated.get("exitCode", -1))
+    return None
+
+
 def _stranded(exc: errors.BackendError, command: str, reason: str, output: str = "") -> Outcome:
     """A failure after the first write of a two-step change: never a Retry (a blind re-run would find the
     object half-changed). Ambiguous when the second write may have happened, else Failed: both go to a
@@ -463,4 +612,5 @@ ACTIONS: tuple[Action, ...] = (
     DeletePod(),
     RestartJob(),
     PodLogs(),
+    ValidateNode(),
 )

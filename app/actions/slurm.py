@@ -7,6 +7,7 @@ carry that mark, so a drain set by a person is never cleared or overwritten by a
 
 from __future__ import annotations
 
+import re
 import shlex
 from abc import abstractmethod
 from collections.abc import Mapping
@@ -22,19 +23,26 @@ from app.clients.slurm import (
     cancel_command,
     drain_command,
     exclude_command,
+    reboot_command,
     requeue_command,
     resume_command,
     show_job_command,
     tail_command,
 )
-from app.errors import BackendError, CommandFailed, ConfigError, ParamError
-from app.outcome import Failed, Ok, Outcome, outcome_from_error, tail
+from app.errors import BackendError, CommandFailed, ConfigError, OutcomeUnknown, ParamError, Unavailable
+from app.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED, Param
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
 
 REASON_PREFIX = "nightshift:"
+# A node in one of these states or with one of these flags is not ready to validate: rebooting, not answering,
+# or still running (or finishing) jobs.
+NOT_SETTLED_FLAGS = frozenset(
+    {"reboot_requested", "reboot_issued", "not_responding", "powering_up", "powered_down", "completing"}
+)
+NOT_SETTLED_STATES = frozenset({"allocated", "mixed", "completing", "unknown", "future"})
 # A validation command for resume_node: words of safe characters, split on blanks, no quoting or shell syntax.
 VALIDATION_COMMAND = r"[A-Za-z0-9_./=:,@%+-]+(?: [A-Za-z0-9_./=:,@%+-]+){0,31}"
 
@@ -61,6 +69,13 @@ def exclusion(job: JobInfo, node: str, required: list[str]) -> tuple[str, str | 
     exc = job.exc_nodes if node in excluded else ",".join([*excluded, node])
     req = ",".join(name for name in required if name != node) if node in required else None
     return exc, req
+
+
+def check_timeout(action: str, params: Mapping[str, Any], limit: int = 86_400) -> None:
+    """A validation's ``timeout_seconds``, when given, is 1 s to a day."""
+    timeout = params.get("timeout_seconds")
+    if timeout is not None and not 1 <= timeout <= limit:
+        raise ParamError(action, "timeout_seconds", f"must be between 1 and {limit}, got {timeout}")
 
 
 def executed_commands(results: list[CommandResult]) -> str:
@@ -197,6 +212,135 @@ class ResumeNode(SlurmAction):
             output=tail("".join(r.output for r in executed) + f"node {node}: {after.state_text}"),
             exit_code=0,
             data={"node": node, "state": after.state_text, "changed": True},
+        )
+
+
+class RebootNode(SlurmAction):
+    """Reboot a node through Slurm as soon as its jobs are gone, to come back DOWN with our reason.
+
+    ``scontrol reboot ASAP nextstate=DOWN reason=...``: ASAP drains the node meanwhile, and DOWN after the
+    reboot keeps jobs off it until validation has passed and the repair resumes it (``slurm.resume_node``
+    resumes a DOWN node whose reason carries our prefix). Needs ``RebootProgram`` in slurm.conf.
+    """
+
+    name = "slurm.reboot_node"
+    description = "Reboot a Slurm node when idle (ASAP), to come back DOWN until validated and resumed"
+    params = {
+        "node": _NODE,
+        "reason": Param(pattern=SAFE_TEXT, max_length=180, description="why (prefixed with 'nightshift: ')"),
+    }
+    scope_keys = ("node", "partition")
+    takes_out = True
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        argv = reboot_command(params["node"], prefixed_reason(params["reason"]))
+        return Plan(f"reboot node {params['node']} once idle; it comes back DOWN", shlex.join(argv))
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        node = params["node"]
+        before = slurm.node_info(node)
+        if (before.drained or before.state == "down") and not ours(before):
+            return Failed(
+                reason=f"node {node} is {before.state_text} for a reason nightshift did not set "
+                f"({before.reason or 'none'}): not rebooting it",
+                data={"node": node, "state": before.state_text, "reason": before.reason},
+            )
+        executed.append(slurm.reboot(node, prefixed_reason(params["reason"])))
+        after = slurm.node_info(node)
+        return Ok(
+            command=executed_commands(executed),
+            output=f"{executed[-1].output}node {node}: {after.state_text}, reason: {after.reason}",
+            exit_code=0,
+            data={"node": node, "state": after.state_text, "reason": after.reason, "changed": True},
+        )
+
+
+class ValidateNode(SlurmAction):
+    """Run the validation command ON the node over SSH (``slurm.node_ssh_host``); exit 0 means healthy.
+
+    While the node is rebooting, not responding or still running jobs the outcome is Retry (the repair looks
+    again, bounded by ``repair.return_timeout_seconds``); a node that cannot be reached is Retry as well. A
+    command that outlives its timeout has failed, as has any non-zero exit.
+    """
+
+    name = "slurm.validate_node"
+    description = (
+        "Validate a Slurm node with a command run on it over SSH (default: repair.validation_command)"
+    )
+    params = {
+        "node": _NODE,
+        "command": Param(
+            required=False,
+            pattern=VALIDATION_COMMAND,
+            max_length=400,
+            description="command line of plain words run on the node (default repair.validation_command)",
+        ),
+        "timeout_seconds": Param(
+            kind="integer", required=False, description="default repair.validation_timeout_seconds"
+        ),
+    }
+    scope_keys = ("node", "partition")
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        check_timeout(self.name, params)
+        return params
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        command = params.get("command") or "<repair.validation_command>"
+        return Plan(
+            f"validate node {params['node']}: run `{command}` on it, exit 0 = healthy",
+            f"ssh <slurm.node_ssh_host for {params['node']}> {command}",
+        )
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        node = params["node"]
+        command = params.get("command") or ctx.settings.repair.validation_command
+        timeout = params.get("timeout_seconds") or ctx.settings.repair.validation_timeout_seconds
+        if not re.fullmatch(VALIDATION_COMMAND, command):
+            raise ParamError(
+                self.name, "command", f"{command!r} does not match the pattern {VALIDATION_COMMAND}"
+            )
+        info = slurm.node_info(node)
+        busy = NOT_SETTLED_FLAGS.intersection(info.flags) or info.state in NOT_SETTLED_STATES
+        if busy:
+            return Retry(
+                reason=f"node {node} is {info.state_text}: waiting for it to settle before validating",
+                after=ctx.settings.repair.poll_seconds,
+                data={"node": node, "state": info.state_text},
+            )
+        argv = shlex.split(command)
+        try:
+            check = ctx.clients.node_runner(node).run(argv, timeout=timeout)
+        except OutcomeUnknown as exc:
+            return Failed(
+                reason=f"validation on {node} timed out after {timeout}s: counts as failed",
+                command=shlex.join(argv),
+                output=tail(exc.output),
+                data={"node": node, "verdict": "fail", "timed_out": True},
+            )
+        except Unavailable as exc:
+            return Retry(reason=f"node {node} unreachable: {exc}", after=ctx.settings.repair.poll_seconds)
+        data = {
+            "node": node,
+            "command": check.command,
+            "exit_code": check.exit_code,
+            "output": tail(check.output, 2000),
+        }
+        if check.exit_code != 0:
+            return Failed(
+                reason=f"validation `{shlex.join(argv)}` exited {check.exit_code} on {node}",
+                command=check.command,
+                output=tail(check.output),
+                exit_code=check.exit_code,
+                data={**data, "verdict": "fail"},
+            )
+        return Ok(
+            command=check.command, output=tail(check.output), exit_code=0, data={**data, "verdict": "pass"}
         )
 
 
@@ -368,4 +512,13 @@ class JobLog(SlurmAction):
         )
 
 
-ACTIONS = (DrainNode(), ResumeNode(), RequeueJob(), CancelJob(), JobInfoAction(), JobLog())
+ACTIONS = (
+    DrainNode(),
+    ResumeNode(),
+    RebootNode(),
+    ValidateNode(),
+    RequeueJob(),
+    CancelJob(),
+    JobInfoAction(),
+    JobLog(),
+)

@@ -70,6 +70,12 @@ class Clients:
 
         return self._get("slurm", SlurmClient.from_settings)
 
+    def node_runner(self, node: str) -> Any:
+        """Commands on ``node`` itself over SSH (a repair's validation), one runner per node."""
+        from app.clients.ssh import SshRunner
+
+        return self._get(f"node:{node}", lambda settings: SshRunner.from_settings(settings, node))
+
     def close(self) -> None:
         """Release connections (SSH sessions, HTTP pools)."""
         with self._lock:

@@ -122,6 +122,13 @@ class KubeClient:
 
         def change(current: Json) -> Json | None:
             if current.get("spec", {}).get("unschedulable"):
+    def node_names(self, label_selector: str, limit: int = 5000) -> list[str]:
+        """The names of the nodes matching ``label_selector`` (a node pool), at most ``limit``."""
+        listing = self._json(
+            f"list nodes {label_selector}", self._core.list_node, label_selector=label_selector, limit=limit
+        )
+        return [item["metadata"]["name"] for item in listing.get("items") or []]
+
                 return None
             return {"metadata": {"annotations": dict(owner_annotation)}, "spec": {"unschedulable": True}}
 
@@ -250,6 +257,19 @@ class KubeClient:
             group,
             version,
             namespace,
+    def get_pod(self, namespace: str, pod: str) -> Json:
+        return self._json(f"get pod {namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace)
+
+    def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> Json:
+        name = manifest["metadata"]["name"]
+        return self._json(
+            f"create pod {namespace}/{name}",
+            self._core.create_namespaced_pod,
+            namespace,
+            dict(manifest),
+            mutating=True,
+        )
+
             plural,
             name,
         )

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 # A Slurm hostlist expression as scontrol prints it: node1,node[3-5],gpu[01-04].
 HOSTLIST = r"[A-Za-z0-9._\[\],-]{1,4096}"
+PARTITION = r"[A-Za-z0-9_.-]{1,64}"
 # A file path as Slurm reports it (StdOut=...): absolute, printable, no control characters.
 REMOTE_PATH = r"/[^\x00-\x1f\x7f]{0,4095}"
 MAX_TAIL_LINES = 10_000
@@ -76,6 +77,7 @@ class NodeInfo:
     state: str
     flags: tuple[str, ...]
     reason: str
+    partitions: tuple[str, ...] = ()
 
     @property
     def drained(self) -> bool:
@@ -142,6 +144,7 @@ def parse_node(text: str) -> NodeInfo:
         state=base,
         flags=tuple(flags),
         reason=_value(record.get("Reason", "")),
+        partitions=tuple(p for p in _value(record.get("Partitions", "")).split(",") if p),
     )
 
 
@@ -201,6 +204,19 @@ def drain_command(node: str, reason: str) -> list[str]:
 
 def resume_command(node: str) -> list[str]:
     return ["scontrol", "update", f"NodeName={_checked(node, NODE_NAME, 'node')}", "State=RESUME"]
+
+
+def reboot_command(node: str, reason: str) -> list[str]:
+    """Reboot the node as soon as its jobs are gone (``ASAP`` drains it meanwhile); it comes back DOWN with
+    ``reason``, so nothing runs there until it is validated and resumed."""
+    node, reason = _checked(node, NODE_NAME, "node"), _checked(reason, SAFE_TEXT, "reason")
+    if not reason.strip():
+        raise ParamError("slurm", "reason", "Slurm needs a reason to reboot a node to DOWN")
+    return ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", node]
+
+
+def show_partition_command(partition: str) -> list[str]:
+    return ["scontrol", "show", "partition", "-o", _checked(partition, PARTITION, "partition")]
 
 
 def show_job_command(job_id: str) -> list[str]:
@@ -274,6 +290,15 @@ class SlurmClient:
 
     def resume(self, node: str) -> CommandResult:
         return self.run(resume_command(node))
+
+    def reboot(self, node: str, reason: str) -> CommandResult:
+        return self.run(reboot_command(node, reason))
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        """The node names of a partition (its ``Nodes=`` hostlist, expanded; values there hold no blanks)."""
+        found = re.search(r"(?:^|\s)Nodes=(\S+)", self.run(show_partition_command(partition)).stdout)
+        hostlist = _value(found.group(1)) if found else ""
+        return self.expand_hostlist(hostlist) if hostlist else []
 
     def job_info(self, job_id: str) -> JobInfo:
         return parse_job(self.run(show_job_command(job_id)).stdout)

@@ -102,13 +102,15 @@ class SshRunner:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> SshRunner:
-        """A runner for ``settings.slurm``. Raises :class:`ConfigError` when no host is configured."""
+    def from_settings(cls, settings: Settings, node: str | None = None) -> SshRunner:
+        """A runner for ``settings.slurm``: its host, or with ``node`` that node itself (``slurm.node_ssh_host``
+        with ``{node}`` replaced). Raises :class:`ConfigError` when no host is configured."""
         cfg = settings.slurm
-        if not cfg.host:
+        host = cfg.node_ssh_host.replace("{node}", node) if node is not None else cfg.host
+        if not host:
             raise ConfigError("slurm.host is not set: no SSH target for Slurm commands")
         return cls(
-            cfg.host,
+            host,
             port=cfg.port,
             user=cfg.user,
             key_file=cfg.key_file,

@@ -12,6 +12,7 @@ from app.engine.explain import explain
 from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
+from app.engine.repair import NodeRepairs
 from app.store import records
 from app.wakeup import Wakeup
 
@@ -23,6 +24,7 @@ class Engine:
         self.deps = deps
         self.inbox = Inbox(deps)
         self.lifecycle = Lifecycle(deps)
+        self.repairs = NodeRepairs(deps)
 
     @property
     def wakeup(self) -> Wakeup:
@@ -38,10 +40,12 @@ class Engine:
         return ingest(self.deps, notification)
 
     def work_once(self, worker: str) -> bool:
-        """One batch from the inbox and one incident tick, so that neither starves the other. False when idle."""
+        """One batch from the inbox, one incident tick and one node repair step, so that none starves the others.
+        False when idle."""
         ingested = self.inbox.ingest_next()
         ticked = self.lifecycle.work_once(worker)
-        return ingested is not None or ticked is not None
+        repaired = self.repairs.work_once(worker)
+        return ingested is not None or ticked is not None or repaired is not None
 
     def run_until_idle(self, worker: str = "inline", limit: int = 1000) -> int:
         """Work until the inbox is empty and no incident is due (tests, `replay`). Returns the number of rounds."""

@@ -43,6 +43,7 @@ WAL_AUTOCHECKPOINT_PAGES = 10_000
 # started over, so a small write may still succeed on a full disk while the next burst of alerts cannot grow the log.
 MIN_FREE_BYTES = 16 * 1024 * 1024
 PG_CONNECT_TIMEOUT_S = 5
+PG_POOL_SIZE = 5  # connections per process, and as many again past it while busy (max_overflow)
 
 
 class Store:
@@ -92,8 +93,8 @@ class Store:
         engine = create_engine(
             url,
             pool_pre_ping=True,
-            pool_size=5,
-            max_overflow=5,
+            pool_size=PG_POOL_SIZE,
+            max_overflow=PG_POOL_SIZE,
             pool_timeout=lock_timeout,
             connect_args={"connect_timeout": PG_CONNECT_TIMEOUT_S, "options": options},
         )

@@ -6,7 +6,7 @@ from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from app.errors import StoreUnavailable
-from app.metrics import inbox_families
+from app.metrics import inbox_families, repair_families
 from app.web import error
 
 bp = Blueprint("health", __name__)
@@ -46,6 +46,7 @@ def metrics():
     services = current_app.extensions["nightshift"]
     try:
         live = inbox_families(services.engine.inbox_stats(), services.engine.deps.clock.now())
+        live += repair_families(services.engine.repairs.held())
     except StoreUnavailable:
         live = []  # the process's own counters still answer; readyz reports the store
     return Response(services.metrics.exposition(live), content_type=CONTENT_TYPE_LATEST)

@@ -7,16 +7,19 @@ import json
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, text
 
 from app.alertmanager import parse_notification
+from app.config import StoreSettings
 from app.engine import Engine
-from app.store import Store, records
-from app.store.schema import alerts, incident_alerts, incidents
+from app.store import PG_POOL_SIZE, Store, records
+from app.store.schema import alerts, incident_alerts, incidents, store_probe
+from tests.bounded import store_unavailable_after
 from tests.fakes import START, FakeClock
 from tests.payloads import alert, payload, xid
 from tests.unit import test_engine as scenarios
@@ -221,3 +224,46 @@ def test_hostile_payload_fields_on_postgresql_are_never_a_5xx(postgres_url, tmp_
         assert engine.inbox_stats()["failed"] == 0, "a notification answered 200 could not be ingested"
     finally:
         app.extensions["nightshift"].store.dispose()
+
+
+# --- bounded waits: each wait for PostgreSQL ends in StoreUnavailable (503 on the webhook), never a hang ---------
+
+
+def test_a_row_lock_held_by_another_connection_is_given_up_after_lock_timeout(postgres_url):
+    """Another replica holds the readiness probe's row: this one's probe (a write, as /readyz runs it) fails after
+    store.lock_timeout_seconds with the reason, and succeeds once the lock is released."""
+    store = Store.from_url(postgres_url, FakeClock(), StoreSettings(lock_timeout_seconds=1))
+    other = Store.from_url(postgres_url)
+    try:
+        store.check_writable()
+        with other.transaction() as conn:
+            conn.execute(select(store_probe).where(store_probe.c.id == 1).with_for_update())
+            with store_unavailable_after(1.0, "lock timeout"):
+                store.check_writable()
+        store.check_writable()
+    finally:
+        store.dispose()
+        other.dispose()
+
+
+def test_a_statement_running_past_statement_timeout_is_cancelled(postgres_url):
+    store = Store.from_url(postgres_url, settings=StoreSettings(statement_timeout_seconds=1))
+    try:
+        with store_unavailable_after(1.0, "statement timeout"), store.read() as conn:
+            conn.execute(text("SELECT pg_sleep(30)"))
+    finally:
+        store.dispose()
+
+
+def test_a_request_finding_every_pooled_connection_busy_waits_at_most_lock_timeout(postgres_url):
+    store = Store.from_url(postgres_url, settings=StoreSettings(lock_timeout_seconds=1))
+    try:
+        with ExitStack() as held:
+            for _ in range(2 * PG_POOL_SIZE):  # pool_size, then max_overflow
+                held.enter_context(store.engine.connect())
+            with store_unavailable_after(1.0, "no free connection"), store.read():
+                pass
+        with store.read():  # returned to the pool: answers again
+            pass
+    finally:
+        store.dispose()

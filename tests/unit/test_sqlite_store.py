@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -23,16 +23,15 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.config import Settings, StoreSettings
-from app.errors import StoreUnavailable
 from app.metrics import Metrics
 from app.store import WAL_RESTART_PAGES, Store
 from app.store.writer_lock import WriterLock
+from tests.bounded import MARGIN_S, store_unavailable_after
 from tests.fixtures.procs import IN_CI, require_binary
 from tests.payloads import alert, body, xid
 
 REPO = Path(__file__).resolve().parents[2]
 LONG = 60.0  # seconds: a lock timeout that the tests of queueing never reach
-MARGIN_S = 1.5  # what a bounded wait may overrun its timeout by on a loaded 2-core machine
 
 HOLD_UNTIL_STDIN_CLOSES = """
 import sys
@@ -217,34 +216,29 @@ def test_after_a_checkpoint_of_a_long_log_the_next_writer_starts_it_over(tmp_pat
 # --- bounded waits ----------------------------------------------------------------------------------------------
 
 
-def _fails_busy_within(enter: Callable[[], object], timeout: float) -> float:
-    """Seconds ``enter`` took to raise StoreUnavailable; asserts it did, no sooner than ``timeout``."""
-    started = time.monotonic()
-    with pytest.raises(StoreUnavailable, match="store"):
-        enter()
-    elapsed = time.monotonic() - started
-    assert elapsed >= timeout * 0.95, f"gave up after {elapsed:.2f} s, before the {timeout} s timeout"
-    return elapsed
-
-
 def test_a_writer_lock_held_by_another_process_is_given_up_after_the_timeout(tmp_path: Path) -> None:
     path = tmp_path / "db-writer.lock"
     lock = WriterLock(path, timeout_s=0.5)
-    with _held_by_another_process(path):
-        elapsed = _fails_busy_within(lock.__enter__, 0.5)
-    assert elapsed < 0.5 + MARGIN_S
+    with _held_by_another_process(path), store_unavailable_after(0.5, "another process"):
+        lock.__enter__()
     with lock:  # released by the failed wait: usable at once
         pass
 
 
 def test_a_writer_lock_held_by_another_thread_is_given_up_after_the_timeout() -> None:
     lock = WriterLock(None, timeout_s=0.3)  # an in-memory store: threads only
-    failed: list[float] = []
+    gave_up = threading.Event()
+
+    def wait() -> None:
+        with store_unavailable_after(0.3, "another thread"):
+            lock.__enter__()
+        gave_up.set()
+
     with lock:
-        thread = threading.Thread(target=lambda: failed.append(_fails_busy_within(lock.__enter__, 0.3)))
+        thread = threading.Thread(target=wait)
         thread.start()
         thread.join(0.3 + MARGIN_S)
-    assert failed and failed[0] < 0.3 + MARGIN_S
+    assert gave_up.is_set()
 
 
 def test_sqlite_busy_handler_gives_up_after_the_lock_timeout(tmp_path: Path) -> None:
@@ -253,12 +247,8 @@ def test_sqlite_busy_handler_gives_up_after_the_lock_timeout(tmp_path: Path) -> 
     shell = sqlite3.connect(db, isolation_level=None)
     shell.execute("BEGIN IMMEDIATE")
     try:
-
-        def write() -> None:
-            with store.transaction() as conn:
-                conn.execute(text("INSERT INTO probe VALUES (1)"))
-
-        assert _fails_busy_within(write, 0.5) < 0.5 + MARGIN_S
+        with store_unavailable_after(0.5, "database is locked"), store.transaction() as conn:
+            conn.execute(text("INSERT INTO probe VALUES (1)"))
     finally:
         shell.execute("ROLLBACK")
         shell.close()

@@ -1,0 +1,486 @@
+"""The node repair worker: one tick of one due repair (claim, decide, run one step, write), and operator controls.
+
+What comes next is decided by :mod:`app.repair_policy` (pure); this module does the I/O around it. Each transition is
+one transaction that writes the repair and its ledger row (:func:`app.store.repairs.write_transition`). A step is
+marked ``running`` durably before its action starts; a later claimer that finds it so holds the node for a person
+(never re-run blind), except validation, which only looks. Every wait is bounded: a step's retries by
+``worker.step_retry_limit``, the node's return by ``repair.return_timeout_seconds``, each action by its own timeouts,
+and the claim's lease covers the longest of them so a live worker's claim never lapses mid-step.
+
+The plan of a repair, from take-out to return (one step each, run one per tick)::
+
+    take_out   slurm.drain_node / kubernetes.cordon_node    (the scheduler's; someone else's mark: not ours)
+    repair:<i> the playbook's node_repair.repair steps     (e.g. slurm.reboot_node; none by default)
+    validate   node_repair.validate, or the scheduler's validate_node with repair.validation_command
+    return     slurm.resume_node / kubernetes.uncordon_node (only what carries our mark)
+
+Every step of the plan must be whitelisted before anything runs; otherwise the repair is advisory (plan recorded).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from app import guards
+from app import repair_policy as policy
+from app.actions.base import ActionContext
+from app.engine.deps import EngineDeps
+from app.errors import BackendError, ConfigError, ParamError
+from app.outcome import Failed, Outcome, Retry, tail
+from app.planning import SKIPPED, PlannedStep, plan_steps, when_context
+from app.playbooks import Step
+from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
+from app.states import REPAIR_SETTLED, RepairState, StepStatus
+from app.store import records, repairs
+
+log = logging.getLogger(__name__)
+
+Repair = dict[str, Any]
+SCHEDULERS = ("slurm", "kubernetes")
+# The scheduler's own take-out, default validation and return actions.
+TAKE_OUT_ACTION = {"slurm": "slurm.drain_node", "kubernetes": "kubernetes.cordon_node"}
+VALIDATE_ACTION = {"slurm": "slurm.validate_node", "kubernetes": "kubernetes.validate_node"}
+RETURN_ACTION = {"slurm": "slurm.resume_node", "kubernetes": "kubernetes.uncordon_node"}
+_UNSAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=@+#%()\[\]-]")
+OUR_MARK = "nightshift"  # kubernetes.cordon_node's cordoned-by annotation value
+
+
+def default_steps(scheduler: str) -> dict[str, Step]:
+    """The take-out, validation and return steps implied by the scheduler."""
+    node = "{{ node.name }}"
+    take_out_with = {"node": node, "reason": "{{ node.reason }}"} if scheduler == "slurm" else {"node": node}
+    validate_with = {"node": node} if scheduler == "slurm" else {"node": node, "run": "{{ node.repair_id }}"}
+    return {
+        TAKE_OUT: Step(action=TAKE_OUT_ACTION[scheduler], with_=take_out_with, name="take out"),
+        VALIDATE: Step(action=VALIDATE_ACTION[scheduler], with_=validate_with, name="validate"),
+        RETURN: Step(action=RETURN_ACTION[scheduler], with_={"node": node}, name="return to service"),
+    }
+
+
+def safe_reason(text: str) -> str:
+    """A repair's reason as a drain reason may carry it (SAFE_TEXT), at most 150 characters."""
+    return " ".join(_UNSAFE_REASON.sub(" ", text).split())[:150] or "node repair"
+
+
+def pool_facts(deps: EngineDeps, scheduler: str, node: str) -> tuple[dict[str, Any], str]:
+    """The blast-radius inputs about the node's partition (Slurm) or node pool (Kubernetes label
+    ``guards.node_pool_label``): ``pool``, ``pool_nodes``, ``blast_max_share`` for :class:`app.guards.GuardFacts`,
+    and a note. Unknown (lookup failed, no partition, no label): no facts, so only the absolute limit applies."""
+    try:
+        if scheduler == "slurm":
+            slurm = deps.clients.slurm
+            partitions = slurm.node_info(node).partitions
+            if not partitions:
+                return {}, f"node {node} is in no partition"
+            pool, members = f"partition {partitions[0]}", slurm.partition_nodes(partitions[0])
+        else:
+            label = deps.settings.guards.node_pool_label
+            value = (deps.clients.kube.get_node(node)["metadata"].get("labels") or {}).get(label)
+            if not value:
+                return {}, f"node {node} has no label {label}"
+            pool, members = f"pool {label}={value}", deps.clients.kube.node_names(f"{label}={value}")
+    except (BackendError, ConfigError) as exc:
+        return {}, f"partition/pool of {node} unknown: {exc}"
+    share = deps.settings.guards.blast_radius_max_share
+    facts = {"pool": pool, "pool_nodes": frozenset(members), "blast_max_share": share}
+    return facts, f"{pool}: {len(members)} nodes"
+
+
+def taken_out_since(deps: EngineDeps, conn: Any, since: datetime) -> frozenset[str]:
+    """Nodes taken out of service since ``since``: by repairs and by incidents' take-out steps."""
+    take_out = {action.name for action in deps.registry if action.takes_out}
+    return frozenset(repairs.nodes_taken_out_since(conn, since, take_out))
+
+
+class NodeRepairs:
+    """Advances node repairs (one step of one repair per :meth:`work_once`); operator controls and views."""
+
+    def __init__(self, deps: EngineDeps):
+        self.deps = deps
+
+    # --- claiming -----------------------------------------------------------------------------------------------
+
+    def work_once(self, worker: str) -> int | None:
+        """Claim one due repair, run its next step, release it. Returns its id, or None when none is due."""
+        deps = self.deps
+        now = deps.clock.now()
+        with deps.store.read() as conn:
+            if not repairs.any_due(conn, now):
+                return None
+        with deps.store.transaction() as conn:
+            repair = repairs.claim_next(conn, worker, now, self._lease())
+        if repair is None:
+            return None
+        try:
+            self._tick(repair)
+        except Exception as exc:  # a bug or an outage must not kill the worker: look again later
+            log.exception("repair %s: tick failed", repair["id"])
+            later = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
+            with deps.store.transaction() as conn:
+                repairs.write_transition(
+                    conn, repair, deps.clock.now(), kind="engine_error", message=f"tick failed, will retry: {exc!r}",
+                    next_run_at=later,
+                )  # fmt: skip
+        finally:
+            with deps.store.transaction() as conn:
+                repairs.release_claim(conn, repair["id"], worker)
+        return int(repair["id"])
+
+    def _lease(self) -> timedelta:
+        """Longer than any one step may take: the validation's timeout plus a command's and the worker's lease."""
+        s = self.deps.settings
+        seconds = (
+            s.worker.lease_seconds + s.repair.validation_timeout_seconds + s.slurm.command_timeout_seconds * 4
+        )
+        return timedelta(seconds=seconds)
+
+    # --- operator controls and views ------------------------------------------------------------------------------
+
+    def release(self, node: str, by: str, note: str = "") -> Repair:
+        """Release a held node: the worker returns what we took out; nothing else is touched. Raises LookupError
+        (no open repair) or ValueError (not held)."""
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            repair = self._open(conn, node)
+            following = policy.release(RepairState(repair["state"]), repair["taken_out_by_us"], by)
+            note = f"{following.note}" + (f" ({note})" if note else "")
+            values: dict[str, Any] = {"state": following.state, "step": following.step, "held_reason": None}
+            if following.step is not None:
+                values.update(step_status=StepStatus.PENDING, next_run_at=now, released_by=by)
+            repairs.write_transition(
+                conn, repair, now, kind="repair_released", message=note, data={"by": by}, **values
+            )
+        if following.state in REPAIR_SETTLED:
+            self.deps.metrics.node_repairs.labels(following.state).inc()
+        return self.node(node)
+
+    def hold(self, node: str, by: str, note: str = "", scheduler: str | None = None) -> Repair:
+        """Hold a node for a person: an open repair stops where it is; a node with none gets a held record, so no
+        later request repairs or returns it until released. Raises ValueError (already held, or a step in
+        flight right now)."""
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            repair = next((r for r in repairs.list_repairs(conn, node=node, open_only=True, limit=1)), None)
+            following = policy.hold(RepairState(repair["state"]) if repair else None, by, note)
+            if repair is None:
+                scheduler = scheduler or ("slurm" if self.deps.settings.slurm.host else "kubernetes")
+                repairs.insert_held(
+                    conn, node=node, scheduler=scheduler, reason=following.held_reason or "", now=now
+                )
+            else:
+                if repair["claimed_by"] is not None and repair["claim_expires_at"] > now:
+                    raise ValueError(
+                        f"a step of node {node}'s repair is running right now; try again in a moment"
+                    )
+                repairs.write_transition(
+                    conn, repair, now, kind="repair_held", message=following.note, data={"by": by},
+                    state=following.state, held_reason=following.held_reason,
+                )  # fmt: skip
+        self.deps.metrics.node_repairs.labels(RepairState.HELD).inc()
+        return self.node(node)
+
+    def _open(self, conn: Any, node: str) -> Repair:
+        repair = next((r for r in repairs.list_repairs(conn, node=node, open_only=True, limit=1)), None)
+        if repair is None:
+            raise LookupError(f"node {node} has no open repair")
+        return repair
+
+    def nodes(self, limit: int = 200) -> dict[str, Any]:
+        """Every node's latest repair (newest first, at most ``limit``), and the held ones."""
+        with self.deps.store.read() as conn:
+            rows = repairs.list_repairs(conn, limit=repairs.MAX_LIST)
+        latest: dict[str, Repair] = {}
+        for row in rows:
+            latest.setdefault(row["node"], row)
+        nodes = list(latest.values())[:limit]
+        return {"nodes": nodes, "held": [row for row in nodes if row["state"] == RepairState.HELD]}
+
+    def node(self, node: str, limit: int = 50) -> Repair:
+        """A node's repairs, newest first, and its current one (the open repair, else the latest)."""
+        with self.deps.store.read() as conn:
+            rows = repairs.list_repairs(conn, node=node, limit=limit)
+        return {"node": node, "current": rows[0] if rows else None, "repairs": rows}
+
+    def held(self) -> int:
+        with self.deps.store.read() as conn:
+            return repairs.held_count(conn)
+
+    # --- one tick -----------------------------------------------------------------------------------------------
+
+    def _tick(self, repair: Repair) -> None:
+        crashed = policy.in_flight(repair["step"], repair["step_status"])
+        if crashed is not None:
+            self._transition(repair, crashed, kind="repair_ambiguous")
+        elif repair["state"] == RepairState.REQUESTED:
+            self._start(repair)
+        elif repair["step"]:
+            self._run_step(repair)
+        else:  # settled or held: nothing is due
+            with self.deps.store.transaction() as conn:
+                repairs.update_repair(conn, repair["id"], self.deps.clock.now(), next_run_at=None)
+
+    def _start(self, repair: Repair) -> None:
+        """Requested: kill switch, the whole plan whitelisted, blast radius; then take the node out."""
+        deps, now = self.deps, self.deps.clock.now()
+        defer = timedelta(seconds=deps.settings.guards.defer_seconds)
+        with deps.store.read() as conn:
+            paused, why = deps.pause_state(conn)
+        if paused:
+            verdict = guards.Verdict(
+                "kill_switch", guards.WAIT, f"automation paused: {why or 'no reason given'}"
+            )
+            return self._wait(repair, verdict, now + defer)
+        plan = self._plan(repair)
+        problem = policy.plan_problem([(p.name, p.status, p.reason) for p in plan.values()])
+        described = [{"step": marker, "command": p.command, "status": p.status} for marker, p in plan.items()]
+        if problem is not None:
+            state, reason = problem
+            settle = policy.held(reason) if state == RepairState.HELD else policy.Next(state, None, reason)
+            return self._transition(repair, settle, kind="repair_plan", data={"plan": described})
+        facts, note = pool_facts(deps, repair["scheduler"], repair["node"])
+        window = timedelta(seconds=deps.settings.guards.blast_radius_window_seconds)
+        with deps.store.read() as conn:
+            out = taken_out_since(deps, conn, now - window)
+            earlier = repairs.earlier_repairs(
+                conn,
+                repair["node"],
+                now - timedelta(seconds=deps.settings.repair.lemon_window_seconds),
+                repair["id"],
+            )
+        verdict = guards.blast_radius(
+            guards.GuardFacts(
+                now=now,
+                playbook=repair["playbook"] or "node-repair",
+                node=repair["node"],
+                alert_starts_at=now,
+                takes_out=frozenset({repair["node"]}),
+                taken_out=out,
+                blast_max_nodes=deps.settings.guards.blast_radius_max_nodes,
+                blast_window=window,
+                defer=defer,
+                **facts,
+            )
+        )
+        deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
+        if verdict.decision != guards.PASS:
+            return self._wait(repair, verdict, verdict.until or now + defer)
+        begin = policy.Next(
+            RepairState.TAKING_OUT, TAKE_OUT, f"repair {earlier + 1} of this node: taking it out"
+        )
+        self._transition(
+            repair,
+            begin,
+            kind="repair_started",
+            data={"plan": described, "guard": verdict.as_dict(), "pool": note},
+            repairs=earlier + 1,
+        )
+
+    def _wait(self, repair: Repair, verdict: guards.Verdict, until: datetime) -> None:
+        """Held by a guard: look again at ``until``; the ledger says why once per reason, not once per look."""
+        deps = self.deps
+        with deps.store.transaction() as conn:
+            quiet = repair["held_reason"] == verdict.reason
+            values = {"next_run_at": until, "held_reason": verdict.reason}
+            if quiet:
+                repairs.update_repair(conn, repair["id"], deps.clock.now(), **values)
+            else:
+                repairs.write_transition(
+                    conn, repair, deps.clock.now(), kind="guard", message=f"{verdict.guard}: {verdict.reason}",
+                    data=verdict.as_dict(), **values,
+                )  # fmt: skip
+
+    def _run_step(self, repair: Repair) -> None:
+        deps = self.deps
+        marker = repair["step"]
+        planned = self._plan(repair).get(marker)
+        if planned is None:
+            return self._transition(
+                repair, policy.held(f"step {marker} is no longer in the plan"), kind="repair_held"
+            )
+        if planned.status == SKIPPED:
+            result = policy.Result(StepStatus.OK, reason=planned.reason)
+            outcome: Outcome | None = None
+        elif not planned.runs:
+            reason = f"step {planned.name} is {planned.status} now: {planned.reason}"
+            return self._transition(repair, policy.held(reason), kind="repair_held")
+        else:
+            with deps.store.transaction() as conn:
+                repairs.update_repair(conn, repair["id"], deps.clock.now(), step_status=StepStatus.RUNNING)
+            outcome = self._execute(repair, planned)
+            result = _result(marker, outcome)
+        lemon = None
+        if marker == TAKE_OUT:
+            limits = self._limits()
+            lemon = policy.lemon_reason(max(repair["repairs"] - 1, 0), limits)
+        following = policy.after_step(
+            marker,
+            result,
+            now=deps.clock.now(),
+            repair_steps=len(self._repair_steps(repair)),
+            retries=repair["retries"],
+            limits=self._limits(),
+            deadline=repair["deadline"],
+            lemon=lemon,
+            released_by=repair["released_by"],
+        )
+        record = _step_record(marker, planned, outcome, result)
+        extra: dict[str, Any] = {}
+        if result.status == StepStatus.RETRY:
+            extra["retries"] = repair["retries"] + 1
+        else:
+            extra.update(retries=0, steps=[*(repair["steps"] or []), record])
+        if marker == VALIDATE and outcome is not None:
+            extra["validation"] = {**record, "verdict": (outcome.data or {}).get("verdict")}
+        if following.taken_out:
+            extra.update(
+                taken_out_by_us=True,
+                taken_out_at=deps.clock.now(),
+                deadline=deps.clock.now() + timedelta(seconds=deps.settings.repair.return_timeout_seconds),
+            )
+        kind = "repair_retry" if result.status == StepStatus.RETRY else "repair_step"
+        self._transition(repair, following, kind=kind, data={"step": record}, **extra)
+
+    # --- steps --------------------------------------------------------------------------------------------------
+
+    def _repair_steps(self, repair: Repair) -> tuple[Step, ...]:
+        playbook = self.deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
+        node_repair = playbook.node_repair if playbook is not None else None
+        return node_repair.repair if node_repair is not None else ()
+
+    def _plan(self, repair: Repair) -> dict[str, PlannedStep]:
+        """Every step of the repair, rendered, validated and checked against the grants, by step marker."""
+        deps = self.deps
+        scheduler = repair["scheduler"]
+        defaults = default_steps(scheduler)
+        playbook = deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
+        node_repair = playbook.node_repair if playbook is not None else None
+        validate = (
+            node_repair.validate if node_repair is not None and node_repair.validate else defaults[VALIDATE]
+        )
+        steps = {
+            TAKE_OUT: defaults[TAKE_OUT],
+            **{policy.repair_step(i): step for i, step in enumerate(self._repair_steps(repair))},
+            VALIDATE: validate,
+            RETURN: defaults[RETURN],
+        }
+        incident: Mapping[str, Any] = {}
+        if repair["incident_id"] is not None:
+            with deps.store.read() as conn:
+                incident = records.get_incident(conn, repair["incident_id"]) or {}
+        labels = incident.get("labels") or {}
+        diagnosis = incident.get("diagnosis") or {}
+        context = {
+            "node": {
+                "name": repair["node"],
+                "repair_id": str(repair["id"]),
+                "scheduler": scheduler,
+                "reason": safe_reason(repair["reason"]),
+            },
+            "labels": labels,
+            "annotations": incident.get("annotations") or {},
+            "target": incident.get("target") or {},
+            "diagnosis": {k: str(v) for k, v in diagnosis.items() if not isinstance(v, list | dict)},
+            "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
+        }
+        planned = plan_steps(
+            list(steps.values()),
+            registry=deps.registry,
+            permissions=deps.permissions,
+            template_context=context,
+            when=when_context(labels, diagnosis, repair["repairs"]),
+            target={"scheduler": scheduler, "node": repair["node"]},
+        )
+        return dict(zip(steps, planned, strict=True))
+
+    def _execute(self, repair: Repair, planned: PlannedStep) -> Outcome:
+        deps = self.deps
+        ctx = ActionContext(
+            settings=deps.settings,
+            clients=deps.clients,
+            clock=deps.clock,
+            incident_id=repair["incident_id"],
+            record=lambda kind, message, data: deps.ledger(
+                repair["incident_id"],
+                kind,
+                message,
+                {"node": repair["node"], "repair_id": repair["id"], **data},
+            ),
+        )
+        t0 = time.monotonic()
+        try:
+            outcome = planned.action.run(planned.action.validate(planned.params), ctx)
+        except ParamError as exc:
+            outcome = Failed(reason=str(exc))
+        except Exception as exc:  # an action bug is a failed step, never a dead worker
+            log.exception("action %s raised", planned.action.name)
+            outcome = Failed(reason=f"internal error in {planned.action.name}: {exc!r}")
+        duration = time.monotonic() - t0
+        deps.metrics.steps.labels(planned.action.name, outcome.status).inc()
+        deps.metrics.step_duration.labels(planned.action.name, outcome.status).observe(duration)
+        return outcome
+
+    def _limits(self) -> policy.Limits:
+        s = self.deps.settings
+        return policy.Limits(
+            retry_limit=s.worker.step_retry_limit,
+            lemon_repairs=s.repair.lemon_repairs,
+            lemon_window=timedelta(seconds=s.repair.lemon_window_seconds),
+        )
+
+    def _transition(
+        self,
+        repair: Repair,
+        following: policy.Next,
+        *,
+        kind: str,
+        data: Mapping[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
+        """Write ``following`` (state, step, schedule, held reason) and its ledger row in one transaction."""
+        deps = self.deps
+        now = deps.clock.now()
+        values: dict[str, Any] = {"state": following.state, "step": following.step, **extra}
+        if following.step is not None:
+            values.update(step_status=StepStatus.PENDING, next_run_at=following.run_at or now)
+        if following.held_reason is not None or following.state != RepairState.HELD:
+            values["held_reason"] = following.held_reason
+        with deps.store.transaction() as conn:
+            repairs.write_transition(
+                conn, repair, now, kind=kind, message=following.note, data=data, **values
+            )
+        if following.state in REPAIR_SETTLED and repair["state"] != following.state:
+            deps.metrics.node_repairs.labels(following.state).inc()
+
+
+def _result(marker: str, outcome: Outcome) -> policy.Result:
+    """The policy's view of an action's outcome. A take-out counts as ours when the action changed the node or
+    found our own mark on it; a return that changed nothing found no mark of ours."""
+    data = outcome.data or {}
+    reason = getattr(outcome, "reason", "") or outcome.output
+    changed = True
+    if marker in (TAKE_OUT, RETURN) and data.get("changed") is False:
+        changed = marker == TAKE_OUT and data.get("cordoned_by") == OUR_MARK
+        reason = data.get("reason") or outcome.output
+    after = outcome.after if isinstance(outcome, Retry) else 0.0
+    return policy.Result(StepStatus(outcome.status), reason=tail(reason, 500), after=after, changed=changed)
+
+
+def _step_record(
+    marker: str, planned: PlannedStep, outcome: Outcome | None, result: policy.Result
+) -> dict[str, Any]:
+    """What the repair keeps of one run of a step (bounded: output tail)."""
+    return {
+        "step": marker,
+        "name": planned.name,
+        "action": planned.action.name,
+        "status": result.status,
+        "command": (outcome.command if outcome is not None else "") or planned.command,
+        "exit_code": outcome.exit_code if outcome is not None else None,
+        "output": tail(outcome.output, 2000) if outcome is not None else "",
+        "reason": result.reason,
+    }

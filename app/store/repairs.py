@@ -1,0 +1,259 @@
+"""Node repair records (table ``node_repairs``): query functions over an open connection, no decisions.
+
+One open repair per node (``open_key`` = ``<scheduler>/<node>`` while its state is in ``REPAIR_OPEN``, NULL once
+settled), claimed by one worker at a time like incidents. Every change the engine makes is written with its ledger
+row in the same transaction (:func:`write_transition`); ledger rows carry the requesting incident's id and
+``data.node`` / ``data.repair_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection, and_, func, insert, or_, select, update
+from sqlalchemy.exc import IntegrityError
+
+from app.states import REPAIR_OPEN, RepairState, StepStatus
+from app.store import records
+from app.store.schema import node_repairs, steps
+
+Row = dict[str, Any]
+MAX_LIST = 1000  # rows one listing returns at most (API ``limit`` is clamped to this)
+
+
+def open_key(scheduler: str, node: str) -> str:
+    return f"{scheduler}/{node}"
+
+
+def _one(conn: Connection, stmt: Any) -> Row | None:
+    row = conn.execute(stmt).first()
+    return dict(row._mapping) if row is not None else None
+
+
+def _ledger(
+    conn: Connection, repair: Mapping[str, Any], now: datetime, kind: str, message: str, **data: Any
+) -> None:
+    records.record(
+        conn,
+        now,
+        kind,
+        f"node {repair['node']}: {message}",
+        incident_id=repair.get("incident_id"),
+        data={"node": repair["node"], "repair_id": repair["id"], **data},
+    )
+
+
+def get_repair(conn: Connection, repair_id: int) -> Row | None:
+    return _one(conn, select(node_repairs).where(node_repairs.c.id == repair_id))
+
+
+def open_repair(conn: Connection, scheduler: str, node: str) -> Row | None:
+    """The node's open repair (held included), if any."""
+    return _one(conn, select(node_repairs).where(node_repairs.c.open_key == open_key(scheduler, node)))
+
+
+def request_repair(
+    conn: Connection,
+    *,
+    node: str,
+    scheduler: str,
+    playbook: str | None,
+    incident_id: int | None,
+    reason: str,
+    now: datetime,
+) -> int:
+    """Ask for a repair of ``node``; returns the id of the repair that will carry it out.
+
+    Idempotent: an open repair of the node (any state in ``REPAIR_OPEN``, held included) absorbs the request (a
+    ``repair_absorbed`` ledger row), also when another replica inserts one concurrently."""
+    existing = open_repair(conn, scheduler, node)
+    if existing is None:
+        values = {
+            "node": node,
+            "scheduler": scheduler,
+            "state": RepairState.REQUESTED,
+            "open_key": open_key(scheduler, node),
+            "playbook": playbook,
+            "incident_id": incident_id,
+            "reason": reason,
+            "taken_out_by_us": False,
+            "repairs": 1,
+            "retries": 0,
+            "steps": [],
+            "created_at": now,
+            "updated_at": now,
+            "next_run_at": now,
+        }
+        try:
+            with conn.begin_nested():
+                repair_id = int(conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0])
+        except IntegrityError:  # another writer opened one first: join it
+            existing = open_repair(conn, scheduler, node)
+            assert existing is not None
+        else:
+            _ledger(
+                conn, {**values, "id": repair_id}, now, "repair_requested", f"repair requested: {reason}",
+                playbook=playbook,
+            )  # fmt: skip
+            return repair_id
+    _ledger(
+        conn,
+        {**existing, "incident_id": incident_id},
+        now,
+        "repair_absorbed",
+        f"repair already {existing['state']} (repair #{existing['id']}): request absorbed ({reason})",
+        state=existing["state"],
+    )
+    return int(existing["id"])
+
+
+def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now: datetime) -> Row:
+    """A held record for a node with no open repair (an operator's hold): no later request repairs it."""
+    values = {
+        "node": node,
+        "scheduler": scheduler,
+        "state": RepairState.HELD,
+        "open_key": open_key(scheduler, node),
+        "reason": reason,
+        "held_reason": reason,
+        "taken_out_by_us": False,
+        "repairs": 0,
+        "retries": 0,
+        "steps": [],
+        "created_at": now,
+        "updated_at": now,
+    }
+    repair_id = conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0]
+    row = {**values, "id": repair_id, "incident_id": None}
+    _ledger(conn, row, now, "repair_held", reason, state=RepairState.HELD)
+    return row
+
+
+def write_transition(
+    conn: Connection,
+    repair: Mapping[str, Any],
+    now: datetime,
+    *,
+    kind: str,
+    message: str,
+    data: Mapping[str, Any] | None = None,
+    **values: Any,
+) -> None:
+    """Change the repair's columns and write its ledger row, in the caller's one transaction. A settled state
+    clears the open key (the node may be repaired again) and the schedule."""
+    state = values.get("state")
+    if state is not None and state not in REPAIR_OPEN:
+        values.update(open_key=None, closed_at=now, next_run_at=None, step=None, step_status=None)
+    if state == RepairState.HELD:
+        values.update(next_run_at=None, step=None, step_status=None)
+    conn.execute(
+        update(node_repairs).where(node_repairs.c.id == repair["id"]).values(updated_at=now, **values)
+    )
+    _ledger(conn, repair, now, kind, message, **{"state": state or repair["state"], **(data or {})})
+
+
+def update_repair(conn: Connection, repair_id: int, now: datetime, **values: Any) -> None:
+    """Change bookkeeping columns that are no transition (the running marker, a guard's next look)."""
+    conn.execute(update(node_repairs).where(node_repairs.c.id == repair_id).values(updated_at=now, **values))
+
+
+def _due(now: datetime) -> Any:
+    return and_(
+        node_repairs.c.next_run_at.is_not(None),
+        node_repairs.c.next_run_at <= now,
+        or_(node_repairs.c.claim_expires_at.is_(None), node_repairs.c.claim_expires_at < now),
+    )
+
+
+def any_due(conn: Connection, now: datetime) -> bool:
+    """Whether a repair is due and unclaimed: a cheap read that spares idle workers a write transaction."""
+    return conn.execute(select(node_repairs.c.id).where(_due(now)).limit(1)).first() is not None
+
+
+def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
+    """Claim the most overdue repair no live worker holds (SKIP LOCKED on PostgreSQL; SQLite serialises
+    writers). The lease covers the longest bounded step, so a live worker's claim never expires mid-step."""
+    candidate = conn.execute(
+        select(node_repairs.c.id)
+        .where(_due(now))
+        .order_by(node_repairs.c.next_run_at)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+    ).first()
+    if candidate is None:
+        return None
+    claimed = conn.execute(
+        update(node_repairs)
+        .where(node_repairs.c.id == candidate.id, _due(now))
+        .values(claimed_by=worker, claim_expires_at=now + lease)
+    )
+    if claimed.rowcount != 1:
+        return None
+    return get_repair(conn, candidate.id)
+
+
+def release_claim(conn: Connection, repair_id: int, worker: str) -> None:
+    conn.execute(
+        update(node_repairs)
+        .where(node_repairs.c.id == repair_id, node_repairs.c.claimed_by == worker)
+        .values(claimed_by=None, claim_expires_at=None)
+    )
+
+
+def earlier_repairs(conn: Connection, node: str, since: datetime, exclude_id: int) -> int:
+    """How many other repairs took ``node`` out since ``since`` (the lemon rule's count)."""
+    stmt = select(func.count()).where(
+        node_repairs.c.node == node,
+        node_repairs.c.id != exclude_id,
+        node_repairs.c.taken_out_by_us.is_(True),
+        node_repairs.c.taken_out_at >= since,
+    )
+    return int(conn.execute(stmt).scalar_one())
+
+
+def nodes_taken_out_since(conn: Connection, since: datetime, take_out_actions: Collection[str]) -> set[str]:
+    """Nodes taken out of service since ``since``: by repairs, and by incidents' steps of the ``take_out_actions``
+    (drain, cordon, reboot) that ran ok. What the blast-radius guard counts; job restarts are not among them."""
+    nodes = {
+        row.node
+        for row in conn.execute(
+            select(node_repairs.c.node).where(
+                node_repairs.c.taken_out_by_us.is_(True), node_repairs.c.taken_out_at >= since
+            )
+        )
+    }
+    if take_out_actions:
+        stmt = select(steps.c.params).where(
+            steps.c.action.in_(sorted(take_out_actions)),
+            steps.c.status == StepStatus.OK,
+            steps.c.finished_at >= since,
+        )
+        nodes.update(str(row.params["node"]) for row in conn.execute(stmt) if row.params.get("node"))
+    return nodes
+
+
+def list_repairs(
+    conn: Connection,
+    *,
+    node: str | None = None,
+    state: str | None = None,
+    open_only: bool = False,
+    limit: int = 100,
+) -> list[Row]:
+    """Repairs, newest first, at most ``limit`` (clamped to ``MAX_LIST``)."""
+    stmt = select(node_repairs).order_by(node_repairs.c.id.desc()).limit(max(1, min(limit, MAX_LIST)))
+    if node:
+        stmt = stmt.where(node_repairs.c.node == node)
+    if state:
+        stmt = stmt.where(node_repairs.c.state == state)
+    if open_only:
+        stmt = stmt.where(node_repairs.c.open_key.is_not(None))
+    return [dict(row._mapping) for row in conn.execute(stmt)]
+
+
+def held_count(conn: Connection) -> int:
+    """Nodes held for a person now."""
+    stmt = select(func.count()).where(node_repairs.c.state == RepairState.HELD)
+    return int(conn.execute(stmt).scalar_one())

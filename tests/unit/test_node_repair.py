@@ -1,0 +1,331 @@
+"""The node repair lifecycle with a fake clock, a real SQLite store, the real Slurm actions and a fake Slurm host
+and node shell at our CommandRunner seam (tests/fakes.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from app.actions.registry import ActionRegistry
+from app.actions.slurm import ACTIONS as SLURM_ACTIONS
+from app.clients import Clients
+from app.clients.slurm import SlurmClient
+from app.config import Settings
+from app.diagnosis import diagnose
+from app.engine.deps import EngineDeps
+from app.engine.repair import NodeRepairs
+from app.metrics import Metrics
+from app.permissions import Grant, Permissions
+from app.playbooks import PlaybookSet, parse_playbooks
+from app.states import RepairState, StepStatus
+from app.store import Store, records, repairs
+from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost
+
+PLAYBOOK = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-reboot}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
+steps:
+  - action: slurm.job_info
+    with: {job: "1"}
+node_repair:
+  repair:
+    - action: slurm.reboot_node
+      with: {node: "{{ node.name }}", reason: "Xid reboot {{ node.name }}"}
+  validate:
+    action: slurm.validate_node
+    with: {node: "{{ node.name }}", command: "dcgmi diag -r 2", timeout_seconds: 60}
+"""
+ALL_GRANTS = ("slurm.drain_node", "slurm.reboot_node", "slurm.validate_node", "slurm.resume_node")
+NODES = ("node1", "node2", "node3", "node4", "node5", "node6", "node7", "node8")
+
+
+@dataclass
+class World:
+    repairs: NodeRepairs
+    store: Store
+    clock: FakeClock
+    slurm: FakeSlurmHost
+    shells: dict[str, FakeNodeShell]
+    metrics: Metrics
+
+    def request(
+        self, node: str = "node2", playbook: str | None = "xid-reboot", incident_id: int | None = 7
+    ) -> int:
+        with self.store.transaction() as conn:
+            return repairs.request_repair(
+                conn,
+                node=node,
+                scheduler="slurm",
+                playbook=playbook,
+                incident_id=incident_id,
+                reason="Xid 79 on GPU 3",
+                now=self.clock.now(),
+            )
+
+    def run(self, limit: int = 50, step_seconds: float = 20) -> None:
+        """Tick until nothing is due, advancing the clock past each wait (bounded)."""
+        for _ in range(limit):
+            if self.repairs.work_once("w1") is None:
+                with self.store.read() as conn:
+                    waiting = [r for r in repairs.list_repairs(conn, open_only=True) if r["next_run_at"]]
+                if not waiting:
+                    return
+                self.clock.advance(step_seconds)
+        raise AssertionError("repair did not settle")
+
+    def spin(self, rounds: int, step_seconds: float = 20) -> None:
+        """Work until idle, then advance the clock, ``rounds`` times (for repairs that wait on purpose)."""
+        for _ in range(rounds):
+            self.tick(20)
+            self.clock.advance(step_seconds)
+
+    def tick(self, times: int) -> None:
+        for _ in range(times):
+            self.repairs.work_once("w1")
+
+    def repair(self, repair_id: int) -> dict[str, Any]:
+        with self.store.read() as conn:
+            row = repairs.get_repair(conn, repair_id)
+        assert row is not None
+        return row
+
+    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
+        with self.store.read() as conn:
+            rows = list(records.iter_ledger(conn))
+        return [r for r in rows if kind is None or r["kind"] == kind]
+
+    def counter(self, outcome: str) -> float:
+        return (
+            self.metrics.registry.get_sample_value("nightshift_node_repairs_total", {"outcome": outcome})
+            or 0.0
+        )
+
+
+def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any) -> World:
+    clock = FakeClock()
+    registry = ActionRegistry(SLURM_ACTIONS)
+    config = Settings(data_dir=str(tmp_path))
+    config.repair.poll_seconds = 15
+    config.repair.return_timeout_seconds = 600
+    for key, value in settings.items():
+        section, name = key.split("__")
+        setattr(getattr(config, section), name, value)
+    store = Store.from_url(config.resolved_store_url, clock)
+    store.create_schema()
+    slurm = FakeSlurmHost(*NODES, reboot_polls=reboot_polls)
+    shells = {node: FakeNodeShell(*validate) for node in NODES}
+    metrics = Metrics()
+    clients = Clients(config, slurm=SlurmClient(slurm), **{f"node:{n}": shell for n, shell in shells.items()})
+    deps = EngineDeps(
+        settings=config,
+        store=store,
+        playbooks=PlaybookSet(parse_playbooks(PLAYBOOK, "test.yaml", registry)),
+        registry=registry,
+        permissions=Permissions(Grant(action=name) for name in grants),
+        clients=clients,
+        clock=clock,
+        metrics=metrics,
+        diagnose=diagnose,
+    )
+    return World(NodeRepairs(deps), store, clock, slurm, shells, metrics)
+
+
+def test_drain_reboot_validate_resume(tmp_path):
+    w = make_world(tmp_path)
+    repair_id = w.request()
+    w.run()
+    repair = w.repair(repair_id)
+    assert (repair["state"], repair["open_key"], repair["taken_out_by_us"]) == (
+        RepairState.RETURNED,
+        None,
+        True,
+    )
+    assert [c[:3] for c in w.slurm.changes("node2")] == [
+        ("scontrol", "update", "NodeName=node2"),  # drain
+        ("scontrol", "reboot", "ASAP"),
+        ("scontrol", "update", "NodeName=node2"),  # resume
+    ]
+    assert w.slurm.changes("node2")[0][-1] == "Reason=nightshift: Xid 79 on GPU 3"
+    assert w.slurm.changes("node2")[1][4] == "reason=nightshift: Xid reboot node2"
+    node = w.slurm.nodes["node2"]
+    assert (node.state, node.flags, node.reboots) == ("idle", set(), 1)
+    # Validation ran once the node was back from its reboot, on the node itself, with its timeout.
+    assert w.shells["node2"].runs == [(("dcgmi", "diag", "-r", "2"), 60)]
+    assert repair["validation"]["verdict"] == "pass"
+    assert [s["step"] for s in repair["steps"]] == ["take_out", "repair:0", "validate", "return"]
+    # Every transition is ledgered for the requesting incident, naming the node and the repair.
+    rows = [r for r in w.ledger() if r["data"].get("repair_id") == repair_id]
+    assert rows and all(r["incident_id"] == 7 and r["data"]["node"] == "node2" for r in rows)
+    assert "node node2: node back in service" in [r["message"] for r in rows]
+    assert w.counter("returned") == 1
+
+
+def test_validation_fails_node_held_and_stays_out(tmp_path):
+    w = make_world(tmp_path, validate=(226,))
+    repair_id = w.request()
+    w.run()
+    repair = w.repair(repair_id)
+    assert repair["state"] == RepairState.HELD
+    assert repair["held_reason"] == "validation failed: validation `dcgmi diag -r 2` exited 226 on node2"
+    assert repair["open_key"] == "slurm/node2"  # held: still this node's open repair
+    assert w.slurm.nodes["node2"].state == "down"  # never resumed
+    assert not any("State=RESUME" in c for c in w.slurm.changes("node2"))
+    assert w.repairs.held() == 1 and w.counter("held") == 1
+    assert [n["node"] for n in w.repairs.nodes()["held"]] == ["node2"]
+    # A new request for the held node is absorbed: it is not repaired again behind the person's back.
+    assert w.request() == repair_id
+    assert w.ledger("repair_absorbed")
+
+
+def test_validation_timeout_counts_as_failed(tmp_path):
+    w = make_world(tmp_path, validate=(None,))
+    repair_id = w.request()
+    w.run()
+    assert w.repair(repair_id)["held_reason"] == (
+        "validation failed: validation on node2 timed out after 60s: counts as failed"
+    )
+
+
+def test_a_node_drained_by_someone_else_is_never_resumed(tmp_path):
+    w = make_world(tmp_path)
+    w.slurm.nodes["node2"].flags.add("drain")
+    w.slurm.nodes["node2"].reason = "alice: bad fan"
+    repair_id = w.request()
+    w.run()
+    repair = w.repair(repair_id)
+    assert (repair["state"], repair["taken_out_by_us"]) == (RepairState.NOT_OURS, False)
+    assert w.slurm.changes("node2") == []  # not drained again, not rebooted, not resumed
+    assert w.slurm.nodes["node2"].reason == "alice: bad fan"
+
+
+def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
+    w = make_world(tmp_path, reboot_polls=-1)
+    repair_id = w.request()
+    w.run(limit=100)
+    repair = w.repair(repair_id)
+    assert repair["state"] == RepairState.HELD
+    assert repair["held_reason"].startswith("node not back and validated by ")
+    # Bounded: held within return_timeout (600 s) of the take-out, give or take one look.
+    assert repair["closed_at"] is None and repair["updated_at"] - repair["taken_out_at"] <= timedelta(
+        seconds=620
+    )
+    assert w.shells["node2"].runs == []
+
+
+def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
+    w = make_world(tmp_path, repair__lemon_repairs=2)
+    for _ in range(2):
+        repair_id = w.request()
+        w.run()
+        assert w.repair(repair_id)["state"] == RepairState.RETURNED
+        w.clock.advance(hours=1)
+    third = w.request()
+    w.run()
+    repair = w.repair(third)
+    assert repair["state"] == RepairState.HELD and repair["taken_out_by_us"]
+    assert repair["held_reason"].startswith("lemon node: repaired 2 time(s) in the last 7d (limit 2)")
+    assert w.slurm.nodes["node2"].reboots == 2  # taken out, not rebooted a third time
+    assert "drain" in w.slurm.nodes["node2"].flags
+    # Outside the window the count starts over.
+    w.clock.advance(days=8)
+    w.repairs.release("node2", by="alice")
+    w.run()
+    assert w.repair(third)["state"] == RepairState.RELEASED
+    fourth = w.request()
+    w.run()
+    assert w.repair(fourth)["state"] == RepairState.RETURNED
+
+
+def test_a_step_in_flight_at_a_crash_is_held_never_rerun(tmp_path):
+    w = make_world(tmp_path)
+    repair_id = w.request()
+    w.tick(3)  # requested -> taking out -> drained -> reboot issued
+    with (
+        w.store.transaction() as conn
+    ):  # a worker died in the middle of the next step: marked, never finished
+        repairs.update_repair(conn, repair_id, w.clock.now(), step="repair:0", step_status=StepStatus.RUNNING)
+    reboots = sum(1 for c in w.slurm.commands if c[1] == "reboot")
+    w.run()
+    repair = w.repair(repair_id)
+    assert repair["state"] == RepairState.HELD
+    assert (
+        repair["held_reason"]
+        == "step repair:0 was in flight when its worker stopped: outcome unknown, not re-run"
+    )
+    assert sum(1 for c in w.slurm.commands if c[1] == "reboot") == reboots
+
+
+def test_not_whitelisted_is_advisory_and_touches_nothing(tmp_path):
+    w = make_world(tmp_path, grants=("slurm.drain_node", "slurm.resume_node"))
+    repair_id = w.request()
+    w.run()
+    repair = w.repair(repair_id)
+    assert repair["state"] == RepairState.ADVISORY and repair["open_key"] is None
+    assert "slurm.reboot_node" in w.ledger("repair_plan")[0]["message"]
+    assert w.slurm.changes("node2") == []
+
+
+def test_blast_radius_counts_nodes_and_the_partition_share(tmp_path):
+    # 8 nodes in partition gpu, 25 %: two may be out; the absolute limit (3) is not reached first.
+    w = make_world(tmp_path, guards__blast_radius_max_share=0.25, guards__blast_radius_max_nodes=3)
+    first, second, third = (w.request(node) for node in ("node1", "node2", "node3"))
+    w.spin(30)  # 10 minutes
+    states = [w.repair(r)["state"] for r in (first, second, third)]
+    assert states[:2] == [RepairState.RETURNED, RepairState.RETURNED]
+    # Both count for the blast window (1 h) even back in service: node3 waits, its reason in its row and in
+    # one ledger row (not one per look).
+    assert states[2] == RepairState.REQUESTED
+    third_row = w.repair(third)
+    assert third_row["held_reason"].startswith(
+        "2 of the 8 nodes of partition gpu taken out in the last 1h (limit 2"
+    )
+    assert len([r for r in w.ledger("guard") if r["data"]["repair_id"] == third]) == 1
+    w.clock.advance(hours=1)
+    w.run()
+    assert w.repair(third)["state"] == RepairState.RETURNED
+
+
+def test_operator_hold_and_release(tmp_path):
+    w = make_world(tmp_path, validate=(1,))
+    # A node with no repair: held, so a later request is absorbed and nothing is done to it.
+    w.repairs.hold("node5", by="bob", note="vendor RMA", scheduler="slurm")
+    assert w.repairs.node("node5")["current"]["held_reason"] == "held by bob: vendor RMA"
+    w.request("node5")
+    w.run()
+    assert w.slurm.changes("node5") == []
+    w.repairs.release("node5", by="bob")
+    assert w.repairs.node("node5")["current"]["state"] == RepairState.RELEASED
+    # A held node we took out: release returns it (resume), as released.
+    repair_id = w.request("node2")
+    w.run()
+    assert w.repair(repair_id)["state"] == RepairState.HELD
+    with pytest.raises(ValueError, match="already held"):
+        w.repairs.hold("node2", by="bob")
+    w.repairs.release("node2", by="alice", note="replaced the GPU")
+    w.run()
+    assert w.repair(repair_id)["state"] == RepairState.RELEASED
+    assert w.slurm.changes("node2")[-1][-1] == "State=RESUME"
+    with pytest.raises(LookupError):
+        w.repairs.release("node2", by="alice")
+
+
+def test_kill_switch_holds_a_requested_repair(tmp_path):
+    w = make_world(tmp_path, guards__kill_switch=True)
+    repair_id = w.request()
+    w.repairs.work_once("w1")
+    assert w.repair(repair_id)["state"] == RepairState.REQUESTED
+    assert w.slurm.changes("node2") == []
+
+
+def test_request_is_idempotent_per_node(tmp_path):
+    w = make_world(tmp_path)
+    first = w.request("node3", incident_id=1)
+    assert w.request("node3", incident_id=2) == first
+    absorbed = w.ledger("repair_absorbed")
+    assert absorbed[0]["incident_id"] == 2 and absorbed[0]["data"]["repair_id"] == first
