@@ -1,5 +1,5 @@
-"""JSON API: incidents and their ledger (read: any reader, :mod:`app.web.access`), pause/resume, approve and
-handled (the operator token).
+"""JSON API: incidents and their ledger, node repairs (read: any reader, :mod:`app.web.access`), pause/resume,
+approve, handled, and a node's release/hold (the operator token).
 
 Bounds: ``limit`` 1..1000 (default 100), ``before`` and path ids 1..2**63-1 (a path id outside is 404), filter
 values at most 255 characters, ``reason`` 500 printable characters, the operator's name 100.
@@ -7,11 +7,14 @@ values at most 255 characters, ``reason`` 500 printable characters, the operator
 
 from __future__ import annotations
 
+import re
 from functools import wraps
 from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
+from app.engine.repair import SCHEDULERS
+from app.params import NODE_NAME
 from app.web import MAX_ID, error, int_arg, plain_text
 from app.web.access import read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
@@ -119,6 +122,59 @@ def handled(incident_id: int):
     except ValueError as exc:
         return error(409, str(exc))
     return jsonify({"status": "ok", **detail})
+
+
+@bp.get("/nodes")
+def list_nodes():
+    """Every node's latest repair, and the nodes held for a person with why."""
+    limit = int_arg("limit", 200, 1, MAX_LIMIT)
+    return jsonify({"status": "ok", **current_app.extensions["nightshift"].engine.repairs.nodes(limit)})
+
+
+@bp.get("/nodes/<node>")
+def get_node(node: str):
+    repairs = current_app.extensions["nightshift"].engine.repairs.node(_node_name(node))
+    if repairs["current"] is None:
+        return error(404, f"node {node} has no repair")
+    return jsonify({"status": "ok", **repairs})
+
+
+@bp.post("/nodes/<node>/release")
+@operator_only
+def release_node(node: str):
+    """A held node back to the worker: what we took out is returned to service (resume/uncordon)."""
+    engine = current_app.extensions["nightshift"].engine
+    try:
+        detail = engine.repairs.release(_node_name(node), by=_operator(), note=_reason())
+    except LookupError as exc:
+        return error(404, str(exc))
+    except ValueError as exc:
+        return error(409, str(exc))
+    return jsonify({"status": "ok", **detail})
+
+
+@bp.post("/nodes/<node>/hold")
+@operator_only
+def hold_node(node: str):
+    """Hold a node: its repair stops where it is, or (none open) no later request repairs or returns it.
+    Body: ``{"reason": ..., "scheduler": "slurm"|"kubernetes"}`` (scheduler: for a node with no repair yet)."""
+    engine = current_app.extensions["nightshift"].engine
+    body = request.get_json(silent=True) or {}
+    scheduler = body.get("scheduler") if isinstance(body, dict) else None
+    if scheduler is not None and scheduler not in SCHEDULERS:
+        return error(400, f"scheduler: one of {', '.join(SCHEDULERS)}")
+    try:
+        detail = engine.repairs.hold(_node_name(node), by=_operator(), note=_reason(), scheduler=scheduler)
+    except ValueError as exc:
+        return error(409, str(exc))
+    return jsonify({"status": "ok", **detail})
+
+
+def _node_name(node: str) -> str:
+    """A node name as in a playbook target (``app.params.NODE_NAME``, at most 253 characters), else 400."""
+    if not re.fullmatch(NODE_NAME, node):
+        abort(400, f"node: {node[:100]!r} is not a node name")
+    return node
 
 
 def _operator() -> str:

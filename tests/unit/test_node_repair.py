@@ -329,3 +329,73 @@ def test_request_is_idempotent_per_node(tmp_path):
     assert w.request("node3", incident_id=2) == first
     absorbed = w.ledger("repair_absorbed")
     assert absorbed[0]["incident_id"] == 2 and absorbed[0]["data"]["repair_id"] == first
+
+
+def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
+    from app import create_app
+
+    settings = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(tmp_path / "playbooks")])
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "xid.yaml").write_text(PLAYBOOK)
+    (tmp_path / "permissions.yaml").write_text(
+        "apiVersion: nightshift/v1\nkind: Permissions\nallow:\n"
+        + "".join(f"  - action: {name}\n" for name in ALL_GRANTS)
+    )
+    settings.permissions_file = str(tmp_path / "permissions.yaml")
+    settings.webhook.auth_disabled = True
+    (tmp_path / "operator").write_text("op-token")
+    (tmp_path / "viewer").write_text("view-token")
+    settings.operator_token_file = str(tmp_path / "operator")
+    settings.access.viewer_token_file = str(tmp_path / "viewer")
+    slurm = FakeSlurmHost(*NODES)
+    shell = FakeNodeShell(226)
+    clients = Clients(settings, slurm=SlurmClient(slurm), **{"node:node2": shell})
+    clock = FakeClock()
+    app = create_app(settings, clock=clock, clients=clients, metrics=Metrics())
+    engine = app.extensions["nightshift"].engine
+    with engine.deps.store.transaction() as conn:
+        repairs.request_repair(
+            conn,
+            node="node2",
+            scheduler="slurm",
+            playbook="xid-reboot",
+            incident_id=None,
+            reason="Xid 79",
+            now=clock.now(),
+        )
+    for _ in range(30):
+        if engine.repairs.work_once("w") is None:
+            clock.advance(20)
+    client = app.test_client()
+    viewer = {"Authorization": "Bearer view-token"}
+    operator = {"Authorization": "Bearer op-token", "X-Nightshift-Operator": "alice"}
+    assert client.get("/api/v1/nodes").status_code == 401  # reads need a reader
+    listing = client.get("/api/v1/nodes", headers=viewer).json
+    assert [(n["node"], n["state"]) for n in listing["held"]] == [("node2", "held")]
+    assert listing["held"][0]["held_reason"].startswith(
+        "validation failed: validation `dcgmi diag -r 2` exited 226"
+    )
+    assert "nightshift_nodes_held 1.0" in client.get("/metrics").text
+    detail = client.get("/api/v1/nodes/node2", headers=viewer).json
+    assert detail["current"]["validation"]["verdict"] == "fail"
+    assert client.get("/api/v1/nodes/node9", headers=viewer).status_code == 404
+    bad = client.get("/api/v1/nodes/node%20x;rm", headers=viewer)
+    assert bad.status_code == 400 and bad.json["status"] == "error"
+    assert client.post("/api/v1/nodes/node2/release", headers=viewer).status_code == 401
+    released = client.post("/api/v1/nodes/node2/release", headers=operator, json={"reason": "GPU replaced"})
+    assert released.status_code == 200 and released.json["current"]["state"] == "returning"
+    assert client.post("/api/v1/nodes/node2/release", headers=operator).status_code == 409
+    for _ in range(5):
+        engine.repairs.work_once("w")
+    assert client.get("/api/v1/nodes/node2", headers=viewer).json["current"]["state"] == "released"
+    assert "nightshift_nodes_held 0.0" in client.get("/metrics").text
+    assert 'nightshift_node_repairs_total{outcome="released"} 1.0' in client.get("/metrics").text
+    held = client.post(
+        "/api/v1/nodes/node3/hold", headers=operator, json={"reason": "RMA", "scheduler": "slurm"}
+    )
+    assert held.status_code == 200 and held.json["current"]["held_reason"] == "held by alice: RMA"
+    assert client.post("/api/v1/nodes/node3/hold", headers=operator).status_code == 409
+    assert (
+        client.post("/api/v1/nodes/node4/hold", headers=operator, json={"scheduler": "pbs"}).status_code
+        == 400
+    )
