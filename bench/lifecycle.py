@@ -30,7 +30,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 def run_incidents(notifications: int, seed: int, workdir: Path) -> dict[str, Any]:
     """Open incidents from ``notifications`` fleet notifications, then time the worker closing all of them."""
-    engine = build_engine(Settings(data_dir=str(workdir), playbook_paths=[str(REPO / "playbooks")]))
+    settings = Settings(data_dir=str(workdir), playbook_paths=[str(REPO / "playbooks")])
+    # The worker's cost per incident, from diagnosis to close: job incidents act at once, no correlation wait.
+    settings.episodes.correlation_seconds = 0
+    engine = build_engine(settings)
     fleet = Fleet(seed)
     for _ in range(notifications):
         engine.ingest(parse_notification(fleet.next().body))

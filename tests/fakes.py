@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -56,12 +57,14 @@ class FakeAction(Action):
         *,
         read_only: bool = False,
         return_to_service: bool = False,
+        takes_out: bool = False,
         params: Mapping[str, Param] | None = None,
         script: Script | None = None,
     ):
         self.name = name  # type: ignore[misc]
         self.read_only = read_only  # type: ignore[misc]
         self.return_to_service = return_to_service  # type: ignore[misc]
+        self.takes_out = takes_out  # type: ignore[misc]
         self.params = params or {"node": Param(pattern=NODE_NAME, required=False)}  # type: ignore[misc]
         self.script = script or Script()
 
@@ -80,7 +83,9 @@ def fake_actions() -> dict[str, FakeAction]:
     node = Param(pattern=NODE_NAME)
     return {
         "fake.drain": FakeAction(
-            "fake.drain", params={"node": node, "reason": Param(pattern=SAFE_TEXT, required=False)}
+            "fake.drain",
+            takes_out=True,
+            params={"node": node, "reason": Param(pattern=SAFE_TEXT, required=False)},
         ),
         "fake.requeue": FakeAction("fake.requeue", params={"job": Param(pattern=SLURM_JOB_ID)}),
         "fake.resume": FakeAction("fake.resume", return_to_service=True, params={"node": node}),
@@ -120,13 +125,22 @@ class FakePrometheus:
         self.queries: list[str] = []
 
     def query(self, expr: str, at: datetime | None = None) -> list[FakeSample]:
+        """The answer keyed by ``expr``, or by ``expr`` with other range durations: the engine shortens the ranges
+        of a verification query to the time since its action (app/promql_window.py)."""
         self.queries.append(expr)
         if self.down:
             raise Unavailable("prometheus: connection refused")
-        return list(self.answers.get(expr, self.default))
+        if expr in self.answers:
+            return list(self.answers[expr])
+        ranges = {_any_range(key): answer for key, answer in self.answers.items()}
+        return list(ranges.get(_any_range(expr), self.default))
 
     def ready(self) -> bool:
         return not self.down
+
+
+def _any_range(expr: str) -> str:
+    return re.sub(r"\[[0-9smhdwy]+(:[0-9smhdwy]*)?\]", "[*]", expr)
 
 
 @dataclass

@@ -47,6 +47,14 @@ WORKLOADS: dict[str, tuple[str, str, str]] = {
 Json = dict[str, Any]
 
 
+# Labels that name a pod's training job: Kubeflow training operator (PyTorchJob...), batch/v1 Job, JobSet.
+JOB_NAME_LABELS = (
+    "training.kubeflow.org/job-name",
+    "batch.kubernetes.io/job-name",
+    "jobset.sigs.k8s.io/jobset-name",
+)
+
+
 class KubeClient:
     """One API connection (its own ``ApiClient``) and the calls Nightshift's actions make."""
 
@@ -114,6 +122,13 @@ class KubeClient:
     def get_node(self, node: str) -> Json:
         return self._json(f"get node {node}", self._core.read_node, node)
 
+    def node_names(self, label_selector: str, limit: int = 5000) -> list[str]:
+        """The names of the nodes matching ``label_selector`` (a node pool), at most ``limit``."""
+        listing = self._json(
+            f"list nodes {label_selector}", self._core.list_node, label_selector=label_selector, limit=limit
+        )
+        return [item["metadata"]["name"] for item in listing.get("items") or []]
+
     def cordon(self, node: str, owner_annotation: Mapping[str, str]) -> bool:
         """Mark ``node`` unschedulable and set ``owner_annotation``, atomically with the read.
 
@@ -122,13 +137,6 @@ class KubeClient:
 
         def change(current: Json) -> Json | None:
             if current.get("spec", {}).get("unschedulable"):
-    def node_names(self, label_selector: str, limit: int = 5000) -> list[str]:
-        """The names of the nodes matching ``label_selector`` (a node pool), at most ``limit``."""
-        listing = self._json(
-            f"list nodes {label_selector}", self._core.list_node, label_selector=label_selector, limit=limit
-        )
-        return [item["metadata"]["name"] for item in listing.get("items") or []]
-
                 return None
             return {"metadata": {"annotations": dict(owner_annotation)}, "spec": {"unschedulable": True}}
 
@@ -202,6 +210,22 @@ class KubeClient:
         )
         return listing.get("items") or []
 
+    def job_pods(self, namespace: str, job: str) -> list[Json]:
+        """The pods of training job ``job`` in ``namespace``: those labelled with its name by the training
+        operator (PyTorchJob), the Job controller or JobSet (:data:`JOB_NAME_LABELS`), at most 1,000."""
+        pods: dict[str, Json] = {}
+        for label in JOB_NAME_LABELS:
+            listing = self._json(
+                f"list pods of job {namespace}/{job}",
+                self._core.list_namespaced_pod,
+                namespace,
+                label_selector=f"{label}={job}",
+                limit=1000,
+            )
+            for pod in listing.get("items") or []:
+                pods[pod["metadata"]["name"]] = pod
+        return list(pods.values())
+
     def evict(self, namespace: str, pod: str, grace_seconds: int) -> None:
         """Evict through the Eviction API, which honours PodDisruptionBudgets: a 429 (RateLimited) means a
         budget forbids it now. The body's apiVersion is ``kubernetes.eviction_api_version``, or omitted so the
@@ -233,6 +257,19 @@ class KubeClient:
             mutating=True,
         )
 
+    def get_pod(self, namespace: str, pod: str) -> Json:
+        return self._json(f"get pod {namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace)
+
+    def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> Json:
+        name = manifest["metadata"]["name"]
+        return self._json(
+            f"create pod {namespace}/{name}",
+            self._core.create_namespaced_pod,
+            namespace,
+            dict(manifest),
+            mutating=True,
+        )
+
     def pod_logs(self, namespace: str, pod: str, container: str | None, tail_lines: int) -> str:
         """The last ``tail_lines`` lines of a container's log (at most :data:`LOG_LIMIT_BYTES`), decoded
         leniently."""
@@ -257,19 +294,6 @@ class KubeClient:
             group,
             version,
             namespace,
-    def get_pod(self, namespace: str, pod: str) -> Json:
-        return self._json(f"get pod {namespace}/{pod}", self._core.read_namespaced_pod, pod, namespace)
-
-    def create_pod(self, namespace: str, manifest: Mapping[str, Any]) -> Json:
-        name = manifest["metadata"]["name"]
-        return self._json(
-            f"create pod {namespace}/{name}",
-            self._core.create_namespaced_pod,
-            namespace,
-            dict(manifest),
-            mutating=True,
-        )
-
             plural,
             name,
         )

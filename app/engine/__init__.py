@@ -7,12 +7,14 @@ from datetime import timedelta
 from typing import Any
 
 from app.alertmanager import Notification
+from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
 from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.engine.repair import NodeRepairs
+from app.states import Outcome, StepStatus
 from app.store import records
 from app.wakeup import Wakeup
 
@@ -81,9 +83,9 @@ class Engine:
             step = next((s for s in records.get_steps(conn, incident_id) if s["id"] == step_id), None)
             if step is None:
                 raise LookupError(f"incident {incident_id} has no step {step_id}")
-            if step["status"] != "awaiting_approval":
+            if step["status"] != StepStatus.AWAITING_APPROVAL:
                 raise ValueError(f"step {step_id} is {step['status']}, not awaiting approval")
-            records.update_step(conn, step_id, status="pending", approved_by=by, approved_at=now)
+            records.update_step(conn, step_id, status=StepStatus.PENDING, approved_by=by, approved_at=now)
             records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
             records.record(
                 conn,
@@ -109,27 +111,8 @@ class Engine:
                     f"incident {incident_id} is being worked on right now; try again in a moment"
                 )
             reason = f"handled by {by}" + (f": {note}" if note else "")
-            records.update_incident(
-                conn,
-                incident_id,
-                state="handled",
-                outcome="handled",
-                reason=reason,
-                open_key=None,
-                closed_at=now,
-                updated_at=now,
-                next_run_at=now,
-                finalize_pending=True,
-            )
-            records.record(
-                conn,
-                now,
-                "incident_closed",
-                f"handled: {reason}",
-                incident_id=incident_id,
-                data={"outcome": "handled", "by": by},
-            )
-        self.deps.metrics.incidents.labels("handled").inc()
+            transitions.close(conn, now, incident, Outcome.HANDLED, reason, {"by": by})
+        self.deps.metrics.incidents.labels(Outcome.HANDLED).inc()
         return self.incident(incident_id) or {}
 
     def status(self) -> dict[str, Any]:

@@ -42,8 +42,11 @@ class Effects:
 
     def tags(self, inc: Mapping[str, Any]) -> list[str]:
         tags = ["nightshift", f"playbook:{inc['playbook']}"]
-        if inc.get("node"):
-            tags.append(f"node:{inc['node']}")
+        nodes = [inc["node"]] if inc.get("node") else []
+        nodes += [
+            c["node"] for c in inc.get("culprits") or () if c.get("confirmed") and c["node"] not in nodes
+        ]
+        tags += [f"node:{node}" for node in nodes]
         if inc.get("job"):
             tags.append(f"job:{inc['job']}")
         if inc.get("outcome"):

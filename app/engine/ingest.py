@@ -1,7 +1,9 @@
 """Alerts in, incidents opened or attached, inside the caller's transaction.
 
-The idempotency key of an incident is (playbook, target): duplicate deliveries, Alertmanager repeats and HA peers
-attach to the open incident; a resolved alert closes an incident that has not started acting.
+Alerts naming the same training job join one job incident, whatever their playbook, rank or node; a node-scoped
+alert on a node with no job opens a node incident; anything else is keyed by (playbook, target) (:mod:`app.episodes`).
+Duplicate deliveries, Alertmanager repeats and HA peers attach to the open incident (the open key is unique in the
+store); a resolved alert closes an incident that has not started acting.
 """
 
 from __future__ import annotations
@@ -9,15 +11,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
+from app import episodes
 from app.alertmanager import Alert, Notification
-from app.engine.deps import EngineDeps, render_target
+from app.engine import transitions
+from app.engine.deps import EngineDeps, Target, render_target
 from app.errors import ParamError
+from app.playbooks import Playbook
+from app.states import NOT_ACTED, IncidentKind, Outcome, State
 from app.store import records
-
-NOT_ACTED_STATES = ("open", "diagnosing", "waiting")
 
 
 @dataclass
@@ -127,59 +132,140 @@ def _ingest_alert(
                 data={**facts, "labels": dict(alert.labels)},
             )
             continue
-        # An instance already tied to an incident of this playbook is a repeat: attached already when that incident
-        # is open, and not a new fault when it has closed. Either way it never joins a second one.
-        if previous is not None and _had_incident(conn, row["id"], playbook.name):
+        episode = episodes.episode_of(playbook, target.values, target.key)
+        # An instance already tied to an incident of this episode (or, per target, of this playbook) is a repeat:
+        # attached already when that incident is open, and not a new fault when it has closed.
+        if previous is not None and _had_incident(conn, row["id"], playbook.name, episode):
             continue
-        open_key = f"{playbook.name}|{target.key}"
-        incident = records.find_open_incident(conn, open_key)
-        if incident is None:
-            incident_id = records.insert_incident(
-                conn,
-                {
-                    "playbook": playbook.name,
-                    "target_key": target.key,
-                    "target": dict(target.values),
-                    "node": target.node,
-                    "job": target.job,
-                    "open_key": open_key,
-                    "serialize_key": target.serialize_key,
-                    "state": "open",
-                    "labels": dict(alert.labels),
-                    "annotations": dict(alert.annotations),
-                    "alert_starts_at": alert.starts_at,
-                    "generator_url": alert.generator_url,
-                    "opened_at": now,
-                    "updated_at": now,
-                    "next_run_at": now,
-                },
-            )
-            if incident_id is not None:
-                records.link_alert(conn, incident_id, row["id"])
-                records.record(
-                    conn,
-                    now,
-                    "incident_opened",
-                    f"playbook {playbook.name} on {target.key}",
-                    incident_id=incident_id,
-                    data={**facts, "target": dict(target.values)},
-                )
-                result.opened.append(incident_id)
-                result.opened_playbooks.append(playbook.name)
-                continue
-            incident = records.find_open_incident(conn, open_key)  # a concurrent writer opened it first
-            if incident is None:
-                continue
-        if records.link_alert(conn, incident["id"], row["id"]):
+        _join(deps, conn, row, alert, playbook, target, episode, now, facts, result)
+
+
+def _join(
+    deps: EngineDeps,
+    conn: Connection,
+    row: records.Row,
+    alert: Alert,
+    playbook: Playbook,
+    target: Target,
+    episode: episodes.Episode,
+    now: datetime,
+    facts: dict[str, Any],
+    result: IngestResult,
+) -> None:
+    """Open the episode's incident, or attach the alert to the open one (naming its culprit, and letting a
+    higher-priority playbook plan a job's recovery that has not started)."""
+    name = alert.labels.get("alertname", "")
+    incident = records.find_open_incident(conn, episode.open_key)
+    if incident is None:
+        incident_id = records.insert_incident(
+            conn, _incident_values(deps, alert, playbook, target, episode, now)
+        )
+        if incident_id is not None:
+            records.link_alert(conn, incident_id, row["id"])
             records.record(
                 conn,
                 now,
-                "alert_attached",
-                f"{name} attached to open incident",
-                incident_id=incident["id"],
-                data=facts,
+                "incident_opened",
+                f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
+                + (f"; culprit {episode.culprit}" if episode.culprit else ""),
+                incident_id=incident_id,
+                data={
+                    **facts,
+                    "target": dict(target.values),
+                    "kind": episode.kind,
+                    "culprit": episode.culprit,
+                },
             )
-            result.attached.append(incident["id"])
+            result.opened.append(incident_id)
+            result.opened_playbooks.append(playbook.name)
+            return
+        incident = records.find_open_incident(conn, episode.open_key)  # a concurrent writer opened it first
+        if incident is None:
+            return
+    linked = records.link_alert(conn, incident["id"], row["id"])
+    changes: dict[str, Any] = {}
+    notes = []
+    if episode.culprit:
+        named = episodes.add_culprit(incident["culprits"], episode.culprit, name, _culprit_reason(alert))
+        if named is not None:
+            changes["culprits"] = named
+            notes.append(f"culprit {episode.culprit}")
+    if episode.kind == IncidentKind.JOB and not incident["acted"] and _leads(deps, playbook, incident):
+        changes.update(_leading(playbook, target, alert))
+        notes.append(f"playbook {playbook.name} now plans the recovery")
+    if changes:
+        changes["updated_at"] = now
+        records.update_incident(conn, incident["id"], **changes)
+    if linked or changes:
+        records.record(
+            conn,
+            now,
+            "alert_attached",
+            f"{name} attached to open incident" + (f" ({'; '.join(notes)})" if notes else ""),
+            incident_id=incident["id"],
+            data={**facts, "playbook": playbook.name, "node": target.node},
+        )
+        result.attached.append(incident["id"])
+
+
+def _incident_values(
+    deps: EngineDeps,
+    alert: Alert,
+    playbook: Playbook,
+    target: Target,
+    episode: episodes.Episode,
+    now: datetime,
+) -> dict[str, Any]:
+    job = episode.kind == IncidentKind.JOB
+    return {
+        **_leading(playbook, target, alert),
+        "job": target.job,
+        "kind": episode.kind,
+        "open_key": episode.open_key,
+        "state": State.OPEN,
+        "culprits": episodes.add_culprit(
+            (), episode.culprit, alert.labels.get("alertname", ""), _culprit_reason(alert)
+        )
+        if episode.culprit
+        else [],
+        "act_after": episodes.correlation_end(now, deps.settings.episodes.correlation_seconds)
+        if job
+        else None,
+        "alert_starts_at": alert.starts_at,
+        "generator_url": alert.generator_url,
+        "opened_at": now,
+        "updated_at": now,
+        "next_run_at": now,
+    }
+
+
+def _leading(playbook: Playbook, target: Target, alert: Alert) -> dict[str, Any]:
+    """The columns set by the playbook that plans the incident's recovery, and the alert it matched. A job
+    incident's node is the culprit's (its ``culprits``), not the reporting rank's; its target key is the job."""
+    episode = episodes.episode_of(playbook, target.values, target.key)
+    job = episode.kind == IncidentKind.JOB
+    return {
+        "playbook": playbook.name,
+        "target_key": episode.open_key.removeprefix("job:") if job else target.key,
+        "target": dict(target.values),
+        "node": None if job else target.node,
+        "serialize_key": None if job else target.serialize_key,
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+    }
+
+
+def _leads(deps: EngineDeps, playbook: Playbook, incident: records.Row) -> bool:
+    current = deps.playbooks.get(incident["playbook"])
+    if current is None or current.name == playbook.name:
+        return current is None
+    return episodes.leading_playbook((current, playbook)) is playbook
+
+
+def _culprit_reason(alert: Alert) -> str:
+    labels = alert.labels
+    detail = " ".join(f"{k}={labels[k]}" for k in ("xid", "gpu", "error_class") if labels.get(k))
+    return f"{labels.get('alertname', 'alert')} {detail}".strip()[:300]
 
 
 def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, result: IngestResult) -> None:
@@ -203,29 +289,11 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
                     incident_id=incident["id"],
                 )
             continue
-        if incident["state"] in NOT_ACTED_STATES and not incident["acted"] and incident["claimed_by"] is None:
-            outcome = "blocked" if incident["held_by_guard"] else "resolved"
-            records.update_incident(
-                conn,
-                incident["id"],
-                state=outcome,
-                outcome=outcome,
-                open_key=None,
-                closed_at=now,
-                updated_at=now,
-                next_run_at=now,
-                alert_resolved=True,
-                finalize_pending=True,
-                reason=f"{name} resolved before any action",
-            )
-            records.record(
-                conn,
-                now,
-                "incident_closed",
-                f"{outcome}: alert resolved before any action",
-                incident_id=incident["id"],
-                data={"outcome": outcome},
-            )
+        if incident["state"] in NOT_ACTED and not incident["acted"] and incident["claimed_by"] is None:
+            outcome = Outcome.BLOCKED if incident["held_by_guard"] else Outcome.RESOLVED
+            incident["alert_resolved"] = True
+            records.update_incident(conn, incident["id"], alert_resolved=True)
+            transitions.close(conn, now, incident, outcome, f"{name} resolved before any action")
             result.closed.append(incident["id"])
         else:
             records.update_incident(conn, incident["id"], alert_resolved=True, updated_at=now)
@@ -243,5 +311,10 @@ def _has_on_resolved(deps: EngineDeps, incident) -> bool:
     return bool(playbook and playbook.on_resolved)
 
 
-def _had_incident(conn: Connection, alert_id: int, playbook: str) -> bool:
-    return any(incident["playbook"] == playbook for incident in records.incidents_for_alert(conn, alert_id))
+def _had_incident(conn: Connection, alert_id: int, playbook: str, episode: episodes.Episode) -> bool:
+    for incident in records.incidents_for_alert(conn, alert_id):
+        if episode.kind != IncidentKind.TARGET and incident["kind"] == episode.kind:
+            return True
+        if incident["playbook"] == playbook:
+            return True
+    return False

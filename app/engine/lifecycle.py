@@ -1,8 +1,15 @@
-"""Advancing one claimed incident by one tick: diagnose → guards → act → verify → close.
+"""Advancing one claimed incident by one tick: correlate → diagnose → guards → act → verify → close.
 
-Each tick is short; waits (guards, retries, verification polls) release the incident with a ``next_run_at`` so one
-worker thread serves many incidents and a crash loses nothing: state lives in the store, a step is marked
-``running`` before it starts, and a step found ``running`` by a later claimer is ``ambiguous`` and never re-run.
+Each tick is short; waits (the correlation window, guards, retries, verification polls) release the incident with a
+``next_run_at`` so one worker thread serves many incidents and a crash loses nothing: every change is one transition
+of :mod:`app.engine.transitions` (one transaction each), a step is marked ``running`` before it starts, and a step
+found ``running`` by a later claimer is ``ambiguous`` and never re-run.
+
+A job incident (one failure episode of a training job, :mod:`app.episodes`) waits out its correlation window unless a
+culprit node is known, diagnoses over all its evidence, confirms its culprits against the job's allocation, and runs
+one recovery of the job that excludes them; each confirmed culprit is handed to the node repair lifecycle
+(:mod:`app.engine.repair`) in the same transaction, and the job's recovery never waits on it. A node incident (a
+node-scoped fault on a node that runs no job) hands its node to the repair lifecycle and closes with its verdict.
 """
 
 from __future__ import annotations
@@ -15,25 +22,41 @@ from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
-from app import guards
+from sqlalchemy import Connection
+
+from app import episodes, guards
 from app.actions.base import ActionContext
+from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
+from app.engine.jobs import JobPhase, job_status
 from app.errors import BackendError, ConfigError, ParamError, StoreUnavailable
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Outcome, Retry, tail
-from app.planning import INVALID, RUN, PlannedStep, plan_steps, when_context
+from app.planning import INVALID, PlannedStep, plan_steps, when_context
 from app.playbooks import Playbook, Step
-from app.store import records
+from app.promql_window import clamp_ranges
+from app.states import DONE_STEP_STATUSES, REPAIR_SETTLED, IncidentKind, RepairState, State, StepStatus
+from app.states import Outcome as Closed
+from app.store import records, repairs
 from app.templates import render_promql
 
 log = logging.getLogger(__name__)
 
 Incident = dict[str, Any]
-DONE_STEP_STATUSES = ("ok", "would_run", "skipped")
+BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"
+
+# A repaired node incident closes with the repair's verdict.
+_REPAIR_OUTCOME = {
+    RepairState.RETURNED: Closed.RECOVERED,
+    RepairState.RELEASED: Closed.HANDLED,
+    RepairState.HELD: Closed.NEEDS_HUMAN,
+    RepairState.ADVISORY: Closed.ADVISORY,
+    RepairState.NOT_OURS: Closed.NEEDS_HUMAN,
+}
 
 
 class Lifecycle:
-    """The incident state machine. The only place that sequences actions, guards and store writes."""
+    """The incident state machine's driver: the only place that sequences actions, guards and store writes."""
 
     def __init__(self, deps: EngineDeps):
         self.deps = deps
@@ -57,32 +80,55 @@ class Lifecycle:
             next_run = self._advance(incident)
         except Exception as exc:
             log.exception("incident %s: tick failed", incident["id"])
-            next_run = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
-            self._ledger(incident, "engine_error", f"tick failed, will retry: {exc!r}")
+            next_run = self._tick_failed(incident["id"], exc)
         with deps.store.transaction() as conn:
             records.release_claim(conn, incident["id"], worker, next_run)
         return incident["id"]
+
+    def _tick_failed(self, incident_id: int, exc: Exception) -> datetime | None:
+        """Count the failure on the incident as stored; the same error N times in a row goes to a person."""
+        deps = self.deps
+        now = deps.clock.now()
+        with deps.store.transaction() as conn:
+            inc = records.get_incident(conn, incident_id)
+            if inc is None or inc["open_key"] is None:
+                return None
+            closed = transitions.tick_failed(conn, now, inc, repr(exc), deps.settings.worker.max_tick_errors)
+        if closed:
+            deps.metrics.incidents.labels(Closed.NEEDS_HUMAN).inc()
+            return now
+        return now + timedelta(seconds=deps.settings.guards.defer_seconds)
 
     def _advance(self, inc: Incident) -> datetime | None:
         if inc["open_key"] is None:
             return self._closed_tick(inc)
         playbook = self.deps.playbooks.get(inc["playbook"])
         if playbook is None:
-            return self._close(inc, "needs_human", f"playbook {inc['playbook']!r} is no longer loaded")
+            return self._close(inc, Closed.NEEDS_HUMAN, f"playbook {inc['playbook']!r} is no longer loaded")
         if self._recover_in_flight(inc):
-            return self._close(inc, "needs_human", inc["reason"])
+            return self._close(inc, Closed.NEEDS_HUMAN, inc["reason"])
         self.effects.open_annotation(inc)
         state = inc["state"]
-        if state in ("open", "diagnosing"):
+        if state == State.OPEN and episodes.must_wait(
+            self.deps.clock.now(), inc["act_after"], inc["culprits"] or ()
+        ):
+            return self._correlate(inc)
+        if state in (State.OPEN, State.DIAGNOSING):
             self._diagnose(inc, playbook)
+            if _benign(inc["diagnosis"]):
+                return self._close(inc, Closed.BENIGN, f"no fault to act on: {inc['diagnosis']['summary']}")
+            if inc["kind"] == IncidentKind.NODE:
+                return self._hand_to_repair(inc, playbook)
             return self._decide(inc, playbook)
-        if state == "waiting":
+        if state == State.WAITING:
             return self._decide(inc, playbook)
-        if state == "acting":
+        if state == State.ACTING:
             return self._act(inc, playbook)
-        if state == "verifying":
+        if state in (State.VERIFYING, State.WAITING_FOR_RESOURCES):
             return self._verify(inc, playbook)
-        return self._close(inc, "needs_human", f"unexpected state {state!r}")
+        if state == State.REPAIRING:
+            return self._repair_settled(inc)
+        return self._close(inc, Closed.NEEDS_HUMAN, f"unexpected state {state!r}")
 
     def _closed_tick(self, inc: Incident) -> datetime | None:
         if inc["on_resolved_state"] == "pending":
@@ -93,39 +139,145 @@ class Lifecycle:
             return self.effects.finalize(inc)
         return None
 
+    # --- the episode --------------------------------------------------------------------------------------------
+
+    def _correlate(self, inc: Incident) -> datetime:
+        """Inside the correlation window with no culprit known: wait for the rest of the job's alerts."""
+        if not inc["reason"]:
+            reason = f"correlating: waiting for the rest of job {inc['job']}'s alerts until {inc['act_after']:%H:%M:%S}"
+            self._transition(lambda conn, now: transitions.update(conn, now, inc, reason=reason))
+        return inc["act_after"]
+
+    def _confirm_culprits(self, inc: Incident) -> tuple[episodes.Exclusion, int] | datetime:
+        """Culprits checked against the job's allocation (a node outside it is evidence, never excluded or
+        drained), then the exclusion. Returns the exclusion and the job's node count, or when to try again."""
+        culprits = inc["culprits"] or []
+        if not culprits:
+            return episodes.Exclusion(), 0
+        try:
+            status = job_status(self.deps.clients, inc["target"])
+        except (BackendError, ConfigError) as exc:
+            self._ledger(inc, "culprits_unconfirmed", f"cannot read job {inc['job']}'s allocation: {exc}")
+            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+        confirmed = episodes.confirm(culprits, status.nodes)
+        outside = [c["node"] for c in confirmed if not c["confirmed"]]
+        message = (
+            f"job {inc['job']} runs on {', '.join(status.nodes) or 'no node'} ({status.state or 'unknown'}); "
+            f"culprits: {', '.join(c['node'] for c in confirmed if c['confirmed']) or 'none confirmed'}"
+            + (f"; outside the allocation (evidence only): {', '.join(outside)}" if outside else "")
+        )
+        self._transition(
+            lambda conn, now: transitions.update(
+                conn, now, inc, ledger=("culprits", message, {"culprits": confirmed}), culprits=confirmed
+            )
+        )
+        e = self.deps.settings.episodes
+        return episodes.exclusion(confirmed, len(status.nodes), e.max_culprits, e.max_culprit_share), len(
+            status.nodes
+        )
+
+    def _hand_to_repair(self, inc: Incident, playbook: Playbook) -> datetime | None:
+        """A node incident: its node goes through the repair lifecycle; the incident waits for the verdict."""
+        node = inc["node"]
+        reason = f"{inc['labels'].get('alertname', 'alert')}: {(inc['diagnosis'] or {}).get('summary', '')}"
+
+        def request(conn: Connection, now: datetime) -> None:
+            repair_id = repairs.request_repair(
+                conn,
+                node=node,
+                scheduler=inc["target"].get("scheduler", "slurm"),
+                playbook=playbook.name,
+                incident_id=inc["id"],
+                reason=reason[:500],
+                now=now,
+            )
+            culprit = {"node": node, "source": "alert", "reason": reason[:300], "confirmed": True}
+            transitions.update(conn, now, inc, culprits=[{**culprit, "repair_id": repair_id}])
+            transitions.wait(
+                conn,
+                now,
+                inc,
+                f"node {node} handed to repair #{repair_id}",
+                state=State.REPAIRING,
+                kind="repair_requested",
+            )
+
+        self._transition(request)
+        return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+
+    def _repair_settled(self, inc: Incident) -> datetime | None:
+        repair_id = next((c.get("repair_id") for c in inc["culprits"] or ()), None)
+        with self.deps.store.read() as conn:
+            repair = repairs.get_repair(conn, repair_id) if repair_id else None
+        if repair is None:
+            return self._close(inc, Closed.NEEDS_HUMAN, f"the repair of node {inc['node']} is gone")
+        if repair["state"] not in REPAIR_SETTLED:
+            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+        outcome = _REPAIR_OUTCOME[RepairState(repair["state"])]
+        return self._close(
+            inc, outcome, f"node {inc['node']}: repair #{repair['id']} {repair['state']}: {repair['reason']}"
+        )
+
     # --- diagnosis ------------------------------------------------------------------------------------------
 
     def _diagnose(self, inc: Incident, playbook: Playbook) -> None:
-        self._update(inc, state="diagnosing")
+        self._transition(
+            lambda conn, now: transitions.update(conn, now, inc, state=State.DIAGNOSING, reason="")
+        )
         logs = []
         for step in self._materialise(inc, playbook.collect, attempt=0, phase="collect"):
-            if step["status"] == "pending":
+            if step["status"] == StepStatus.PENDING:
                 outcome = self._execute(inc, step)
                 if isinstance(outcome, Ok) and outcome.data.get("log"):
                     logs.append(str(outcome.data["log"]))
         diagnosis = self.deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
-        self._update(
-            inc,
-            diagnosis=diagnosis,
-            ledger=(
-                "diagnosis",
-                f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}",
-                diagnosis,
-            ),
-        )
+        culprit = (diagnosis.get("culprit") or {}).get("node")
+
+        def record(conn: Connection, now: datetime) -> None:
+            values: dict[str, Any] = {"diagnosis": diagnosis}
+            if culprit and inc["kind"] == IncidentKind.JOB:
+                named = episodes.add_culprit(
+                    inc["culprits"], culprit, "diagnosis", diagnosis["summary"][:300]
+                )
+                if named is not None:
+                    values["culprits"] = named
+            summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
+            transitions.update(conn, now, inc, ledger=("diagnosis", summary, diagnosis), **values)
+
+        self._transition(record)
 
     # --- deciding ---------------------------------------------------------------------------------------------
 
     def _decide(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
+        exclusion = episodes.Exclusion()
+        if inc["kind"] == IncidentKind.JOB:
+            confirmed = self._confirm_culprits(inc)
+            if isinstance(confirmed, datetime):
+                return confirmed
+            exclusion, _ = confirmed
+            if exclusion.refused:
+                return self._close(inc, Closed.NEEDS_HUMAN, exclusion.refused)
         now = deps.clock.now()
-        planned = self._plan(inc, playbook.steps, attempt=inc["attempt"] + 1)
+        planned = self._plan(inc, playbook.steps, attempt=inc["attempt"] + 1, exclude=exclusion.nodes)
         invalid = [p for p in planned if p.status == INVALID]
         if invalid:
             for p in invalid:
                 self._ledger(inc, "step_invalid", f"{p.name}: {p.reason}", {"action": p.action.name})
-            return self._close(inc, "needs_human", f"step {invalid[0].name}: {invalid[0].reason}")
-        facts = self._guard_facts(inc, playbook, planned, now)
+            return self._close(inc, Closed.NEEDS_HUMAN, f"step {invalid[0].name}: {invalid[0].reason}")
+        with deps.store.read() as conn:
+            history = guard_facts.read_history(
+                conn, deps.settings, deps.registry, playbook, inc, now, deps.pause_state(conn)
+            )
+        facts = guard_facts.build(
+            deps.settings,
+            playbook,
+            node=inc["node"],
+            alert_starts_at=inc["alert_starts_at"],
+            planned=planned,
+            history=history,
+            now=now,
+        )
         verdicts = guards.evaluate(facts)
         self._record_verdicts(inc, verdicts)
         last = verdicts[-1]
@@ -133,57 +285,17 @@ class Lifecycle:
             last = self._recheck(inc, playbook, now)
             self._record_verdicts(inc, [last])
         if last.decision == guards.WAIT:
-            self._update(inc, state="waiting", held_by_guard=True, reason=last.reason)
+            self._transition(
+                lambda conn, now: transitions.wait(conn, now, inc, last.reason, held_by_guard=True)
+            )
             if last.guard == "blast_radius":
                 self.effects.storm(inc, last.reason)
             return last.until
         if last.decision == guards.STOP:
-            if last.outcome == "advisory":
+            if last.outcome == Closed.ADVISORY:
                 self._run_advisory(inc, planned)
-            return self._close(inc, last.outcome or "needs_human", last.reason)
-        return self._start_attempt(inc, playbook, planned)
-
-    def _guard_facts(
-        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], now: datetime
-    ) -> guards.GuardFacts:
-        deps = self.deps
-        g = deps.settings.guards
-        blast_window = timedelta(seconds=g.blast_radius_window_seconds)
-        with deps.store.read() as conn:
-            history = records.attempts_for_target(
-                conn, playbook.name, inc["target_key"], now - playbook.budget.window
-            )
-            recovery = records.last_recovery(conn, playbook.name, inc["target_key"])
-            disrupted = records.nodes_disrupted_since(conn, now - blast_window)
-            ahead = (
-                records.earlier_open_on(conn, inc["serialize_key"], inc["id"])
-                if inc["serialize_key"]
-                else None
-            )
-            paused, pause_reason = self.deps.pause_state(conn)
-        runs = [p for p in planned if p.runs]
-        return guards.GuardFacts(
-            now=now,
-            playbook=playbook.name,
-            node=inc["node"],
-            alert_starts_at=inc["alert_starts_at"],
-            paused=paused,
-            pause_reason=pause_reason,
-            granted_mutating=sum(1 for p in runs if p.mutating),
-            would_run=sum(1 for p in planned if p.status == "would_run"),
-            destructive=any(p.destructive for p in runs),
-            ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
-            attempts=tuple(_past(a) for a in history),
-            budget_attempts=playbook.budget.attempts,
-            budget_window=playbook.budget.window,
-            backoff=playbook.budget.backoff,
-            cooldown=playbook.cooldown,
-            last_recovery=_past(recovery) if recovery else None,
-            disrupted_nodes=frozenset(disrupted),
-            blast_max_nodes=g.blast_radius_max_nodes,
-            blast_window=blast_window,
-            defer=timedelta(seconds=g.defer_seconds),
-        )
+            return self._close(inc, Closed(last.outcome or Closed.NEEDS_HUMAN), last.reason)
+        return self._start_attempt(inc, playbook, planned, exclusion.nodes)
 
     def _recheck(self, inc: Incident, playbook: Playbook, now: datetime) -> guards.Verdict:
         expr = render_promql(playbook.recheck or "", self._template_context(inc))
@@ -220,83 +332,119 @@ class Lifecycle:
 
     def _run_advisory(self, inc: Incident, planned: Sequence[PlannedStep]) -> None:
         """Advisory mode: record every step as it would run; run only the granted read-only ones (notices, logs)."""
-        for step in self._persist_plan(inc, planned, attempt=0, phase="steps"):
-            if step["status"] == "pending":
+        rows = self._transition(
+            lambda conn, now: transitions.persist_plan(conn, now, inc, planned, attempt=0, phase="steps")
+        )
+        self._count_unrun(planned)
+        for step in rows:
+            if step["status"] == StepStatus.PENDING:
                 self._execute(inc, step)
 
     def _start_attempt(
-        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep]
+        self, inc: Incident, playbook: Playbook, planned: Sequence[PlannedStep], exclude: Sequence[str]
     ) -> datetime | None:
-        now = self.deps.clock.now()
-        number = inc["attempt"] + 1
-        with self.deps.store.transaction() as conn:
-            records.insert_attempt(
-                conn,
-                {
-                    "incident_id": inc["id"],
-                    "number": number,
-                    "playbook": playbook.name,
-                    "target_key": inc["target_key"],
-                    "node": inc["node"],
-                    "destructive": any(p.runs and p.destructive for p in planned),
-                    "started_at": now,
-                },
-            )
-        self._update(inc, attempt=number, state="acting", acted=True, held_by_guard=False, reason="")
-        self._ledger(inc, "attempt_started", f"attempt {number}", {"attempt": number})
-        self._persist_plan(inc, planned, attempt=number, phase="steps")
+        """One transaction: the attempt, the incident acting, the planned steps, and a repair of each culprit."""
+        note = f"excluding {', '.join(exclude)}" if exclude else ""
+
+        def start(conn: Connection, now: datetime) -> None:
+            transitions.start_attempt(conn, now, inc, planned, playbook=playbook.name, note=note)
+            for node in exclude:
+                repairs.request_repair(
+                    conn,
+                    node=node,
+                    scheduler=inc["target"].get("scheduler", "slurm"),
+                    playbook=self._repair_playbook(inc, node, playbook),
+                    incident_id=inc["id"],
+                    reason=f"culprit of job {inc['job']}: {_culprit_reason(inc, node)}"[:500],
+                    now=now,
+                )
+
+        self._transition(start)
+        self._count_unrun(planned)
         return self._act(inc, playbook)
+
+    def _repair_playbook(self, inc: Incident, node: str, fallback: Playbook) -> str:
+        """The node-scoped playbook that named ``node`` (its ``node_repair`` says how to repair it)."""
+        with self.deps.store.read() as conn:
+            alerts = records.get_alerts_for_incident(conn, inc["id"])
+        for alert in alerts:
+            for playbook in self.deps.playbooks.match(alert["labels"]):
+                if playbook.node_repair is None:
+                    continue
+                try:
+                    target = playbook.render_target(alert["labels"], alert["annotations"])
+                except ParamError:
+                    continue
+                if target.get("node") == node:
+                    return playbook.name
+        return fallback.name
 
     def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
         for step in self._steps(inc, attempt=inc["attempt"], phase="steps"):
             if step["status"] in DONE_STEP_STATUSES:
                 continue
-            if step["status"] not in ("pending", "retry", "awaiting_approval"):
-                return self._close(inc, "needs_human", f"step {step['name']} is {step['status']}")
+            if step["status"] not in (StepStatus.PENDING, StepStatus.RETRY, StepStatus.AWAITING_APPROVAL):
+                return self._close(inc, Closed.NEEDS_HUMAN, f"step {step['name']} is {step['status']}")
             if step["approval"] and not step["approved_by"]:
                 return self._await_approval(inc, step)
             outcome = self._execute(inc, step)
             if isinstance(outcome, Ok):
                 continue
             if isinstance(outcome, Retry) and step["retries"] < deps.settings.worker.step_retry_limit:
-                with deps.store.transaction() as conn:
-                    records.update_step(conn, step["id"], status="retry", retries=step["retries"] + 1)
+                self._transition(lambda conn, now, step=step: transitions.retry_step(conn, step))
                 return deps.clock.now() + timedelta(seconds=outcome.after)
             if isinstance(outcome, Ambiguous):
                 return self._close(
-                    inc, "needs_human", f"step {step['name']}: outcome unknown: {outcome.reason}"
+                    inc, Closed.NEEDS_HUMAN, f"step {step['name']}: outcome unknown: {outcome.reason}"
                 )
             if isinstance(outcome, CredentialError):
                 self.effects.credential_error(step["action"], outcome.reason)
-                return self._close(inc, "credential_error", f"step {step['name']}: {outcome.reason}")
+                return self._close(inc, Closed.CREDENTIAL_ERROR, f"step {step['name']}: {outcome.reason}")
             return self._attempt_failed(inc, f"step {step['name']} failed: {getattr(outcome, 'reason', '')}")
         if playbook.verify is None:
-            self._finish_attempt(inc, "unverified")
-            return self._close(inc, "unverified", "steps done; the playbook has no verification")
-        now = deps.clock.now()
-        self._update(inc, state="verifying", verify_deadline=now + playbook.verify.timeout)
-        self._ledger(
-            inc, "verifying", f"polling {playbook.verify.promql} for up to {playbook.verify.timeout}"
+            return self._close(inc, Closed.UNVERIFIED, "steps done; the playbook has no verification")
+        verify = playbook.verify
+        self._transition(
+            lambda conn, now: transitions.verify(
+                conn, now, inc, now + verify.timeout, f"polling {verify.promql} for up to {verify.timeout}"
+            )
         )
-        return now + playbook.verify.interval
+        return deps.clock.now() + verify.interval
 
     def _await_approval(self, inc: Incident, step: dict[str, Any]) -> datetime:
         """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
-        if step["status"] != "awaiting_approval":
-            with self.deps.store.transaction() as conn:
-                records.update_step(conn, step["id"], status="awaiting_approval")
+        if step["status"] != StepStatus.AWAITING_APPROVAL:
             reason = f"step {step['name']} awaits operator approval"
-            self._update(inc, reason=reason)
-            self._ledger(inc, "approval_requested", f"{reason}: {step['command']}", {"step_id": step["id"]})
+
+            def hold(conn: Connection, now: datetime) -> None:
+                records.update_step(conn, step["id"], status=StepStatus.AWAITING_APPROVAL)
+                transitions.update(
+                    conn,
+                    now,
+                    inc,
+                    ledger=("approval_requested", f"{reason}: {step['command']}", {"step_id": step["id"]}),
+                    reason=reason,
+                )
+
+            self._transition(hold)
             self.effects.approval_requested(inc, step)
         # Polled rather than parked: an approval that lands while this worker holds the claim is never lost.
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
+    # --- verifying --------------------------------------------------------------------------------------------
+
     def _verify(self, inc: Incident, playbook: Playbook) -> datetime | None:
         assert playbook.verify is not None
-        expr = render_promql(playbook.verify.promql, self._template_context(inc))
+        verify = playbook.verify
         now = self.deps.clock.now()
+        if inc["kind"] == IncidentKind.JOB:
+            waiting = self._job_waiting(inc, verify.timeout)
+            if waiting is not None:
+                return waiting
+        # Only samples after the recovery action (or the job running again) count, whatever the query's window.
+        since = now - (inc["verify_from"] or now)
+        expr = clamp_ranges(render_promql(verify.promql, self._template_context(inc)), since)
         try:
             samples = self.deps.clients.prometheus.query(expr)
             error = None
@@ -309,19 +457,45 @@ class Lifecycle:
             {"expr": expr, "samples": [_sample(s) for s in samples[:20]], "error": error},
         )
         if samples:
-            self._finish_attempt(inc, "recovered")
-            return self._close(inc, "recovered", f"verified: {expr} returned {len(samples)} series")
+            return self._close(inc, Closed.RECOVERED, f"verified: {expr} returned {len(samples)} series")
         if now >= inc["verify_deadline"]:
             return self._attempt_failed(inc, f"verification timed out: {expr} returned nothing")
-        return now + playbook.verify.interval
+        return now + verify.interval
+
+    def _job_waiting(self, inc: Incident, timeout: timedelta) -> datetime | None:
+        """A requeued job waiting in the queue is not a failed attempt: hold the verification (its deadline and
+        its first sample) until the scheduler reports it running. Returns when to look again while it waits."""
+        try:
+            status = job_status(self.deps.clients, inc["target"])
+        except (BackendError, ConfigError) as exc:
+            self._ledger(inc, "job_status_error", f"cannot read job {inc['job']}'s state: {exc}")
+            return None
+        if status.phase == JobPhase.WAITING:
+            if inc["state"] != State.WAITING_FOR_RESOURCES:
+                message = f"job {inc['job']} is {status.state}: waiting for resources; verification starts when it runs"
+                self._transition(
+                    lambda conn, now: transitions.wait(
+                        conn,
+                        now,
+                        inc,
+                        message,
+                        state=State.WAITING_FOR_RESOURCES,
+                        kind="waiting_for_resources",
+                    )
+                )
+            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+        if inc["state"] == State.WAITING_FOR_RESOURCES:
+            message = (
+                f"job {inc['job']} is {status.state} on {', '.join(status.nodes) or '?'}: verifying from now"
+            )
+            self._transition(lambda conn, now: transitions.verify(conn, now, inc, now + timeout, message))
+        return None
 
     def _attempt_failed(self, inc: Incident, reason: str) -> datetime | None:
-        self._finish_attempt(inc, "failed")
-        self._ledger(inc, "attempt_failed", reason, {"attempt": inc["attempt"]})
         if inc["alert_resolved"]:
-            return self._close(inc, "failed", reason)
+            return self._close(inc, Closed.FAILED, reason)
         # The guard chain decides what comes next: backoff, another attempt, or needs_human when the budget is spent.
-        self._update(inc, state="waiting", reason=reason)
+        self._transition(lambda conn, now: transitions.attempt_failed(conn, now, inc, reason))
         return self.deps.clock.now()
 
     def _run_on_resolved(self, inc: Incident) -> datetime | None:
@@ -332,21 +506,24 @@ class Lifecycle:
             self._ledger(inc, "guard", "kill_switch: wait: undo steps held while automation is paused")
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
         if playbook is not None:
-            planned = self._plan(inc, playbook.on_resolved, attempt=inc["attempt"])
-            for step in self._persist_plan(inc, planned, attempt=inc["attempt"], phase="on_resolved"):
-                if step["status"] == "pending":
+            for step in self._materialise(
+                inc, playbook.on_resolved, attempt=inc["attempt"], phase="on_resolved"
+            ):
+                if step["status"] == StepStatus.PENDING:
                     self._execute(inc, step)
-        self._update(inc, on_resolved_state="done")
+        self._transition(lambda conn, now: transitions.update(conn, now, inc, on_resolved_state="done"))
         return None
 
     # --- steps ------------------------------------------------------------------------------------------------
 
-    def _plan(self, inc: Incident, steps: Sequence[Step], attempt: int) -> list[PlannedStep]:
+    def _plan(
+        self, inc: Incident, steps: Sequence[Step], attempt: int, exclude: Sequence[str] = ()
+    ) -> list[PlannedStep]:
         return plan_steps(
             steps,
             registry=self.deps.registry,
             permissions=self.deps.permissions,
-            template_context=self._template_context(inc),
+            template_context=self._template_context(inc, exclude),
             when=when_context(inc["labels"], inc["diagnosis"], attempt),
             target=inc["target"],
         )
@@ -354,51 +531,17 @@ class Lifecycle:
     def _materialise(
         self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str
     ) -> list[dict[str, Any]]:
-        return self._persist_plan(inc, self._plan(inc, steps, attempt), attempt=attempt, phase=phase)
+        planned = self._plan(inc, steps, attempt)
+        rows = self._transition(
+            lambda conn, now: transitions.persist_plan(conn, now, inc, planned, attempt=attempt, phase=phase)
+        )
+        self._count_unrun(planned)
+        return rows
 
-    def _persist_plan(
-        self, inc: Incident, planned: Sequence[PlannedStep], attempt: int, phase: str
-    ) -> list[dict[str, Any]]:
-        """Write the plan as step rows (idempotent per attempt and phase) and return the rows."""
-        with self.deps.store.transaction() as conn:
-            for p in planned:
-                records.insert_step(
-                    conn,
-                    {
-                        "incident_id": inc["id"],
-                        "attempt": attempt,
-                        "phase": phase,
-                        "idx": p.idx,
-                        "name": p.name,
-                        "action": p.action.name,
-                        "params": dict(p.params),
-                        "status": p.status,
-                        "summary": p.summary,
-                        "command": p.command,
-                        "reason": p.reason,
-                        "retries": 0,
-                        "approval": p.approval,
-                    },
-                )
-            for p in planned:
-                if p.status != RUN:
-                    self.deps.metrics.steps.labels(p.action.name, p.status).inc()
-                    records.record(
-                        conn,
-                        self.deps.clock.now(),
-                        "step_" + p.status,
-                        f"{p.name}: {p.summary or p.reason}",
-                        incident_id=inc["id"],
-                        data={
-                            "action": p.action.name,
-                            "params": dict(p.params),
-                            "command": p.command,
-                            "reason": p.reason,
-                            "phase": phase,
-                            "attempt": attempt,
-                        },
-                    )
-            return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
+    def _count_unrun(self, planned: Sequence[PlannedStep]) -> None:
+        for p in planned:
+            if not p.runs:
+                self.deps.metrics.steps.labels(p.action.name, p.status).inc()
 
     def _steps(self, inc: Incident, attempt: int, phase: str) -> list[dict[str, Any]]:
         with self.deps.store.read() as conn:
@@ -407,9 +550,7 @@ class Lifecycle:
     def _execute(self, inc: Incident, step: dict[str, Any]) -> Outcome:
         """Run one step: marked ``running`` durably first, then the action, then its outcome and output."""
         deps = self.deps
-        started = deps.clock.now()
-        with deps.store.transaction() as conn:
-            records.update_step(conn, step["id"], status="running", started_at=started)
+        self._transition(lambda conn, now: transitions.start_step(conn, now, step))
         action = deps.registry.get(step["action"])
         ctx = ActionContext(
             settings=deps.settings,
@@ -428,39 +569,22 @@ class Lifecycle:
         except Exception as exc:  # an action bug must not kill the worker; it is a failed step
             log.exception("action %s raised", step["action"])
             outcome = Failed(reason=f"internal error in {step['action']}: {exc!r}")
-        duration = time.monotonic() - t0
-        reason = getattr(outcome, "reason", "")
-        with deps.store.transaction() as conn:
-            records.update_step(
+        duration = round(time.monotonic() - t0, 3)
+        self._transition(
+            lambda conn, now: transitions.finish_step(
                 conn,
-                step["id"],
+                now,
+                inc,
+                step,
                 status=outcome.status,
                 command=outcome.command or step["command"],
                 exit_code=outcome.exit_code,
                 output=tail(outcome.output),
-                reason=reason,
-                finished_at=deps.clock.now(),
-                duration=round(duration, 3),
+                ledger_output=tail(outcome.output, 2000),
+                reason=getattr(outcome, "reason", ""),
+                duration=duration,
             )
-            records.record(
-                conn,
-                deps.clock.now(),
-                "step",
-                f"{step['name']}: {outcome.status}" + (f": {reason}" if reason else ""),
-                incident_id=inc["id"],
-                data={
-                    "action": step["action"],
-                    "params": step["params"],
-                    "phase": step["phase"],
-                    "attempt": step["attempt"],
-                    "status": outcome.status,
-                    "command": outcome.command or step["command"],
-                    "exit_code": outcome.exit_code,
-                    "output": tail(outcome.output, 2000),
-                    "reason": reason,
-                    "duration": round(duration, 3),
-                },
-            )
+        )
         deps.metrics.steps.labels(step["action"], outcome.status).inc()
         deps.metrics.step_duration.labels(step["action"], outcome.status).observe(duration)
         return outcome
@@ -468,52 +592,48 @@ class Lifecycle:
     def _recover_in_flight(self, inc: Incident) -> bool:
         """Steps left ``running`` by a dead worker: re-run read-only ones, mark the others ambiguous."""
         with self.deps.store.read() as conn:  # nearly always none: spare the write lock
-            if not any(s["status"] == "running" for s in records.get_steps(conn, inc["id"])):
+            if not any(s["status"] == StepStatus.RUNNING for s in records.get_steps(conn, inc["id"])):
                 return False
         with self.deps.store.transaction() as conn:
-            running = [s for s in records.get_steps(conn, inc["id"]) if s["status"] == "running"]
+            running = [s for s in records.get_steps(conn, inc["id"]) if s["status"] == StepStatus.RUNNING]
             ambiguous = []
             for step in running:
                 if step["action"] in self.deps.registry and self.deps.registry.get(step["action"]).read_only:
-                    records.update_step(conn, step["id"], status="pending")
+                    records.update_step(conn, step["id"], status=StepStatus.PENDING)
                     continue
                 records.update_step(
                     conn,
                     step["id"],
-                    status="ambiguous",
+                    status=StepStatus.AMBIGUOUS,
                     reason="in flight when its worker stopped; outcome unknown, not re-run",
                 )
                 ambiguous.append(step["name"])
-        if not ambiguous:
-            return False
-        reason = f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"
-        self._ledger(inc, "step_ambiguous", reason, {"steps": ambiguous})
-        inc["reason"] = reason
-        return True
+            if ambiguous:
+                reason = (
+                    f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"
+                )
+                records.record(
+                    conn,
+                    self.deps.clock.now(),
+                    "step_ambiguous",
+                    reason,
+                    incident_id=inc["id"],
+                    data={"steps": ambiguous},
+                )
+                inc["reason"] = reason
+        return bool(ambiguous)
 
     # --- closing and bookkeeping ------------------------------------------------------------------------------
 
-    def _finish_attempt(self, inc: Incident, outcome: str) -> None:
-        with self.deps.store.transaction() as conn:
-            records.finish_attempt(conn, inc["id"], inc["attempt"], outcome, self.deps.clock.now())
-
-    def _close(self, inc: Incident, outcome: str, reason: str) -> datetime | None:
-        now = self.deps.clock.now()
-        if inc["attempt"]:
-            self._finish_attempt(inc, outcome)
-        self._update(
-            inc,
-            state=outcome,
-            outcome=outcome,
-            reason=reason,
-            open_key=None,
-            closed_at=now,
-            finalize_pending=True,
-            verify_deadline=None,
-            ledger=("incident_closed", f"{outcome}: {reason}", {"outcome": outcome}),
-        )
+    def _close(self, inc: Incident, outcome: Closed, reason: str) -> datetime | None:
+        self._transition(lambda conn, now: transitions.close(conn, now, inc, outcome, reason))
         self.deps.metrics.incidents.labels(outcome).inc()
         return self.effects.finalize(inc)
+
+    def _transition(self, change: Any) -> Any:
+        """Run ``change(conn, now)`` in one transaction; returns what it returns."""
+        with self.deps.store.transaction() as conn:
+            return change(conn, self.deps.clock.now())
 
     @contextmanager
     def _lease_kept(self, inc: Incident) -> Iterator[None]:
@@ -538,28 +658,18 @@ class Lifecycle:
             stop.set()
             heart.join()
 
-    def _update(
-        self, inc: Incident, ledger: tuple[str, str, Mapping[str, Any]] | None = None, **values: Any
-    ) -> None:
-        """Update the incident's columns, and add ``ledger`` (kind, message, data) in the same transaction."""
-        now = self.deps.clock.now()
-        values["updated_at"] = now
-        with self.deps.store.transaction() as conn:
-            records.update_incident(conn, inc["id"], **values)
-            if ledger is not None:
-                kind, message, data = ledger
-                records.record(conn, now, kind, message, incident_id=inc["id"], data=data)
-        inc.update(values)
-
     def _ledger(self, inc: Incident, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
         self.deps.ledger(inc["id"], kind, message, data)
 
-    def _template_context(self, inc: Incident) -> dict[str, Mapping[str, Any]]:
-        return template_context(inc, self.deps.settings.external_url)
+    def _template_context(self, inc: Incident, exclude: Sequence[str] = ()) -> dict[str, Mapping[str, Any]]:
+        return template_context(inc, self.deps.settings.external_url, exclude)
 
 
-def template_context(inc: Incident, external_url: str) -> dict[str, Mapping[str, Any]]:
-    """What templates may reference: labels, annotations, target, diagnosis, incident."""
+def template_context(
+    inc: Incident, external_url: str, exclude: Sequence[str] = ()
+) -> dict[str, Mapping[str, Any]]:
+    """What templates may reference: labels, annotations, target, diagnosis, incident. ``incident.culprits`` is
+    the comma-separated list of nodes the recovery excludes ("" when none)."""
     return {
         "labels": inc["labels"],
         "annotations": inc["annotations"],
@@ -573,15 +683,19 @@ def template_context(inc: Incident, external_url: str) -> dict[str, Mapping[str,
             "id": str(inc.get("id", "")),
             "playbook": inc["playbook"],
             "url": f"{external_url.rstrip('/')}/incidents/{inc.get('id', '')}",
+            "culprits": ",".join(exclude),
         },
     }
 
 
-def _past(row: Mapping[str, Any]) -> guards.PastAttempt:
-    return guards.PastAttempt(
-        started_at=row["started_at"], finished_at=row["finished_at"], outcome=row["outcome"]
-    )
-
-
 def _sample(sample: Any) -> dict[str, Any]:
     return {"labels": dict(sample.labels), "value": sample.value}
+
+
+def _benign(diagnosis: Mapping[str, Any] | None) -> bool:
+    return bool(diagnosis) and diagnosis.get("category") in BENIGN_CATEGORIES
+
+
+def _culprit_reason(inc: Incident, node: str) -> str:
+    named = next((c for c in inc["culprits"] or () if c["node"] == node), None)
+    return f"{named['source']}: {named['reason']}" if named else "named by the diagnosis"

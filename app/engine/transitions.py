@@ -224,7 +224,9 @@ def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, m
 def attempt_failed(conn: Connection, now: datetime, inc: Incident, reason: str) -> None:
     """The attempt failed; the guard chain decides next (another attempt after backoff, or a person)."""
     records.finish_attempt(conn, inc["id"], inc["attempt"], AttemptOutcome.FAILED, now)
-    records.record(conn, now, "attempt_failed", reason, incident_id=inc["id"], data={"attempt": inc["attempt"]})
+    records.record(
+        conn, now, "attempt_failed", reason, incident_id=inc["id"], data={"attempt": inc["attempt"]}
+    )
     update(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
 
 

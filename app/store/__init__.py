@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event, insert, select, text
+from sqlalchemy import Connection, create_engine, event, insert, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -237,10 +237,13 @@ def _first_line(exc: Exception) -> str:
 def _add_columns(conn: Connection, from_version: int) -> None:
     """ALTER TABLE ... ADD COLUMN for every column added to an existing table after ``from_version``."""
     dialect = conn.dialect
+    inspector = inspect(conn)
     for version, columns in sorted(ADDED_COLUMNS.items()):
         if version <= from_version:
             continue
         for table_name, column_name in columns:
+            if column_name in {c["name"] for c in inspector.get_columns(table_name)}:
+                continue  # created with the table by create_all just now
             column = metadata.tables[table_name].c[column_name]
             ddl = f"ALTER TABLE {table_name} ADD COLUMN {column_name} {column.type.compile(dialect=dialect)}"
             if column.server_default is not None:

@@ -138,25 +138,28 @@ _FINISH_ATTEMPT = (
     )
     .values(finished_at=bindparam("now_", type_=UtcDateTime()), outcome=bindparam("outcome_"))
 )
-_ATTEMPTS_FOR_TARGET = (
-    select(attempts)
+# Keyed by whether one playbook's attempts are asked for; False: every playbook's (a job's whole history).
+_ATTEMPTS_FOR_TARGET = {
+    by_playbook: select(attempts)
     .where(
-        attempts.c.playbook == bindparam("playbook_"),
+        *([attempts.c.playbook == bindparam("playbook_")] if by_playbook else []),
         attempts.c.target_key == bindparam("target_key_"),
         attempts.c.started_at >= bindparam("since_"),
     )
     .order_by(attempts.c.started_at)
-)
-_LAST_RECOVERY = (
-    select(attempts)
+    for by_playbook in (False, True)
+}
+_LAST_RECOVERY = {
+    by_playbook: select(attempts)
     .where(
-        attempts.c.playbook == bindparam("playbook_"),
+        *([attempts.c.playbook == bindparam("playbook_")] if by_playbook else []),
         attempts.c.target_key == bindparam("target_key_"),
         attempts.c.outcome == "recovered",
     )
     .order_by(attempts.c.finished_at.desc())
     .limit(1)
-)
+    for by_playbook in (False, True)
+}
 _NODES_DISRUPTED = (
     select(attempts.c.node)
     .where(
@@ -387,14 +390,16 @@ def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str
     )
 
 
-def attempts_for_target(conn: Connection, playbook: str, target_key: str, since: datetime) -> list[Row]:
-    return _all(
-        conn, _ATTEMPTS_FOR_TARGET, {"playbook_": playbook, "target_key_": target_key, "since_": since}
-    )
+def attempts_for_target(
+    conn: Connection, playbook: str | None, target_key: str, since: datetime
+) -> list[Row]:
+    stmt = _ATTEMPTS_FOR_TARGET[playbook is not None]
+    return _all(conn, stmt, {"playbook_": playbook, "target_key_": target_key, "since_": since})
 
 
-def last_recovery(conn: Connection, playbook: str, target_key: str) -> Row | None:
-    return _one(conn, _LAST_RECOVERY, {"playbook_": playbook, "target_key_": target_key})
+def last_recovery(conn: Connection, playbook: str | None, target_key: str) -> Row | None:
+    stmt = _LAST_RECOVERY[playbook is not None]
+    return _one(conn, stmt, {"playbook_": playbook, "target_key_": target_key})
 
 
 def nodes_disrupted_since(conn: Connection, since: datetime) -> set[str]:

@@ -89,12 +89,18 @@ class World:
 
 
 def make_world(
-    tmp_path, grants: Iterable[str] = (), playbooks: str = PLAYBOOK, **guard_settings: Any
+    tmp_path,
+    grants: Iterable[str] = (),
+    playbooks: str = PLAYBOOK,
+    correlation_seconds: int = 0,
+    **guard_settings: Any,
 ) -> World:
+    """``correlation_seconds`` 0: a job incident acts at once (the window has its own tests, test_episodes.py)."""
     clock = FakeClock()
     actions = fake_actions()
     registry = ActionRegistry(actions.values())
     settings = Settings(data_dir=str(tmp_path))
+    settings.episodes.correlation_seconds = correlation_seconds
     for key, value in guard_settings.items():
         setattr(settings.guards, key, value)
     store = Store.from_url(settings.resolved_store_url, clock)
@@ -258,8 +264,14 @@ def test_cooldown_then_stale_signal(tmp_path):
 
 
 def test_serialisation_one_incident_per_node_at_a_time(tmp_path):
-    extra = PLAYBOOK.replace("gpu-xid-79", "gpu-xid-79-second").replace('xid=~"79|48"', 'gpu="3"')
-    w = make_world(tmp_path, GRANTS, playbooks=PLAYBOOK + "---\n" + extra)
+    """Alerts without a job identity keep one incident per (playbook, target), serialised per node."""
+    node_only = (
+        PLAYBOOK.replace(', job: "{{ labels.slurm_job_id }}"', "")
+        .replace('collect:\n  - action: fake.logs\n    with: {job: "{{ target.job }}"}\n', "")
+        .replace('  - action: fake.requeue\n    with: {job: "{{ target.job }}"}\n', "")
+    )
+    extra = node_only.replace("gpu-xid-79", "gpu-xid-79-second").replace('xid=~"79|48"', 'gpu="3"')
+    w = make_world(tmp_path, GRANTS, playbooks=node_only + "---\n" + extra)
     opened = w.send(alert(xid())).opened
     assert len(opened) == 2
     w.run()
@@ -442,7 +454,6 @@ def test_grafana_region_opens_with_the_incident_and_closes_with_its_outcome(tmp_
     assert region["tags"] == [
         "nightshift",
         "playbook:gpu-xid-79",
-        "node:node1",
         "job:1234",
         "outcome:advisory",
     ]

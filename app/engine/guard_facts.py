@@ -1,0 +1,117 @@
+"""The guard chain's inputs, built one way for the worker and for ``nightshift explain``.
+
+:func:`read_history` reads what the store knows (attempts on the target, the last recovery, nodes taken out,
+an incident ahead on the same node or job, the pause); :func:`build` turns it, the settings, the playbook and the
+plan into :class:`app.guards.GuardFacts`. ``explain`` passes an empty :class:`History` where it has no store, so
+the two can only differ in history, never in how settings and plans are read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import Connection
+
+from app import guards
+from app.actions.registry import ActionRegistry
+from app.config import Settings
+from app.planning import PlannedStep, nodes_taken_out
+from app.playbooks import Playbook
+from app.states import IncidentKind, StepStatus
+from app.store import records, repairs
+
+
+@dataclass(frozen=True)
+class History:
+    attempts: tuple[guards.PastAttempt, ...] = ()
+    last_recovery: guards.PastAttempt | None = None
+    taken_out: frozenset[str] = frozenset()  # nodes taken out of service fleet-wide within the blast window
+    ahead: str | None = None
+    paused: bool = False
+    pause_reason: str = ""
+
+
+def blast_window(settings: Settings) -> timedelta:
+    return timedelta(seconds=settings.guards.blast_radius_window_seconds)
+
+
+def read_history(
+    conn: Connection,
+    settings: Settings,
+    registry: ActionRegistry,
+    playbook: Playbook,
+    inc: Mapping[str, Any],
+    now: datetime,
+    pause_state: tuple[bool, str],
+) -> History:
+    """What the store says about this incident's target. A job incident's history is the job's, whatever the
+    playbook: its budget and cooldown count every recovery of the job."""
+    per_job = inc.get("kind") == IncidentKind.JOB
+    attempts = records.attempts_for_target(
+        conn, None if per_job else playbook.name, inc["target_key"], now - playbook.budget.window
+    )
+    recovery = records.last_recovery(conn, None if per_job else playbook.name, inc["target_key"])
+    ahead = (
+        records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
+    )
+    paused, reason = pause_state
+    return History(
+        attempts=tuple(_past(a) for a in attempts),
+        last_recovery=_past(recovery) if recovery else None,
+        taken_out=frozenset(
+            repairs.nodes_taken_out_since(
+                conn, now - blast_window(settings), [a.name for a in registry if a.takes_out]
+            )
+        ),
+        ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
+        paused=paused,
+        pause_reason=reason,
+    )
+
+
+def build(
+    settings: Settings,
+    playbook: Playbook,
+    *,
+    node: str | None,
+    alert_starts_at: datetime,
+    planned: Sequence[PlannedStep],
+    history: History,
+    now: datetime,
+) -> guards.GuardFacts:
+    g = settings.guards
+    runs = [p for p in planned if p.runs]
+    paused = history.paused or g.kill_switch
+    pause_reason = "kill_switch set in settings" if g.kill_switch else history.pause_reason
+    return guards.GuardFacts(
+        now=now,
+        playbook=playbook.name,
+        node=node,
+        alert_starts_at=alert_starts_at,
+        paused=paused,
+        pause_reason=pause_reason,
+        granted_mutating=sum(1 for p in runs if p.mutating),
+        would_run=sum(1 for p in planned if p.status == StepStatus.WOULD_RUN),
+        destructive=any(p.destructive for p in runs),
+        takes_out=nodes_taken_out(planned),
+        taken_out=history.taken_out,
+        ahead=history.ahead,
+        attempts=history.attempts,
+        budget_attempts=playbook.budget.attempts,
+        budget_window=playbook.budget.window,
+        backoff=playbook.budget.backoff,
+        cooldown=playbook.cooldown,
+        last_recovery=history.last_recovery,
+        blast_max_nodes=g.blast_radius_max_nodes,
+        blast_window=blast_window(settings),
+        defer=timedelta(seconds=g.defer_seconds),
+    )
+
+
+def _past(row: Mapping[str, Any]) -> guards.PastAttempt:
+    return guards.PastAttempt(
+        started_at=row["started_at"], finished_at=row["finished_at"], outcome=row["outcome"]
+    )

@@ -1,0 +1,117 @@
+"""Failure episodes: which incident an alert belongs to, who the culprits are, when to act. Pure: no I/O.
+
+One failure of a multi-node training job makes every rank alert (NCCL timeouts, watchdog aborts, error counters),
+the faulty node's exporter report an Xid, and the scheduler perhaps the node. All of them name the same job, so they
+form one **job incident**: one diagnosis, one recovery of the job that excludes the culprit nodes. A node-scoped
+alert (a playbook with ``node_repair:``) names its node a culprit; a node-scoped alert on a node that runs no job
+opens a **node incident**; anything else keeps the per-(playbook, target) incident.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from app.playbooks import Playbook
+from app.states import IncidentKind
+
+MAX_CULPRITS_KEPT = 32  # culprit entries kept on one incident (evidence beyond this is in the ledger)
+
+
+@dataclass(frozen=True)
+class Episode:
+    """Where one matched alert goes: the incident kind and its open key (one open incident per key)."""
+
+    kind: IncidentKind
+    open_key: str
+    culprit: str | None = None  # the node this alert names as faulty (node-scoped playbooks only)
+
+
+def job_identity(target: Mapping[str, str]) -> str | None:
+    """The training job a rendered target names: ``slurm/<job id>`` or ``kubernetes/<namespace>/<job>``."""
+    job = target.get("job")
+    if not job:
+        return None
+    scheduler = target.get("scheduler", "")
+    if scheduler == "kubernetes":
+        namespace = target.get("namespace")
+        return f"kubernetes/{namespace}/{job}" if namespace else None
+    return f"{scheduler or 'slurm'}/{job}"
+
+
+def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -> Episode:
+    """The incident an alert joins, from its playbook and rendered target."""
+    node = target.get("node") or None
+    node_scoped = playbook.node_repair is not None and node is not None
+    job = job_identity(target)
+    if job is not None:
+        return Episode(IncidentKind.JOB, f"job:{job}", culprit=node if node_scoped else None)
+    if node_scoped:
+        return Episode(IncidentKind.NODE, f"node:{target.get('scheduler', 'slurm')}/{node}", culprit=node)
+    return Episode(IncidentKind.TARGET, f"{playbook.name}|{target_key}")
+
+
+def add_culprit(
+    culprits: Sequence[Mapping[str, Any]] | None, node: str, source: str, reason: str
+) -> list[dict[str, Any]] | None:
+    """``culprits`` with ``node`` named by ``source``; None when it is already there (nothing to write)."""
+    current = [dict(c) for c in culprits or ()]
+    if any(c["node"] == node for c in current) or len(current) >= MAX_CULPRITS_KEPT:
+        return None
+    return [*current, {"node": node, "source": source, "reason": reason, "confirmed": None}]
+
+
+def confirm(culprits: Iterable[Mapping[str, Any]], allocation: Iterable[str]) -> list[dict[str, Any]]:
+    """Mark each culprit confirmed when its node is in the job's allocation. A node outside it is evidence only:
+    never excluded, never drained."""
+    nodes = set(allocation)
+    return [{**c, "confirmed": c["node"] in nodes} for c in culprits]
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """The nodes the job's recovery keeps it off, or why none are and a person decides."""
+
+    nodes: tuple[str, ...] = ()
+    refused: str | None = None  # set: exclude none, hand to a human
+
+
+def exclusion(
+    culprits: Iterable[Mapping[str, Any]], job_nodes: int, max_culprits: int, max_share: float
+) -> Exclusion:
+    """Confirmed culprits to exclude, unless there are too many: a fault that seems to be everywhere is rarely in
+    the nodes (the fabric, the storage or the application is the likelier cause)."""
+    nodes = tuple(sorted({c["node"] for c in culprits if c.get("confirmed")}))
+    if not nodes:
+        return Exclusion()
+    share_limit = math.floor(job_nodes * max_share) if job_nodes else 0
+    if len(nodes) > max_culprits or len(nodes) > share_limit:
+        return Exclusion(
+            refused=f"{len(nodes)} culprit node(s) ({', '.join(nodes[:8])}) of a {job_nodes}-node job exceed "
+            f"the limit ({max_culprits} nodes, {max_share:.0%} of the job): excluding none"
+        )
+    return Exclusion(nodes=nodes)
+
+
+def correlation_end(opened_at: datetime, window_seconds: int) -> datetime:
+    return opened_at + timedelta(seconds=window_seconds)
+
+
+def must_wait(now: datetime, act_after: datetime | None, culprits: Iterable[Mapping[str, Any]]) -> bool:
+    """Whether the job incident still waits for the rest of its episode's alerts: inside the correlation window
+    and no culprit node known yet (a node-scoped alert is decisive)."""
+    if act_after is None or now >= act_after:
+        return False
+    return not any(True for _ in culprits)
+
+
+def leading_playbook(playbooks: Iterable[Playbook]) -> Playbook | None:
+    """The playbook that plans the job's recovery: highest priority, then node-scoped, then name."""
+    return min(
+        playbooks,
+        key=lambda p: (-p.priority, p.node_repair is None, p.name),
+        default=None,
+    )

@@ -1,0 +1,43 @@
+"""A store written by an older Nightshift gets the columns added since, in place, and keeps its rows."""
+
+from __future__ import annotations
+
+from sqlalchemy import insert, inspect, select, text
+
+from app.store import Store, records
+from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version
+from tests.fakes import START
+
+
+def test_a_version_2_store_gets_the_episode_columns_and_keeps_its_incidents(tmp_path):
+    url = f"sqlite:///{tmp_path}/v2.db"
+    old = Store.from_url(url)
+    with old.transaction() as conn:
+        metadata.create_all(conn)
+        for table, column in ADDED_COLUMNS[3]:
+            conn.execute(text(f"ALTER TABLE {table} DROP COLUMN {column}"))
+        conn.execute(insert(schema_version).values(version=2, applied_at=START))
+        conn.execute(
+            text(
+                "INSERT INTO incidents (playbook, target_key, target, state, reason, labels, annotations, "
+                "alert_starts_at, generator_url, attempt, acted, held_by_guard, alert_resolved, finalize_pending, "
+                "opened_at, updated_at) VALUES ('p', 'k', '{}', 'recovered', '', '{}', '{}', :t, '', 1, 1, 0, 0, 0, "
+                ":t, :t)"
+            ),
+            {"t": START.replace(tzinfo=None)},
+        )
+    old.dispose()
+    assert "kind" not in {c["name"] for c in inspect(Store.from_url(url).engine).get_columns("incidents")}
+
+    store = Store.from_url(url)
+    store.create_schema()
+    columns = {c["name"] for c in inspect(store.engine).get_columns("incidents")}
+    assert {column for _, column in ADDED_COLUMNS[3]} <= columns
+    with store.read() as conn:
+        versions = list(
+            conn.execute(select(schema_version.c.version).order_by(schema_version.c.version)).scalars()
+        )
+        incident = records.get_incident(conn, 1)
+    assert versions == [2, SCHEMA_VERSION]
+    assert incident is not None and incident["kind"] == "target" and incident["tick_errors"] == 0
+    store.create_schema()  # a second start changes nothing
