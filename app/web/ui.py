@@ -36,6 +36,7 @@ from werkzeug.exceptions import HTTPException
 
 from app.engine import Engine
 from app.errors import StoreUnavailable
+from app.params import NODE_NAME
 from app.web import int_arg, plain_text, views
 from app.web.access import (
     ACCESS_KEY,
@@ -250,9 +251,39 @@ def nodes():
     return render_template(
         "nodes.html",
         nodes=views.lemon_nodes(data["attempts"], data["incidents"]),
+        repairs=[views.repair_view(row) for row in _engine().repairs.nodes()["nodes"]],
         days=days,
         since=data["since"],
     )
+
+
+@bp.post("/nodes/<node>/release")
+@operator_form
+def release_node(node: str):
+    try:
+        _engine().repairs.release(node, by=_operator_name(), note=_text("note"))
+    except LookupError as exc:
+        abort(404, str(exc))
+    except ValueError as exc:
+        flash(str(exc), "error")
+    else:
+        flash(f"Node {node} released: Nightshift returns what it took out.", "info")
+    return redirect(url_for(".nodes"), 303)
+
+
+@bp.post("/nodes/hold")
+@operator_form
+def hold_node():
+    node = _text("node", 253)
+    if not re.fullmatch(NODE_NAME, node):
+        abort(400, "node: not a node name")
+    try:
+        _engine().repairs.hold(node, by=_operator_name(), note=_text("note"))
+    except ValueError as exc:
+        flash(str(exc), "error")
+    else:
+        flash(f"Node {node} held: Nightshift will not repair or return it until released.", "info")
+    return redirect(url_for(".nodes"), 303)
 
 
 # --- login --------------------------------------------------------------------------------------------------

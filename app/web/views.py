@@ -445,3 +445,36 @@ def lemon_nodes(attempt_counts: Iterable[Row], incident_counts: Mapping[str, int
         for node in nodes
     ]
     return sorted(views, key=lambda v: (-v.remediations, -v.incidents, v.node))
+
+
+@dataclass(frozen=True)
+class RepairView:
+    """A node's latest repair on the nodes page (``Engine.repairs.nodes()``)."""
+
+    node: str
+    scheduler: str
+    state: str
+    repair: int  # this node's repair number within the lemon window
+    taken_out_at: str
+    why: str  # the held reason, else the last step's outcome, else the request's reason
+    verdict: str  # the validation's: pass | fail | "" (not validated)
+    updated_at: str
+
+    @property
+    def held(self) -> bool:
+        return self.state == "held"
+
+
+def repair_view(row: Row) -> RepairView:
+    last = (row.get("steps") or [{}])[-1]
+    last_step = f"{last['step']}: {last['status']}" + (f" ({last['reason']})" if last.get("reason") else "")
+    return RepairView(
+        node=row["node"],
+        scheduler=row["scheduler"],
+        state=str(row["state"]),
+        repair=int(row["repairs"] or 0),
+        taken_out_at=utc(row["taken_out_at"]) if row.get("taken_out_at") else "",
+        why=row.get("held_reason") or (last_step if last else "") or row.get("reason") or "",
+        verdict=str((row.get("validation") or {}).get("verdict") or ""),
+        updated_at=utc(row["updated_at"]),
+    )

@@ -376,6 +376,9 @@ def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
         "validation failed: validation `dcgmi diag -r 2` exited 226"
     )
     assert "nightshift_nodes_held 1.0" in client.get("/metrics").text
+    page = client.get("/nodes", headers=viewer)
+    assert page.status_code == 200
+    assert '<tr class="repair held" data-node="node2">' in page.text and "exited 226" in page.text
     detail = client.get("/api/v1/nodes/node2", headers=viewer).json
     assert detail["current"]["validation"]["verdict"] == "fail"
     assert client.get("/api/v1/nodes/node9", headers=viewer).status_code == 404
