@@ -93,7 +93,7 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
                 "bind": bind,
                 "workers": workers,
                 "threads": threads,
-                "worker_class": "gthread",
+                "worker_class": gunicorn_conf.worker_class,  # gthread behind a front buffer
                 "timeout": 60,
                 "graceful_timeout": 30,
                 "accesslog": "-",

@@ -1,4 +1,8 @@
-"""Gunicorn hooks, shared by ``nightshift serve`` and ``gunicorn -c python:app.gunicorn_conf 'app:create_app()'``.
+"""Gunicorn settings and hooks, shared by ``nightshift serve`` and
+``gunicorn -c python:app.gunicorn_conf 'app:create_app()'``.
+
+- ``worker_class``: :class:`app.serving.BufferingWorker`, gthread that reads each request in full before a thread
+  serves it, so slow clients cannot hold the threads the webhook needs.
 
 - ``post_worker_init`` starts the in-process worker thread (when ``embedded_worker`` is on) in every gunicorn worker:
   claims in the store keep them from stepping on each other.
@@ -8,6 +12,8 @@
 from __future__ import annotations
 
 from typing import Any
+
+worker_class = "app.serving.BufferingWorker"
 
 
 def post_worker_init(worker: Any) -> None:

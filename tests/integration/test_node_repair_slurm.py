@@ -1,0 +1,188 @@
+"""The node repair lifecycle on a real Slurm 22.05 over real SSH: drain -> validate (a command run over SSH "on" the
+node: every node of the test cluster is 127.0.0.1 behind the one sshd, ``slurm.node_ssh_host``) -> resume or hold.
+
+The validation command is ``test -e <dir>/healthy-<node>``: the test decides the verdict by creating the file."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.actions import default_registry
+from app.clients import Clients
+from app.clock import SystemClock
+from app.diagnosis import diagnose
+from app.engine.deps import EngineDeps
+from app.engine.repair import NodeRepairs
+from app.metrics import Metrics
+from app.permissions import Grant, Permissions
+from app.playbooks import PlaybookSet, parse_playbooks
+from app.states import RepairState
+from app.store import Store, repairs
+from tests.fixtures.procs import wait_until
+from tests.fixtures.slurm import SlurmCluster
+
+pytestmark = pytest.mark.integration
+
+GRANTS = ("slurm.drain_node", "slurm.reboot_node", "slurm.validate_node", "slurm.resume_node")
+PLAYBOOKS = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-validate}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
+steps:
+  - action: slurm.job_info
+    with: {job: "1"}
+node_repair:
+  validate:
+    action: slurm.validate_node
+    with: {node: "{{ node.name }}", command: "test -e %(dir)s/healthy-{{ node.name }}", timeout_seconds: 20}
+---
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-reboot}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
+steps:
+  - action: slurm.job_info
+    with: {job: "1"}
+node_repair:
+  repair:
+    - action: slurm.reboot_node
+      with: {node: "{{ node.name }}", reason: "Xid reboot"}
+"""
+
+
+def resumed(cluster: SlurmCluster, node: str) -> bool:
+    """Back in service: idle and not drained (slurmd may be late answering a ping on a loaded machine)."""
+    base, *flags = cluster.node_state(node).split("+")
+    return base == "idle" and "drain" not in flags
+
+
+@dataclass
+class Repairs:
+    worker: NodeRepairs
+    store: Store
+    verdicts: Path
+
+    def request(self, node: str, playbook: str = "xid-validate") -> int:
+        with self.store.transaction() as conn:
+            return repairs.request_repair(
+                conn,
+                node=node,
+                scheduler="slurm",
+                playbook=playbook,
+                incident_id=None,
+                reason="Xid 79 on GPU 3",
+                now=SystemClock().now(),
+            )
+
+    def settle(self, repair_id: int, timeout: float = 60) -> dict[str, Any]:
+        """Work until the repair is held or settled (a real clock: waits are the settings' poll seconds)."""
+
+        def settled() -> dict[str, Any] | None:
+            self.worker.work_once("it")
+            with self.store.read() as conn:
+                row = repairs.get_repair(conn, repair_id)
+            assert row is not None
+            return row if row["next_run_at"] is None else None
+
+        row = wait_until(settled, timeout, f"repair {repair_id} settled", interval=0.2)
+        assert isinstance(row, dict)
+        return row
+
+
+@pytest.fixture
+def node_repairs(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Repairs]:
+    settings = copy.deepcopy(clean_slurm.settings)
+    settings.data_dir = str(tmp_path / "var")
+    settings.slurm.node_ssh_host = "127.0.0.1"  # every node of the test cluster is this host
+    settings.repair.poll_seconds = 1
+    settings.repair.return_timeout_seconds = 30
+    settings.repair.lemon_repairs = 2
+    verdicts = tmp_path / "verdicts"
+    verdicts.mkdir()
+    verdicts.chmod(0o755)
+    registry = default_registry()
+    store = Store.from_url(settings.resolved_store_url)
+    store.create_schema()
+    clients = Clients(settings)
+    deps = EngineDeps(
+        settings=settings,
+        store=store,
+        playbooks=PlaybookSet(parse_playbooks(PLAYBOOKS % {"dir": verdicts}, "repair.yaml", registry)),
+        registry=registry,
+        permissions=Permissions(Grant(action=name) for name in GRANTS),
+        clients=clients,
+        clock=SystemClock(),
+        metrics=Metrics(),
+        diagnose=diagnose,
+    )
+    yield Repairs(NodeRepairs(deps), store, verdicts)
+    clients.close()
+    store.dispose()
+
+
+def test_validation_passes_and_the_node_is_resumed(clean_slurm: SlurmCluster, node_repairs: Repairs) -> None:
+    (node_repairs.verdicts / "healthy-node2").touch()
+    repair = node_repairs.settle(node_repairs.request("node2"))
+    assert repair["state"] == RepairState.RETURNED, repair
+    assert [s["step"] for s in repair["steps"]] == ["take_out", "validate", "return"]
+    assert "scontrol update NodeName=node2 State=DRAIN" in repair["steps"][0]["command"]
+    assert repair["validation"]["verdict"] == "pass"
+    assert resumed(clean_slurm, "node2")
+    assert clean_slurm.node_state("node1").startswith("idle")
+
+
+def test_validation_fails_and_the_node_is_held_drained(
+    clean_slurm: SlurmCluster, node_repairs: Repairs
+) -> None:
+    repair = node_repairs.settle(node_repairs.request("node2"))
+    assert repair["state"] == RepairState.HELD, repair
+    assert repair["held_reason"].startswith("validation failed: validation `test -e ")
+    assert repair["validation"]["exit_code"] == 1
+    assert clean_slurm.node_state("node2") == "idle+drain"
+    assert clean_slurm.node_reason("node2") == "nightshift: Xid 79 on GPU 3"
+    # Released by a person: the node we drained is resumed.
+    node_repairs.worker.release("node2", by="alice")
+    assert node_repairs.settle(repair["id"])["state"] == RepairState.RELEASED
+    assert resumed(clean_slurm, "node2")
+
+
+def test_a_node_drained_by_someone_else_is_never_resumed(
+    clean_slurm: SlurmCluster, node_repairs: Repairs
+) -> None:
+    clean_slurm.command(
+        "scontrol", "update", "NodeName=node2", "State=DRAIN", "Reason=ops: reseating a cable"
+    )
+    (node_repairs.verdicts / "healthy-node2").touch()
+    repair = node_repairs.settle(node_repairs.request("node2"))
+    assert repair["state"] == RepairState.NOT_OURS, repair
+    assert clean_slurm.node_state("node2") == "idle+drain"
+    assert clean_slurm.node_reason("node2") == "ops: reseating a cable"
+
+
+def test_lemon_rule_holds_the_node(clean_slurm: SlurmCluster, node_repairs: Repairs) -> None:
+    (node_repairs.verdicts / "healthy-node1").touch()
+    for _ in range(2):
+        assert node_repairs.settle(node_repairs.request("node1"))["state"] == RepairState.RETURNED
+    third = node_repairs.settle(node_repairs.request("node1"))
+    assert third["state"] == RepairState.HELD
+    assert third["held_reason"].startswith("lemon node: repaired 2 time(s) in the last 7d (limit 2)")
+    assert clean_slurm.node_state("node1") == "idle+drain"
+    assert node_repairs.worker.nodes()["held"][0]["node"] == "node1"
+
+
+def test_a_reboot_slurm_refuses_holds_the_node(clean_slurm: SlurmCluster, node_repairs: Repairs) -> None:
+    """The test cluster has no RebootProgram: slurmctld refuses `scontrol reboot`, and the node is held drained
+    (never resumed unvalidated)."""
+    repair = node_repairs.settle(node_repairs.request("node2", playbook="xid-reboot"))
+    assert repair["state"] == RepairState.HELD, repair
+    assert repair["held_reason"].startswith("repair step 1 failed: `scontrol reboot ASAP nextstate=DOWN")
+    assert clean_slurm.node_state("node2") == "idle+drain"
