@@ -33,6 +33,7 @@ import statistics
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 from app.diagnosis import stacks as stackdumps
@@ -72,6 +73,7 @@ CONFIDENCE_SCALE = 5.0  # score at which strength reaches 1 - 1/e
 SERIOUS = 3.0  # a vote at least this heavy is an error that sustained progress must follow to be survived
 PROGRESS_TO_RESOLVE = 3  # progress lines after an error that show the run survived it
 HANG_GAP_SECONDS = 1800.0  # no progress this long before a time limit or cancel is a hang
+_YEAR_2001 = 978307200.0  # times before this were parsed from formats without a year
 SHUTDOWN_NOISE = frozenset({"application_error", "nccl_network", "hang"})
 
 # Weight of the Xid verdict, by class: hardware Xids must beat a capped flood of consequent NCCL errors.
@@ -271,10 +273,14 @@ def diagnose(
     explained: list[str] = []  # why errors were set aside, for a benign summary
 
     votes = _shutdown_filtered(reading.votes, shutdown, explained)
-    votes = _recovery_filtered(votes, reading, explained)
+    survived = _survived_categories(votes, reading, explained)
+    votes = [v for v in votes if v.category not in survived]
     for vote in votes:
         tallies[vote.category].add_vote(vote)
     for signature, fact in catalogue.match_labels(labels):
+        if signature.category in survived:  # the alert counted errors the log shows were survived
+            explained.append(f"the alert's {fact} names errors the job survived")
+            continue
         tallies[signature.category].add_fact(fact, signature.weight, signature.description)
 
     verdict = _xid_votes(labels, reading, shutdown, tallies, explained)
@@ -335,9 +341,10 @@ def _shutdown_filtered(votes: list[Vote], shutdown: Any, explained: list[str]) -
     return kept
 
 
-def _recovery_filtered(votes: list[Vote], reading: Reading, explained: list[str]) -> list[Vote]:
-    """Votes without the errors the run survived: those followed by their recovery marker, or by sustained
-    progress (at least :data:`PROGRESS_TO_RESOLVE` progress lines without an error of their own)."""
+def _survived_categories(votes: list[Vote], reading: Reading, explained: list[str]) -> set[str]:
+    """The categories whose errors the run survived: their last error is followed by their recovery marker,
+    by the job finishing, or by sustained progress (at least :data:`PROGRESS_TO_RESOLVE` progress lines
+    without an error of their own)."""
     vote_lines = {v.line.index for v in votes}
     progress = [
         m.index for m in reading.markers if m.signature.role == "progress" and m.index not in vote_lines
@@ -363,7 +370,7 @@ def _recovery_filtered(votes: list[Vote], reading: Reading, explained: list[str]
                 f"{_WORDING[category][0].lower()} followed by "
                 + ("the job finishing" if any(c > index for c in completed) else f"{after} progress lines")
             )
-    return [v for v in votes if v.category not in survived]
+    return survived
 
 
 # --- Xids and patterns across lines -----------------------------------------------------------------------
@@ -383,6 +390,9 @@ def _xid_votes(
         if event.code == xids.PREEMPTIVE_CLEANUP_XID and shutdown is not None:
             explained.append("Xid 45 (preemptive cleanup) after the job was stopped")
             continue
+        if event.xid_class not in _SEVERE_XID and _survived(reading, line.index):
+            explained.append(f"Xid {event.code} ({event.xid_class}) and the job kept training")
+            continue
         events.append(event)
         located.append((line, event))
     verdict = xids.judge(events)
@@ -393,7 +403,7 @@ def _xid_votes(
         by_gpu = Counter(line.pci for line, _ in app_class)
         pids = {_pid(line.body) for line, _ in app_class}
         code = verdict.primary.code
-        if len(by_gpu) == 1 and len(app_class) >= 3 and len(pids - {None}) >= 2:
+        if len(by_gpu) == 1 and len(pids - {None}) >= 2:
             line = app_class[0][0]
             culprit = Culprit(line.host, None, _gpu_of(line, reading, labels), (line.raw.strip(),))
             tallies["gpu_hardware"].add_fact(
@@ -432,6 +442,12 @@ def _xid_votes(
     return verdict
 
 
+def _survived(reading: Reading, index: int) -> bool:
+    """Whether the job finished, or made :data:`PROGRESS_TO_RESOLVE` progress lines, after line ``index``."""
+    after = reading.after("progress", index)
+    return len(after) >= PROGRESS_TO_RESOLVE or bool(reading.after("completed", index))
+
+
 def _pattern_votes(
     reading: Reading,
     votes: list[Vote],
@@ -441,13 +457,22 @@ def _pattern_votes(
 ) -> None:
     """Votes from patterns across lines: SDC, exploding gradients, a gap before a time limit, stacks."""
     nan_votes = [v for v in votes if v.category == "numerical_divergence" and v.weight >= 5]
-    sources = {(v.line.rank, v.line.host, v.line.gpu) for v in nan_votes if v.line.rank is not None}
+    sources = {
+        (v.line.rank, v.line.host, v.line.gpu) for v in nan_votes if v.line.rank is not None or v.line.host
+    }
     iterations = {iteration_of(v.line) for v in nan_votes} - {None}
     if nan_votes and len(sources) == 1 and len(nan_votes) >= 2:
         restarts = [r for r in reading.restarts if nan_votes[0].line.index < r < nan_votes[-1].line.index]
-        others = reading.ranks_seen - {next(iter(sources))[0]}
-        if (restarts or len(iterations) >= 2) and (others or (reading.world_size or 1) > 1):
-            rank, host, gpu = next(iter(sources))
+        rank, host, gpu = next(iter(sources))
+        others = reading.ranks_seen - {rank}
+        # rank > 0: there are at least rank + 1 ranks, so NaN on this one alone is not the reduced loss's
+        hosts = set(reading.rank_hosts.values()) | {v.line.host for v in votes if v.line.host}
+        several = bool(others or rank or (reading.world_size or 1) > 1 or len(hosts) > 1)
+        if (
+            len(sources) == len({(s[0], s[1]) for s in sources})
+            and (restarts or len(iterations) >= 2)
+            and several
+        ):
             culprit = Culprit(
                 host or reading.rank_hosts.get(rank),
                 rank,
@@ -510,13 +535,29 @@ def _progress_gap(reading: Reading, shutdown: Any, lines: Sequence[str]) -> floa
     last = parse_line(before[-1].index, lines[before[-1].index][:MAX_LINE_CHARS]).time
     stop = parse_line(shutdown.index, lines[shutdown.index][:MAX_LINE_CHARS])
     stop_time = stop.time if stop.time is not None else _cancel_time(stop.body)
-    if last is None or stop_time is None or stop_time - last < HANG_GAP_SECONDS:
+    if last is None or stop_time is None:
+        return None
+    last, stop_time = _comparable(last, stop_time)
+    if stop_time - last < HANG_GAP_SECONDS:
         return None
     times = [t for t in reading.progress_times if t <= last][-50:]
     intervals = [b - a for a, b in itertools.pairwise(times) if b > a]
     usual = statistics.median(intervals) if intervals else 0.0
     gap = stop_time - last
     return gap if gap > 10 * usual else None
+
+
+def _comparable(a: float, b: float) -> tuple[float, float]:
+    """Two parsed times on one calendar: formats without a year (glog, syslog) parse into 2000, so a time
+    with a year is moved to 2000 when the other has none."""
+    if (a < _YEAR_2001) == (b < _YEAR_2001):
+        return a, b
+
+    def to_2000(t: float) -> float:
+        moment = datetime.fromtimestamp(t, tz=UTC)
+        return moment.replace(year=2000).timestamp() if t >= _YEAR_2001 else t
+
+    return to_2000(a), to_2000(b)
 
 
 def _cancel_time(body: str) -> float | None:
@@ -630,6 +671,8 @@ def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str
         line = vote.line
         if line.rank is not None or line.host or line.pci:
             return _completed(Culprit(line.host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
+    if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
+        return _completed(odd, reading, labels)
     if reading.root_cause is not None and category not in ("nccl_network", "hang"):
         rank, host, text = reading.root_cause
         return _completed(Culprit(host, rank, None, (text,)), reading, labels)
@@ -769,7 +812,12 @@ def _xid_summary(
     verdict: xids.XidVerdict, labels: Mapping[str, str], node: str | None, culprit: Culprit | None
 ) -> str:
     primary = verdict.primary
-    place = [node] if node else []
+    place = (
+        [f"rank {culprit.rank} on {node}" if node else f"rank {culprit.rank}"]
+        if culprit and culprit.rank is not None
+        else []
+    )
+    place = place or ([node] if node else [])
     if culprit is not None and culprit.gpu is not None:
         place.append(f"GPU {culprit.gpu}")
         if primary.pci:

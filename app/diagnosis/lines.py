@@ -47,11 +47,17 @@ _HOST_COLON = re.compile(
     r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:)"
     r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}):\s+(?!\d)"
 )
+# After a timestamp: "gpu-f02 kernel: ", "hgx-07 train[99120]: ", "gpu-c12 [stderr] " (a host holds a digit).
+_HOST_PROG = re.compile(
+    r"(?P<host>(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9.-]{1,62}) "
+    r"(?:\[(?:stdout|stderr)\]|[A-Za-z][\w./-]*(?:\[\d+\])?:)\s*"
+)
 _STREAM = re.compile(r"\[(?:stdout|stderr)\]\s*|\|\|\s*")
 _PID_TAG = re.compile(r"\[\d{1,8}\]\s+(?=\[)")  # "[80746] [rank0]:" from some log collectors
 
 # Facts named inside the body.
 _NCCL_SOURCE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<gpu>\d+)\] ")
+_JAX_TASK = re.compile(r"/job:[\w-]+/replica:\d+/task:(?P<rank>\d+)")
 _C10D_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d{1,6})\]")
 _SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d{1,6})(?:[-,]\d+)*: ")
 _MEGATRON = re.compile(r"\bRank (?P<rank>\d{1,6}): found (?:NaN|Inf)\b")
@@ -85,16 +91,22 @@ def parse_line(index: int, raw: str) -> LogLine:
     host: str | None = None
     gpu: str | None = None
     when: float | None = None
+    stamped = False  # the previous prefix was a timestamp: a "host prog:" may follow
     for _ in range(8):  # bounded: each pass removes one prefix
+        after_stamp, stamped = stamped, False
         if match := _ISO.match(rest):
+            stamped = True
             when = when or _epoch(int(match["y"]), int(match["mo"]), match)
         elif match := _CTIME.match(rest):
+            stamped = True
             when = when or _epoch(int(match["y"]), _MONTHS.get(match["mon"].lower(), 1), match)
         elif match := _SYSLOG.match(rest):
             when = when or _epoch(2000, _MONTHS.get(match["mon"].lower(), 1), match)
             host = host or match["host"]
         elif match := _GLOG.match(rest):
             when = when or _epoch(2000, int(match["mo"]), match)
+        elif host is None and after_stamp and (match := _HOST_PROG.match(rest)):
+            host = match["host"]
         elif (
             (match := _UPTIME.match(rest))
             or (match := _STREAM.match(rest))
@@ -114,8 +126,10 @@ def parse_line(index: int, raw: str) -> LogLine:
         rest = rest[match.end() :]
     body = rest
     pci = None
-    if match := _NCCL_SOURCE.match(body):
+    if (match := _NCCL_SOURCE.match(body)) or (" NCCL " in body and (match := _NCCL_SOURCE.search(body))):
         host, gpu = host or match["host"], match["gpu"]
+    if rank is None and "/task:" in body and (match := _JAX_TASK.search(body)):
+        rank = int(match["rank"])
     if rank is None and (match := _C10D_RANK.search(body) or _DS_RANK.search(body)):
         rank = int(next(g for g in match.groups() if g is not None))
     if match := _SRUN_TASK.search(body):

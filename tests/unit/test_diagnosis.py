@@ -246,7 +246,7 @@ def test_fp16_overflow_skips_are_noise_but_an_exhausted_loss_scale_is_divergence
     overflow = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {0}, reducing to {1}"
     burst = "\n".join(overflow.format(2**k, 2 ** (k - 1)) for k in range(16, 8, -1))
     assert diagnose({}, burst).category == "unknown"
-    exhausted = burst + "\nException: Current loss scale already at minimum - cannot decrease scale anymore. Exiting run."
+    exhausted = f"{burst}\nException: Current loss scale already at minimum - cannot decrease scale anymore."
     assert diagnose({}, exhausted).category == "numerical_divergence"
 
 
@@ -389,7 +389,9 @@ def test_as_dict():
 
 def test_packaged_catalogue_covers_every_category():
     catalogue = load_catalogue()
-    covered = {s.category for s in catalogue.line_signatures + catalogue.label_signatures if s.role == "cause"}
+    covered = {
+        s.category for s in catalogue.line_signatures + catalogue.label_signatures if s.role == "cause"
+    }
     assert covered == set(CATEGORIES)
     assert {s.label for s in catalogue.label_signatures} == {"alertname", "error_class"}
 
