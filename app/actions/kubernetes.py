@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import re
 from abc import abstractmethod
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +20,7 @@ from app import errors
 from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import VALIDATION_COMMAND, check_timeout
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_NAME, Param
+from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient
@@ -32,6 +32,9 @@ SUSPENDED_BY = "nightshift.io/suspended-by"
 RESTARTED_AT = "nightshift.io/restarted-at"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
 JOB_KINDS = ("Job", "PyTorchJob", "JobSet")
+HOSTNAME_LABEL = (
+    "kubernetes.io/hostname"  # the well-known node label a NotIn affinity keeps pods off nodes by
+)
 # Where each suspendable kind keeps its suspend flag.
 SUSPEND_PATHS: dict[str, tuple[str, ...]] = {
     "PyTorchJob": ("spec", "runPolicy", "suspend"),
@@ -266,6 +269,12 @@ class RestartJob(KubernetesAction):
         "namespace": NAMESPACE,
         "name": Param(pattern=K8S_NAME, description="job name"),
         "kind": Param(choices=JOB_KINDS, description="Job | PyTorchJob | JobSet"),
+        "exclude_nodes": Param(
+            pattern=K8S_NODE_LIST,
+            max_length=16_384,
+            required=False,
+            description="nodes its pods must not run on, comma-separated (a required node affinity NotIn)",
+        ),
     }
     scope_keys = ("namespace",)
 
@@ -276,30 +285,40 @@ class RestartJob(KubernetesAction):
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         ns, name, kind = params["namespace"], params["name"], params["kind"]
+        nodes = _node_list(params)
+        off = f", its pods kept off {', '.join(nodes)} (node affinity NotIn)" if nodes else ""
         if kind == "Job":
             return Plan(
                 summary=f"restart Job {ns}/{name}: delete it (propagation Background) and recreate it "
-                "from its spec",
+                f"from its spec{off}",
                 command=f"DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name} (uid precondition); "
                 f"POST /apis/batch/v1/namespaces/{ns}/jobs",
             )
         field = ".".join(SUSPEND_PATHS[kind][1:])
         return Plan(
             summary=f"restart {kind} {ns}/{name}: set {field}=true, wait for the operator to suspend it, "
-            f"then set {field}=false",
+            f"then set {field}=false{off}",
             command=f"PATCH {kind} {ns}/{name} {field}=true (merge patch, resourceVersion precondition); "
             f"wait for condition Suspended=True; PATCH {field}=false",
         )
 
     def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
+        nodes = _node_list(params)
         if params["kind"] == "Job":
-            return self._recreate_job(params["namespace"], params["name"], kube, ctx, command)
+            return self._recreate_job(params["namespace"], params["name"], kube, ctx, command, nodes)
         return self._suspend_and_resume(
-            params["kind"], params["namespace"], params["name"], kube, ctx, command
+            params["kind"], params["namespace"], params["name"], kube, ctx, command, nodes
         )
 
     def _suspend_and_resume(
-        self, kind: str, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str
+        self,
+        kind: str,
+        ns: str,
+        name: str,
+        kube: KubeClient,
+        ctx: ActionContext,
+        command: str,
+        exclude: Sequence[str] = (),
     ) -> Outcome:
         path = SUSPEND_PATHS[kind]
         restarted_at = _stamp(ctx.clock.now())
@@ -310,7 +329,13 @@ class RestartJob(KubernetesAction):
             if _suspended(current, path):
                 return None
             annotations = {SUSPENDED_BY: OWNER, RESTARTED_AT: restarted_at}
-            return {"metadata": {"annotations": annotations}, **_nested_patch(path, True)}
+            patch = {"metadata": {"annotations": annotations}, **_nested_patch(path, True)}
+            if exclude:  # the pods the operator creates on resume stay off these nodes
+                patch["spec"] = {
+                    **patch.get("spec", {}),
+                    **excluded_templates(kind, current["spec"], exclude),
+                }
+            return patch
 
         if kube.update_workload(kind, ns, name, suspend):
             ctx.record("suspend", f"{kind} {ns}/{name} suspended", {"restarted_at": restarted_at})
@@ -349,7 +374,7 @@ class RestartJob(KubernetesAction):
         return Ok(command=command, output=f"{kind} {ns}/{name} suspended and resumed: its pods are recreated")
 
     def _recreate_job(
-        self, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str
+        self, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str, exclude: Sequence[str]
     ) -> Outcome:
         job = kube.get_workload("Job", ns, name)
         owner = next((o for o in job["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
@@ -359,6 +384,8 @@ class RestartJob(KubernetesAction):
                 reason=f"Job {ns}/{name} is managed by {owner['kind']} {owner['name']}: restart that instead",
             )
         manifest = fresh_job_manifest(job, _stamp(ctx.clock.now()))
+        if exclude:
+            manifest["spec"].update(excluded_templates("Job", manifest["spec"], exclude))
         old_uid = job["metadata"]["uid"]
         kube.delete_workload("Job", ns, name, uid=old_uid)
         ctx.record("delete", f"Job {ns}/{name} deleted", {"uid": old_uid})
@@ -546,6 +573,49 @@ def _stranded(exc: errors.BackendError, command: str, reason: str, output: str =
     human."""
     result = Ambiguous if isinstance(exc, errors.OutcomeUnknown) else Failed
     return result(command=command, reason=reason, output=output)
+
+
+def _node_list(params: Mapping[str, Any]) -> list[str]:
+    return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
+
+
+def excluded_templates(kind: str, spec: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+    """The parts of a training job's ``spec`` holding pod templates, each template's pods kept off ``nodes``: a
+    ``kubernetes.io/hostname NotIn`` expression added to every required node-selector term (terms are ORed, so
+    each needs it), merged with one such expression already there. Returned whole, for a merge patch."""
+    spec = json.loads(json.dumps(spec))
+    if kind == "PyTorchJob":
+        replicas = spec.get("pytorchReplicaSpecs") or {}
+        for replica in replicas.values():
+            _exclude(replica.setdefault("template", {}).setdefault("spec", {}), nodes)
+        return {"pytorchReplicaSpecs": replicas}
+    if kind == "JobSet":
+        jobs = spec.get("replicatedJobs") or []
+        for job in jobs:
+            pod = job.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
+            _exclude(pod.setdefault("spec", {}), nodes)
+        return {"replicatedJobs": jobs}
+    _exclude(spec.setdefault("template", {}).setdefault("spec", {}), nodes)
+    return {"template": spec["template"]}
+
+
+def _exclude(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
+    required = (
+        pod_spec.setdefault("affinity", {})
+        .setdefault("nodeAffinity", {})
+        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
+    )
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        expressions = term.setdefault("matchExpressions", [])
+        ours = next(
+            (e for e in expressions if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "NotIn"), None
+        )
+        if ours is None:
+            expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))})
+        else:
+            ours["values"] = sorted(set(ours.get("values") or []) | set(nodes))
+    required["nodeSelectorTerms"] = terms
 
 
 def fresh_job_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, Any]:

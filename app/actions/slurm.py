@@ -10,14 +10,13 @@ from __future__ import annotations
 import re
 import shlex
 from abc import abstractmethod
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from app.actions.base import Action, ActionContext, Plan
 from app.clients.slurm import (
     MAX_TAIL_LINES,
-    JobInfo,
     NodeInfo,
     SlurmClient,
     cancel_command,
@@ -31,7 +30,7 @@ from app.clients.slurm import (
 )
 from app.errors import BackendError, CommandFailed, ConfigError, OutcomeUnknown, ParamError, Unavailable
 from app.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED, Param
+from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_LIST, SLURM_NODE_NAME, SLURM_RESERVED, Param
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -61,14 +60,18 @@ def prefixed_reason(reason: str) -> str:
     return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
 
 
-def exclusion(job: JobInfo, node: str, required: list[str]) -> tuple[str, str | None]:
-    """The (ExcNodeList, ReqNodeList) that keep ``job`` off ``node``. The node is added to the excluded
-    hostlist and removed from the required nodes (``required``: ReqNodeList expanded), else the job could run
-    nowhere. ReqNodeList is None when it needs no change."""
-    excluded = job.exc_nodes.split(",") if job.exc_nodes else []
-    exc = job.exc_nodes if node in excluded else ",".join([*excluded, node])
-    req = ",".join(name for name in required if name != node) if node in required else None
+def exclusion(nodes: Sequence[str], excluded: list[str], required: list[str]) -> tuple[str, str | None]:
+    """The (ExcNodeList, ReqNodeList) that keep a job off ``nodes``, given its lists expanded (``excluded``:
+    ExcNodeList, ``required``: ReqNodeList). The nodes are added to the excluded ones and removed from the
+    required ones, else the job could run nowhere. ReqNodeList is None when it needs no change."""
+    exc = ",".join([*excluded, *(node for node in nodes if node not in excluded)])
+    req = ",".join(name for name in required if name not in nodes) if set(nodes) & set(required) else None
     return exc, req
+
+
+def excluded_nodes(params: Mapping[str, Any]) -> list[str]:
+    """The ``exclude_nodes`` of a requeue, as a list."""
+    return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
 
 
 def check_timeout(action: str, params: Mapping[str, Any], limit: int = 86_400) -> None:
@@ -357,30 +360,40 @@ class RequeueJob(SlurmAction):
     """
 
     name = "slurm.requeue_job"
-    description = "Requeue a Slurm batch job (optionally excluding a node)"
+    description = "Requeue a Slurm batch job (optionally keeping it off nodes)"
     params = {
         "job": _JOB,
-        "exclude_node": Param(
-            pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, required=False, description="node to avoid"
+        "exclude_nodes": Param(
+            pattern=SLURM_NODE_LIST,
+            max_length=4096,
+            required=False,
+            description="nodes to keep the job off, comma-separated (at most 64; not ALL)",
         ),
     }
     scope_keys = ("node", "partition")
 
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        for node in excluded_nodes(params):
+            if node.lower() in SLURM_RESERVED:
+                raise ParamError(self.name, "exclude_nodes", f"{node!r} is a reserved word of Slurm")
+        return params
+
     def plan(self, params: Mapping[str, Any]) -> Plan:
         commands = [shlex.join(requeue_command(params["job"]))]
         summary = f"requeue job {params['job']}"
-        if params.get("exclude_node"):
-            node = params["exclude_node"]
+        nodes = excluded_nodes(params)
+        if nodes:
             commands.append(
-                shlex.join(exclude_command(params["job"], node)) + " (merged with the job's lists)"
+                shlex.join(exclude_command(params["job"], ",".join(nodes))) + " (merged with the job's lists)"
             )
-            summary += f" and keep it off {node}"
+            summary += f" and keep it off {', '.join(nodes)}"
         return Plan(summary, "\n".join(commands))
 
     def execute(
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
-        job_id, node = params["job"], params.get("exclude_node")
+        job_id, nodes = params["job"], excluded_nodes(params)
         job = slurm.job_info(job_id)
         if not job.requeue:
             return Failed(reason=f"job {job_id} was submitted with --no-requeue; Slurm will not requeue it")
@@ -393,9 +406,10 @@ class RequeueJob(SlurmAction):
             if "is pending execution" not in str(exc):
                 raise
             notes.append(f"job {job_id} is {job.state}: already waiting to run, not requeued again")
-        if node:
+        if nodes:
             required = slurm.expand_hostlist(job.req_nodes) if job.req_nodes else []
-            exc_nodes, req_nodes = exclusion(job, node, required)
+            excluded = slurm.expand_hostlist(job.exc_nodes) if job.exc_nodes else []
+            exc_nodes, req_nodes = exclusion(nodes, excluded, required)
             executed.append(slurm.update_job_exclude(job_id, exc_nodes, req_nodes))
         after = slurm.job_info(job_id)
         notes.append(f"job {job_id}: {after.state}, restarts {after.restarts}, excluded: {after.exc_nodes}")

@@ -29,7 +29,7 @@ steps:
   - action: slurm.drain_node
     with: {node: "{{ target.node }}", reason: "Xid {{ labels.xid }}"}
   - action: slurm.requeue_job
-    with: {job: "{{ target.job }}", exclude_node: "{{ target.node }}"}
+    with: {job: "{{ target.job }}", exclude_nodes: "{{ target.node }}"}
 """
 
 

@@ -123,7 +123,7 @@ def test_requeue_moves_the_job_off_the_excluded_node(clean_slurm: SlurmCluster, 
     _wait_running(clean_slurm, job, "node1")
     assert isinstance(DrainNode().run({"node": "node1", "reason": "Xid 79"}, ctx), Ok)
 
-    outcome = RequeueJob().run({"job": job, "exclude_node": "node1"}, ctx)
+    outcome = RequeueJob().run({"job": job, "exclude_nodes": "node1"}, ctx)
 
     assert isinstance(outcome, Ok), outcome
     assert outcome.data["exc_nodes"] == "node1"
@@ -136,7 +136,7 @@ def test_requeue_moves_the_job_off_the_excluded_node(clean_slurm: SlurmCluster, 
 def test_requeue_of_a_pending_job_only_excludes(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
     job = clean_slurm.sbatch("sleep 300", "--requeue", "--hold")
 
-    outcome = RequeueJob().run({"job": job, "exclude_node": "node2"}, ctx)
+    outcome = RequeueJob().run({"job": job, "exclude_nodes": "node2"}, ctx)
 
     assert isinstance(outcome, Ok), outcome
     assert "already waiting to run" in outcome.output
@@ -230,7 +230,7 @@ VALID = {
     "node": "node1",
     "reason": "Xid 79",
     "dir": "/ckpt",
-    "exclude_node": "node2",
+    "exclude_nodes": "node2",
     "validate": "true",
 }
 

@@ -261,13 +261,21 @@ def test_reason_prefix() -> None:
 
 
 def test_exclusion_merges_and_frees_required_nodes() -> None:
-    job = parse_job(JOB_RUNNING)
+    assert exclusion(["node1"], [], ["node1"]) == ("node1", "")
+    assert exclusion(["node3"], [], []) == ("node3", None)
+    assert exclusion(["node1"], ["node1"], []) == ("node1", None)
+    assert exclusion(["node2"], ["node1"], ["node2", "node4"]) == ("node1,node2", "node4")
+    assert exclusion(["node2", "node3"], ["node1"], ["node2", "node4"]) == ("node1,node2,node3", "node4")
 
-    assert exclusion(job, "node1", ["node1"]) == ("node1", "")
-    assert exclusion(job, "node3", []) == ("node3", None)
-    pending = parse_job(JOB_PENDING_AFTER_REQUEUE)
-    assert exclusion(pending, "node1", []) == ("node1", None)
-    assert exclusion(pending, "node2", ["node2", "node4"]) == ("node1,node2", "node4")
+
+def test_requeue_excludes_a_list_of_nodes_and_never_all() -> None:
+    assert (
+        RequeueJob().validate({"job": "7", "exclude_nodes": "node1,node2"})["exclude_nodes"] == "node1,node2"
+    )
+    for hostile in ("ALL", "node1,all", "node[1-4]", "node1;reboot", "node1,,node2", ",".join(["n"] * 65)):
+        with pytest.raises(ParamError):
+            RequeueJob().validate({"job": "7", "exclude_nodes": hostile})
+    assert "exclude_nodes" not in RequeueJob().validate({"job": "7", "exclude_nodes": ""})
 
 
 def test_action_params_reject_hostile_values() -> None:
@@ -292,9 +300,10 @@ def test_action_params_reject_hostile_values() -> None:
 
 
 def test_plans_show_the_commands() -> None:
-    plan = RequeueJob().plan({"job": "7", "exclude_node": "node1"})
+    plan = RequeueJob().plan({"job": "7", "exclude_nodes": "node1,node3"})
     assert "scontrol requeue 7" in plan.command
-    assert "ExcNodeList=node1" in plan.command
+    assert "ExcNodeList=node1,node3" in plan.command
+    assert plan.summary == "requeue job 7 and keep it off node1, node3"
     drain = DrainNode().plan({"node": "node1", "reason": "Xid 79"})
     assert drain.command == "scontrol update NodeName=node1 State=DRAIN 'Reason=nightshift: Xid 79'"
 
