@@ -68,6 +68,27 @@ def by_age(entries: Sequence[tuple[float, str]]) -> list[str]:
     return [name for _, name in sorted(entries)]
 
 
+def resolve_below_root(
+    slurm: SlurmClient, directory: str, executed: list[CommandResult], ctx: ActionContext
+) -> str | Failed:
+    """``directory`` resolved on the Slurm host (``realpath -e``), or Failed unless it lies strictly below one of
+    ``settings.checkpoint.allowed_roots`` (resolved there too), so a symlink cannot lead out of a root."""
+    roots = list(ctx.settings.checkpoint.allowed_roots)
+    if not roots or not all(re.fullmatch(ABS_PATH, root) for root in roots):
+        return Failed(reason=f"checkpoint.allowed_roots must list absolute paths (got {roots!r})")
+    executed.append(slurm.run(["realpath", "-e", "--", directory]))
+    resolved = executed[-1].stdout.rstrip("\n")
+    executed.append(slurm.run(["realpath", "-m", "--", *roots]))
+    resolved_roots = executed[-1].stdout.splitlines()
+    if not below(resolved, resolved_roots):
+        return Failed(
+            reason=f"{directory} resolves to {resolved}, not strictly below an allowed root "
+            f"({', '.join(resolved_roots)})",
+            command=executed_commands(executed),
+        )
+    return resolved
+
+
 def quarantine_name(name: str, ctx: ActionContext) -> str:
     return f"{name}{QUARANTINE_MARK}{ctx.clock.now().strftime('%Y%m%dT%H%M%SZ')}"
 
@@ -115,19 +136,9 @@ class QuarantineLatest(SlurmAction):
     def execute(
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
-        roots = list(ctx.settings.checkpoint.allowed_roots)
-        if not roots or not all(re.fullmatch(ABS_PATH, root) for root in roots):
-            return Failed(reason=f"checkpoint.allowed_roots must list absolute paths (got {roots!r})")
-        executed.append(slurm.run(["realpath", "-e", "--", params["dir"]]))
-        resolved = executed[-1].stdout.rstrip("\n")
-        executed.append(slurm.run(["realpath", "-m", "--", *roots]))
-        resolved_roots = executed[-1].stdout.splitlines()
-        if not below(resolved, resolved_roots):
-            return Failed(
-                reason=f"{params['dir']} resolves to {resolved}, not strictly below an allowed root "
-                f"({', '.join(resolved_roots)})",
-                command=executed_commands(executed),
-            )
+        resolved = resolve_below_root(slurm, params["dir"], executed, ctx)
+        if isinstance(resolved, Failed):
+            return resolved
         executed.append(slurm.run(_list_command(resolved, params["pattern"])))
         names = by_age(parse_listing(executed[-1].stdout))
         if not names:

@@ -44,20 +44,20 @@ class BashSlurm:
 
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    """``<tmp>/checkpoints`` with two jobs, each with two checkpoint directories."""
+    """``<tmp>/checkpoints`` with two jobs, each with two Hugging Face checkpoint directories."""
     root = tmp_path / "checkpoints"
     for job in ("run1", "run2"):
-        for step in ("step_100", "step_200"):
+        for step in ("checkpoint-100", "checkpoint-200"):
             (root / job / step).mkdir(parents=True)
     return root
 
 
 def plan_quarantine(root: Path, labels: dict[str, str]) -> Any:
-    """The shipped playbook's quarantine step, planned for an alert with ``labels`` (dir moved under ``root``)."""
+    """The shipped playbook's rollback step, planned for an alert with ``labels`` (dir moved under ``root``)."""
     registry = default_registry()
     playbook = load_playbooks([PLAYBOOKS], registry).get("checkpoint-corrupt")
     assert playbook is not None
-    (step,) = [s for s in playbook.steps if s.action == "checkpoint.quarantine_latest"]
+    (step,) = [s for s in playbook.steps if s.action == "checkpoint.rollback"]
     template = step.with_["dir"]
     assert template == "/shared/checkpoints/{{ labels.train_job }}"  # the shipped layout this test guards
     moved = dataclasses.replace(step, with_={"dir": template.replace("/shared/checkpoints", str(root))})
@@ -101,16 +101,18 @@ def test_a_dir_resolving_to_the_root_through_a_symlink_fails_and_renames_nothing
     assert tree(root) == before
 
 
-def test_the_jobs_own_dir_quarantines_its_newest_checkpoint_only(root):
+def test_the_jobs_own_dir_rolls_back_its_current_checkpoint_only(root):
     planned = plan_quarantine(root, {"train_job": "run1"})
     assert planned.status != INVALID, planned.reason
     settings = Settings()
     settings.checkpoint.allowed_roots = [str(root)]
-    action = default_registry().get("checkpoint.quarantine_latest")
+    action = default_registry().get("checkpoint.rollback")
     ctx = ActionContext(settings=settings, clients=Clients(settings, slurm=BashSlurm()), clock=FakeClock())
     outcome = action.run(dict(planned.params), ctx)
     assert outcome.status == "ok", outcome
     after = tree(root)
-    assert "run1/step_100" in after and not any(name == "run1/step_200" for name in after)
-    assert any(name.startswith("run1/step_200.quarantined-") for name in after)
-    assert {"run2/step_100", "run2/step_200"} <= set(after)  # the other job is untouched
+    assert "run1/checkpoint-100" in after and "run1/checkpoint-200" not in after
+    assert sorted(p.name for p in (root / "run1" / "nightshift-quarantine").iterdir()) == [
+        "checkpoint-200.20261202T030000Z"
+    ]
+    assert {"run2/checkpoint-100", "run2/checkpoint-200"} <= set(after)  # the other job is untouched
