@@ -2,6 +2,7 @@
 
 pytest_plugins: list[str] = [
     "tests.fixtures.prometheus",
+    "tests.fixtures.containers",
     "tests.fixtures.kube",
     "tests.fixtures.slurm",
     "tests.fixtures.postgres",

@@ -8,7 +8,7 @@ back, which catches misspelt fields (a 1.20 apiserver silently drops unknown fie
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ from tests.fixtures.kube import (
     KubeAdmin,
     KubeCluster,
     SuspendController,
+    assert_contains,
     run_action,
 )
 from tests.fixtures.procs import wait_until
@@ -167,21 +168,6 @@ def test_deleting_a_node_is_forbidden(remediator: KubeCluster, kube_admin: KubeA
     assert refused.value.status == 403
     assert 'cannot delete resource "nodes"' in json.loads(refused.value.body)["message"]
     assert kube_admin.node(node)["metadata"]["name"] == node
-
-
-def assert_contains(expected: Any, actual: Any, where: str = "") -> None:
-    """Every field of ``expected`` is in ``actual`` with the same value (the server may add defaults)."""
-    if isinstance(expected, Mapping):
-        assert isinstance(actual, Mapping), f"{where}: expected a mapping, got {actual!r}"
-        for key, value in expected.items():
-            assert key in actual, f"{where}.{key}: dropped by the apiserver (misspelt or unknown field?)"
-            assert_contains(value, actual[key], f"{where}.{key}")
-    elif isinstance(expected, list):
-        assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual!r}"
-        for index, (item, got) in enumerate(zip(expected, actual, strict=True)):
-            assert_contains(item, got, f"{where}[{index}]")
-    else:
-        assert expected == actual, f"{where}: {expected!r} became {actual!r}"
 
 
 @pytest.mark.parametrize("name", MANIFESTS)
