@@ -193,6 +193,18 @@ class CheckpointSettings:
 
 
 @dataclass
+class DiagnosisSettings:
+    """How sure app/diagnosis must be before it names a fault."""
+
+    # Below this confidence the verdict is `unknown` (or `benign`), with what was seen in the summary.
+    confidence_floor: float = 0.35
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.confidence_floor <= 1:
+            raise ConfigError(f"diagnosis.confidence_floor: in [0, 1], got {self.confidence_floor!r}")
+
+
+@dataclass
 class EpisodeSettings:
     """How alerts of one training job become one failure episode (one job incident), and its culprit nodes."""
 
@@ -265,6 +277,7 @@ class Settings:
     slurm: SlurmSettings = field(default_factory=SlurmSettings)
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     checkpoint: CheckpointSettings = field(default_factory=CheckpointSettings)
+    diagnosis: DiagnosisSettings = field(default_factory=DiagnosisSettings)
     repair: RepairSettings = field(default_factory=RepairSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
