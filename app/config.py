@@ -88,6 +88,9 @@ class GuardSettings:
     node_pool_label: str = "node.kubernetes.io/instance-type"
     default_backoff_seconds: int = 600
     defer_seconds: int = 30  # how long a deferred incident waits before the chain runs again
+    # Per training job, whatever the fault class: at most this many recoveries within the window, then a person.
+    job_recoveries_max: int = 5
+    job_recoveries_window_seconds: int = 86400
 
     def __post_init__(self) -> None:
         if not 0 < self.blast_radius_max_share <= 1:

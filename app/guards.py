@@ -214,6 +214,34 @@ def recheck(
     return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
 
 
+def job_budget(
+    job: str | None, recoveries: Sequence[datetime], now: datetime, limit: int, window: timedelta
+) -> Verdict:
+    """At most ``limit`` recoveries of one training job within ``window``, whatever the fault class (settings
+    ``guards.job_recoveries_max`` / ``guards.job_recoveries_window_seconds``); then the job goes to a person.
+
+    ``recoveries``: when each earlier recovery attempt of this job started (any playbook, any incident); those
+    older than the window do not count. Not in :data:`CHAIN`: the job incident checks it before its recovery."""
+    if not job:
+        return Verdict("job_budget", PASS, "not a training job's incident")
+    if limit < 1:
+        return Verdict(
+            "job_budget", STOP, f"job {job}: job recoveries disabled (limit {limit})", outcome="needs_human"
+        )
+    used = sum(1 for started in recoveries if now - window < started <= now)
+    if used >= limit:
+        return Verdict(
+            "job_budget",
+            STOP,
+            f"job {job}: {used} recoveries in the last {human_duration(window)}, whatever the fault "
+            f"(job budget {limit}): a person looks before another",
+            outcome="needs_human",
+        )
+    return Verdict(
+        "job_budget", PASS, f"job {job}: recovery {used + 1} of {limit} in {human_duration(window)}"
+    )
+
+
 CHAIN = (kill_switch, permission, blast_radius, serialisation, budget, cooldown, stale_signal)
 
 
