@@ -45,7 +45,7 @@ def build_engine(
     from app.actions import default_registry
     from app.clients import Clients
     from app.clock import SystemClock
-    from app.diagnosis import diagnose
+    from app.diagnosis import for_settings
     from app.engine import Engine, EngineDeps
     from app.metrics import Metrics
     from app.permissions import load_permissions
@@ -65,7 +65,7 @@ def build_engine(
         clients=clients or Clients(settings),
         clock=clock,
         metrics=metrics or Metrics(),
-        diagnose=diagnose,
+        diagnose=for_settings(settings),
     )
     return Engine(deps)
 

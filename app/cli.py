@@ -1,4 +1,4 @@
-"""``nightshift``: serve | worker | lint | explain | replay | export | inbox."""
+"""``nightshift``: serve | worker | lint | explain | diagnose | replay | export | inbox."""
 
 from __future__ import annotations
 
@@ -202,7 +202,7 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
     from app.alertmanager import parse_notification
     from app.clients import Clients
     from app.clock import SystemClock
-    from app.diagnosis import diagnose
+    from app.diagnosis import for_settings
     from app.engine.deps import EngineDeps
     from app.engine.explain import explain as explain_payload
     from app.metrics import Metrics
@@ -224,7 +224,7 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
         clients=Clients(settings),
         clock=SystemClock(),
         metrics=Metrics(),
-        diagnose=diagnose,
+        diagnose=for_settings(settings),
     )
     report = explain_payload(deps, notification)
     if as_json:
@@ -342,6 +342,26 @@ def inbox(config: str | None, retry: bool) -> None:
         stats = records.inbox_stats(conn)
         failed = records.failed_inbox(conn)
     click.echo(json.dumps({**stats, "set_aside": failed}, default=str, indent=2))
+
+
+@cli.command()
+@config_option
+@click.argument("logfiles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option("--label", "-l", "labels", multiple=True, metavar="K=V", help="An alert label (repeatable).")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print the diagnosis as JSON (as the ledger stores it)."
+)
+def diagnose(config: str | None, logfiles: tuple[str, ...], labels: tuple[str, ...], as_json: bool) -> None:
+    """Diagnose log files (job output, dmesg, py-spy dumps; read in the order given) as an incident would be."""
+    from app.diagnosis import for_settings, render
+    from app.logfiles import label_pairs, read_tails
+
+    try:
+        label_map = label_pairs(labels)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--label") from None
+    result = for_settings(_settings(config))(label_map, read_tails(logfiles))
+    click.echo(json.dumps(result.as_dict(), indent=2) if as_json else render(result))
 
 
 if __name__ == "__main__":

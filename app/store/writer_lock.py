@@ -11,6 +11,10 @@ Every wait ends after ``timeout_s`` with :class:`app.errors.StoreUnavailable`, s
 of a hang. ``flock`` has no timeout of its own and a blocking call cannot be interrupted from Python outside the main
 thread, so a process that finds the file locked tries again every ``POLL_S`` (``LOCK_NB``) until its deadline. The
 uncontended path is one non-blocking call, as before.
+
+Once a wait for another process has timed out, the next writers of this process wait only ``STUCK_WAIT_S`` until
+one gets through: while a lock stays held for minutes, each webhook would otherwise hold one of the server's few
+threads for the whole timeout, and ``/healthz`` would queue behind them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,9 @@ from app.errors import StoreUnavailable
 
 # How often a process waiting for another's flock tries again: the most it adds to a hand-over between processes.
 POLL_S = 0.001
+# How long a writer waits for another process while the last wait timed out (see above): far longer than a
+# transaction, so a holder doing normal work again lets it through at once.
+STUCK_WAIT_S = 0.1
 
 
 class WriterLock:
@@ -37,6 +44,7 @@ class WriterLock:
         self._threads = threading.Lock()
         self._fd: int | None = None
         self._fd_pid = 0
+        self._stuck = False  # the last wait for another process timed out (read and written under _threads)
 
     def __enter__(self) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -60,13 +68,17 @@ class WriterLock:
             self._threads.release()
 
     def _flock(self, fd: int, deadline: float) -> None:
+        if self._stuck:
+            deadline = min(deadline, time.monotonic() + STUCK_WAIT_S)
         while True:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                self._stuck = False
                 return
             except BlockingIOError:
                 left = deadline - time.monotonic()
                 if left <= 0:
+                    self._stuck = True
                     raise self._busy(f"another process ({self.path})") from None
                 time.sleep(min(POLL_S, left))
 
