@@ -149,6 +149,8 @@ class SlurmSettings:
     # Where a command runs ON a node (the repair's validation): this host, "{node}" replaced by the node's name;
     # same port, user and keys as above.
     node_ssh_host: str = "{node}"
+    # GET /api/v1/sd/training answers from a cache this old at most (one SSH round trip per window and process).
+    discovery_cache_seconds: float = 5.0
 
 
 @dataclass

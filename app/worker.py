@@ -25,6 +25,8 @@ def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind:
     """
     me = worker_id(kind)
     log.info("worker %s started", me)
+    # The SSH connection to Slurm opens in the background: a slow or unreachable host never delays the loop.
+    threading.Thread(target=engine.deps.clients.warm_up, name="nightshift-ssh-warm-up", daemon=True).start()
     backoff = poll_seconds
     while not stop.is_set():
         engine.wakeup.clear()  # before looking, so that a notification accepted meanwhile cuts the wait short

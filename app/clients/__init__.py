@@ -6,12 +6,15 @@ third-party exception type. :class:`Clients` builds each wrapper lazily from set
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from app.config import Settings
+
+log = logging.getLogger(__name__)
 
 
 class Clients:
@@ -75,6 +78,19 @@ class Clients:
         from app.clients.ssh import SshRunner
 
         return self._get(f"node:{node}", lambda settings: SshRunner.from_settings(settings, node))
+
+    def warm_up(self) -> None:
+        """Open the SSH connection to the Slurm host now, when one is configured, so that the first incident
+        does not pay the handshake (a quarter of a second on loopback, more across a network). A failure is
+        logged; the first command meets it again and reports it where it matters."""
+        from app.errors import BackendError, ConfigError
+
+        if not self._settings.slurm.host:
+            return
+        try:
+            self.slurm.runner.connect()
+        except (BackendError, ConfigError) as exc:
+            log.warning("slurm: could not open the SSH connection ahead of time: %s", exc)
 
     def close(self) -> None:
         """Release connections (SSH sessions, HTTP pools)."""

@@ -112,6 +112,10 @@ class CommandRunner(Protocol):
 
     def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult: ...
 
+    def run_all(
+        self, argvs: Sequence[Sequence[str]], timeout: float | None = None
+    ) -> list[CommandResult]: ...
+
     def close(self) -> None: ...
 
 
@@ -335,9 +339,20 @@ class SlurmClient:
 
     def run(self, argv: list[str]) -> CommandResult:
         """Run ``argv`` on the Slurm host; a non-zero exit raises :class:`CommandFailed` or :class:`NotFound`."""
-        result = self.runner.run(argv)
+        return self.checked(self.runner.run(argv))
+
+    def run_all(self, argvs: Sequence[list[str]]) -> list[CommandResult]:
+        """Run independent commands at once (one round trip, :meth:`SshRunner.run_all`); the results unchecked,
+        in order: pass each to :meth:`checked` (a failure of one does not hide the others' results)."""
+        return self.runner.run_all(argvs)
+
+    @staticmethod
+    def checked(result: CommandResult) -> CommandResult:
+        """``result`` if it exited 0, else :class:`NotFound` (Slurm's unknown job/node messages) or
+        :class:`CommandFailed`."""
         if result.exit_code == 0:
             return result
+        argv = list(result.argv)
         text = result.stderr.strip() or result.stdout.strip()
         output = tail(result.output)
         if "Invalid job id specified" in text:

@@ -59,7 +59,7 @@ def int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
 
 
 def register(app: Flask) -> None:
-    from app.web import alerts, api, health, ui
+    from app.web import alerts, api, discovery, health, ui
     from app.web.access import ACCESS_KEY, ReadAccess
     from app.web.auth import LIMITER_KEY, AuthFailureLimiter
 
@@ -70,6 +70,7 @@ def register(app: Flask) -> None:
     app.extensions[ACCESS_KEY] = ReadAccess.from_settings(services.settings, services.operator_token)
     app.register_blueprint(alerts.bp)
     app.register_blueprint(api.bp)
+    app.register_blueprint(discovery.bp)
     app.register_blueprint(health.bp)
     app.register_blueprint(ui.bp)
 

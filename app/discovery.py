@@ -1,0 +1,153 @@
+"""Prometheus HTTP service discovery of training jobs' progress endpoints on Slurm: pure parsing and building.
+
+Convention (docs/slurm.md): a job announces the port its progress endpoint (``nightshift_progress``) serves on in
+its Slurm comment, ``sbatch --comment=nightshift.progress_port=9464`` (the token may stand anywhere in the comment,
+separated by blanks, commas or semicolons). Every node of a running job serves one endpoint on that port, at the
+node's ``NodeAddr``. A job without the token, or with a port outside 1..65535, is listed nowhere.
+
+The job owner writes the comment, so nothing else is taken from it: the job ids and node lists come from a
+``squeue`` format holding no user text, and a comment line is only matched to a job id that query reported, once
+(a comment forging a second line for another job makes that job id appear twice, and the job is left out).
+
+Output: the ``http_sd_configs`` JSON (a list of ``{"targets": [...], "labels": {...}}``), one group per job and
+node, labelled with ``__meta_slurm_job_id``, ``__meta_slurm_node``, ``__meta_slurm_partition`` and
+``__meta_slurm_user`` (meta labels: available to relabelling, dropped after it, so they never clash with the
+labels the job exports itself).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from app.params import NODE_NAME, SLURM_JOB_ID
+
+PORT_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.progress_port=([0-9]{1,5})(?=$|[\s,;])")
+# squeue formats: the first holds no user-controlled text; the second ends with the comment (the rest of the line).
+JOBS_FORMAT = "%i %P %u %N"
+COMMENTS_FORMAT = "%i %k"
+# Bounds: nodes one hostlist may expand to, jobs listed (a larger cluster needs a larger bound, documented).
+MAX_HOSTLIST_NODES = 16_384
+MAX_JOBS = 10_000
+
+_JOB_LINE = re.compile(rf"({SLURM_JOB_ID}) (\S+) (\S+) (\S+)")
+_COMMENT_LINE = re.compile(rf"({SLURM_JOB_ID}) (.*)")
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+class HostlistError(ValueError):
+    """A hostlist expression that is malformed or expands to more than :data:`MAX_HOSTLIST_NODES` names."""
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    partition: str
+    user: str
+    nodes: tuple[str, ...]
+
+
+def expand_hostlist(expression: str, limit: int = MAX_HOSTLIST_NODES) -> list[str]:
+    """The node names of a Slurm hostlist: ``gpu[01-03,7],login1`` → gpu01, gpu02, gpu03, gpu7, login1;
+    several bracket groups multiply (``r[1-2]n[1-2]``). Zero padding follows the lower bound's width."""
+    names: list[str] = []
+    for part in _split_top_level(expression):
+        expanded = [""]
+        for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", part):
+            expanded = [prefix + literal for prefix in expanded]
+            if ranges:
+                expanded = [prefix + value for prefix in expanded for value in _range_values(ranges, limit)]
+            if len(expanded) + len(names) > limit:
+                raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
+        names += [name for name in expanded if name]
+    return names
+
+
+def _split_top_level(expression: str) -> list[str]:
+    """Split at commas outside brackets; unbalanced brackets are a :class:`HostlistError`."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(expression):
+        depth += (char == "[") - (char == "]")
+        if depth not in (0, 1):
+            raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
+        if char == "," and depth == 0:
+            parts.append(expression[start:index])
+            start = index + 1
+    if depth:
+        raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
+    return [*parts, expression[start:]]
+
+
+def _range_values(ranges: str, limit: int) -> list[str]:
+    values: list[str] = []
+    for item in ranges.split(","):
+        match = _RANGE.fullmatch(item)
+        if not match:
+            raise HostlistError(f"bad range {item!r} in a hostlist")
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low) or int(high) - int(low) + len(values) >= limit:
+            raise HostlistError(f"range {item!r} is reversed or larger than {limit}")
+        values += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+    return values
+
+
+def parse_jobs(text: str) -> dict[str, RunningJob]:
+    """Running jobs from ``squeue --noheader --format='%i %P %u %N'``; malformed lines are skipped."""
+    jobs: dict[str, RunningJob] = {}
+    for line in text.splitlines()[:MAX_JOBS]:
+        match = _JOB_LINE.fullmatch(line.strip())
+        if not match:
+            continue
+        job_id, partition, user, hostlist = match.groups()
+        try:
+            nodes = tuple(n for n in expand_hostlist(hostlist) if re.fullmatch(NODE_NAME, n))
+        except HostlistError:
+            continue
+        jobs[job_id] = RunningJob(job_id, partition, user, nodes)
+    return jobs
+
+
+def parse_ports(text: str, job_ids: Iterable[str]) -> tuple[dict[str, int], list[str]]:
+    """(job id → port, job ids whose comment line appeared more than once) from
+    ``squeue --noheader --format='%i %k'``, for the jobs of ``job_ids`` only."""
+    known = set(job_ids)
+    lines = [m.groups() for m in map(_COMMENT_LINE.fullmatch, text.splitlines()) if m and m.group(1) in known]
+    seen = Counter(job_id for job_id, _ in lines)
+    ports: dict[str, int] = {}
+    for job_id, comment in lines:
+        match = PORT_TOKEN.search(comment)
+        if seen[job_id] == 1 and match and 1 <= int(match.group(1)) <= 65535:
+            ports[job_id] = int(match.group(1))
+    return ports, sorted(job_id for job_id, count in seen.items() if count > 1)
+
+
+def parse_node_addresses(text: str) -> dict[str, str]:
+    """Node name → NodeAddr from ``sinfo --noheader --Node --format='%N %o'`` (one line per node and partition)."""
+    addresses: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and re.fullmatch(NODE_NAME, fields[0]):
+            addresses.setdefault(fields[0], fields[1])
+    return addresses
+
+
+def target_groups(
+    jobs: Mapping[str, RunningJob], ports: Mapping[str, int], addresses: Mapping[str, str]
+) -> list[dict[str, object]]:
+    """The ``http_sd_configs`` JSON: one group per job (with a port) and node, sorted by job id and node."""
+    groups = []
+    for job_id in sorted(ports, key=lambda j: (len(j), j)):
+        job = jobs[job_id]
+        for node in job.nodes:
+            host = addresses.get(node, node)
+            host = f"[{host}]" if ":" in host else host  # an IPv6 NodeAddr
+            labels = {
+                "__meta_slurm_job_id": job_id,
+                "__meta_slurm_node": node,
+                "__meta_slurm_partition": job.partition,
+                "__meta_slurm_user": job.user,
+            }
+            groups.append({"targets": [f"{host}:{ports[job_id]}"], "labels": labels})
+    return groups

@@ -1,0 +1,97 @@
+"""``GET /api/v1/sd/training``: Prometheus HTTP service discovery (``http_sd_configs``) of the progress endpoints
+of running Slurm jobs (:mod:`app.clients.slurm_discovery`, convention in docs/slurm.md).
+
+Readers only (:mod:`app.web.access`: the viewer or operator token as Prometheus's ``authorization``). The answer
+is cached per process for ``slurm.discovery_cache_seconds`` so Prometheus servers polling every few seconds cost
+one SSH exec per window; concurrent requests during a refresh wait for it (one refresh at a time). A running job
+without a port is logged once per process (and again only after it has left the queue and come back), never per
+request. Slurm unreachable or failing: 503 with the reason (Prometheus keeps the targets it had).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from flask import Blueprint, Response, current_app, jsonify
+
+from app.clients.slurm_discovery import Discovered, discover
+from app.errors import BackendError, ConfigError
+from app.web import error
+from app.web.access import read_refusal
+
+log = logging.getLogger(__name__)
+bp = Blueprint("sd", __name__, url_prefix="/api/v1/sd")
+CACHE_KEY = "nightshift.sd_cache"
+# Every job id ever logged as portless is remembered at most this long a list (bounded; a job that left the
+# queue is forgotten at the next refresh anyway).
+MAX_REMEMBERED = 100_000
+
+
+class DiscoveryCache:
+    """One :class:`Discovered` per ``ttl`` seconds; ``fetch`` runs under a lock, so one refresh at a time."""
+
+    def __init__(
+        self, ttl: float, fetch: Callable[[], Discovered], clock: Callable[[], float] = time.monotonic
+    ):
+        self.ttl = ttl
+        self.fetch = fetch
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._value: Discovered | None = None
+        self._at = 0.0
+        self._logged: set[str] = set()
+
+    def get(self) -> Discovered:
+        with self._lock:
+            now = self.clock()
+            if self._value is None or now - self._at >= self.ttl:
+                self._value, self._at = self.fetch(), now
+                self._log_new(self._value)
+            return self._value
+
+    def _log_new(self, found: Discovered) -> None:
+        running = set(found.without_port) | set(found.ambiguous)
+        self._logged &= running  # forget jobs that left, so a job id reused later is logged again
+        for job in found.without_port:
+            if job not in self._logged:
+                log.info(
+                    "slurm job %s runs without nightshift.progress_port=<port> in its comment: not discovered",
+                    job,
+                )
+        for job in found.ambiguous:
+            if job not in self._logged:
+                log.warning("slurm job %s: its comment forges another squeue line; not discovered", job)
+        if len(self._logged | running) <= MAX_REMEMBERED:
+            self._logged |= running
+
+
+def _cache() -> DiscoveryCache:
+    cache = current_app.extensions.get(CACHE_KEY)
+    if cache is None:
+        services = current_app.extensions["nightshift"]
+        clients = services.engine.deps.clients
+        fresh = DiscoveryCache(
+            services.settings.slurm.discovery_cache_seconds, lambda: discover(clients.slurm)
+        )
+        cache = current_app.extensions.setdefault(CACHE_KEY, fresh)  # two first requests: one cache wins
+    return cache
+
+
+@bp.before_request
+def _readers_only() -> Any:
+    return read_refusal()
+
+
+@bp.get("/training")
+def training() -> Response:
+    if not current_app.extensions["nightshift"].settings.slurm.host:
+        return error(404, "no Slurm backend configured (slurm.host): nothing to discover")
+    try:
+        found = _cache().get()
+    except (BackendError, ConfigError) as exc:
+        return error(503, f"slurm discovery failed: {exc}")
+    return jsonify(found.groups)

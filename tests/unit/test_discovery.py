@@ -1,0 +1,94 @@
+"""Slurm service discovery of progress endpoints (app/discovery.py, pure) and the cache that logs portless jobs
+once (app/web/discovery.py). The endpoint on a real Slurm: tests/integration/test_slurm_discovery.py."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from app import discovery
+from app.clients.slurm_discovery import Discovered
+from app.web.discovery import DiscoveryCache
+
+
+def test_hostlists_expand_like_slurm():
+    assert discovery.expand_hostlist("node1") == ["node1"]
+    assert discovery.expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
+    assert discovery.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    for bad in ("node[1-", "node]1[", "node[a-b]", "node[3-1]"):
+        with pytest.raises(discovery.HostlistError):
+            discovery.expand_hostlist(bad)
+    with pytest.raises(discovery.HostlistError, match="larger than 16384"):
+        discovery.expand_hostlist("n[1-100000]")
+    with pytest.raises(discovery.HostlistError, match="more than"):
+        discovery.expand_hostlist("a[1-200]b[1-200]")  # 40,000 names from two small ranges
+
+
+JOBS = "101 gpu alice node[1-2]\n102 gpu bob node3\n103 debug carol node4\n104_7 gpu dave node5\n"
+
+
+def test_jobs_with_a_port_become_one_target_group_per_node():
+    jobs = discovery.parse_jobs(JOBS)
+    comments = (
+        "101 nightshift.progress_port=9464\n"
+        "102 run 12, nightshift.progress_port=9500; owner bob\n"
+        "103 no port here\n"
+        "104_7 nightshift.progress_port=70000\n"  # not a port
+    )
+    ports, ambiguous = discovery.parse_ports(comments, jobs)
+    assert ports == {"101": 9464, "102": 9500} and ambiguous == []
+    addresses = discovery.parse_node_addresses("node1 10.0.0.1\nnode1 10.0.0.1\nnode2 fd00::2\nnode3 node3\n")
+    groups = discovery.target_groups(jobs, ports, addresses)
+    assert [g["targets"] for g in groups] == [["10.0.0.1:9464"], ["[fd00::2]:9464"], ["node3:9500"]]
+    assert groups[0]["labels"] == {
+        "__meta_slurm_job_id": "101",
+        "__meta_slurm_node": "node1",
+        "__meta_slurm_partition": "gpu",
+        "__meta_slurm_user": "alice",
+    }
+
+
+def test_a_comment_forging_a_line_for_another_job_gets_that_job_left_out():
+    jobs = discovery.parse_jobs(JOBS)
+    # Job 103's owner put a newline and a fake line for job 101 in the comment.
+    comments = "101 nightshift.progress_port=9464\n103 x\n101 nightshift.progress_port=22\n"
+    ports, ambiguous = discovery.parse_ports(comments, jobs)
+    assert ports == {} and ambiguous == ["101"]
+    # A forged line naming a job that is not running is ignored: ids come from the first query only.
+    ports, _ = discovery.parse_ports("999 nightshift.progress_port=22\n", jobs)
+    assert ports == {}
+
+
+def test_malformed_squeue_lines_and_node_names_are_skipped():
+    jobs = discovery.parse_jobs("garbage\n105 gpu eve node[1-\n106 gpu eve n;rm\n107 gpu eve (null)\n")
+    assert set(jobs) == {"106", "107"} and jobs["106"].nodes == () and jobs["107"].nodes == ()
+    assert discovery.target_groups(jobs, {"106": 9000}, {}) == []
+
+
+class _Fetches:
+    def __init__(self, *results: Discovered):
+        self.results = list(results)
+        self.calls = 0
+
+    def __call__(self) -> Discovered:
+        self.calls += 1
+        return self.results.pop(0)
+
+
+def test_cache_refreshes_once_per_ttl_and_logs_a_portless_job_once(caplog: pytest.LogCaptureFixture):
+    now = [0.0]
+    portless = Discovered(groups=[], without_port=["7"], ambiguous=[])
+    fetch = _Fetches(portless, portless, Discovered(groups=[], without_port=[], ambiguous=[]), portless)
+    cache = DiscoveryCache(10, fetch, clock=lambda: now[0])
+    with caplog.at_level(logging.INFO, logger="app.web.discovery"):
+        for t in (0, 5, 10, 15):  # two fetches
+            now[0] = t
+            cache.get()
+        assert fetch.calls == 2
+        assert sum("slurm job 7 runs without" in r.message for r in caplog.records) == 1
+        now[0] = 20
+        cache.get()  # job 7 left the queue
+        now[0] = 30
+        cache.get()  # a job 7 again (ids are reused): logged again
+    assert sum("slurm job 7 runs without" in r.message for r in caplog.records) == 2
