@@ -27,14 +27,15 @@ How a verdict is reached:
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.diagnosis import stacks as stackdumps
 from app.diagnosis import xid as xids
@@ -48,6 +49,9 @@ from app.diagnosis.signatures import (
     load_catalogue,
 )
 
+if TYPE_CHECKING:
+    from app.config import Settings
+
 __all__ = [
     "BENIGN",
     "CATEGORIES",
@@ -57,7 +61,9 @@ __all__ = [
     "Diagnosis",
     "SignatureCatalogue",
     "diagnose",
+    "for_settings",
     "load_catalogue",
+    "render",
 ]
 
 MAX_LOG_CHARS = 2 * 1024 * 1024
@@ -310,6 +316,34 @@ def diagnose(
         xid_class=verdict.xid_class if verdict else None,
         culprit=culprit,
     )
+
+
+def for_settings(settings: Settings) -> Callable[..., Diagnosis]:
+    """:func:`diagnose` with the configured confidence floor: what the engine and ``explain`` call."""
+    return functools.partial(diagnose, confidence_floor=settings.diagnosis.confidence_floor)
+
+
+def render(diagnosis: Diagnosis) -> str:
+    """The diagnosis for a person: verdict, summary, culprit, evidence (``nightshift diagnose``)."""
+    verdict = "act" if diagnosis.actionable else "do not act"
+    lines = [
+        f"verdict: {diagnosis.category} ({diagnosis.confidence:.2f}, {verdict})",
+        f"summary: {diagnosis.summary}",
+    ]
+    if diagnosis.xid is not None:
+        lines.append(f"xid: {diagnosis.xid} ({diagnosis.xid_class})")
+    culprit = diagnosis.culprit
+    if culprit is not None:
+        lines.append(
+            f"culprit: node {culprit.node or '-'}, rank {'-' if culprit.rank is None else culprit.rank}, "
+            f"gpu {'-' if culprit.gpu is None else culprit.gpu}"
+        )
+        lines.extend(f"  because: {line}" for line in culprit.evidence)
+    else:
+        lines.append("culprit: none named")
+    lines.append("evidence:" if diagnosis.evidence else "evidence: none")
+    lines.extend(f"  {item}" for item in diagnosis.evidence)
+    return "\n".join(lines)
 
 
 def tail_lines(logs: str) -> list[str]:
