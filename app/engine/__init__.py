@@ -7,7 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from app.alertmanager import Notification
-from app.engine import transitions
+from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
 from app.engine.inbox import Inbox
@@ -167,11 +167,12 @@ class Engine:
             return records.inbox_stats(conn)
 
     def blast_radius(self) -> dict[str, Any]:
-        """Distinct nodes disrupted within the blast-radius window now, and the limit the guard holds them to."""
+        """Nodes taken out of service within the blast-radius window now, and the limit the guard holds them to."""
         g = self.deps.settings.guards
-        since = self.deps.clock.now() - timedelta(seconds=g.blast_radius_window_seconds)
         with self.deps.store.read() as conn:
-            nodes = records.nodes_disrupted_since(conn, since)
+            nodes = guard_facts.taken_out_nodes(
+                conn, self.deps.settings, self.deps.registry, self.deps.clock.now()
+            )
         return {
             "nodes": sorted(nodes),
             "limit": g.blast_radius_max_nodes,

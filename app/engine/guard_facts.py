@@ -38,6 +38,14 @@ def blast_window(settings: Settings) -> timedelta:
     return timedelta(seconds=settings.guards.blast_radius_window_seconds)
 
 
+def taken_out_nodes(
+    conn: Connection, settings: Settings, registry: ActionRegistry, now: datetime
+) -> frozenset[str]:
+    """Nodes taken out of service fleet-wide within the blast-radius window: what the guard counts."""
+    since = now - blast_window(settings)
+    return frozenset(repairs.nodes_taken_out_since(conn, since, [a.name for a in registry if a.takes_out]))
+
+
 def read_history(
     conn: Connection,
     settings: Settings,
@@ -61,11 +69,7 @@ def read_history(
     return History(
         attempts=tuple(_past(a) for a in attempts),
         last_recovery=_past(recovery) if recovery else None,
-        taken_out=frozenset(
-            repairs.nodes_taken_out_since(
-                conn, now - blast_window(settings), [a.name for a in registry if a.takes_out]
-            )
-        ),
+        taken_out=taken_out_nodes(conn, settings, registry, now),
         ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
         paused=paused,
         pause_reason=reason,

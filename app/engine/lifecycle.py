@@ -166,9 +166,16 @@ class Lifecycle:
             f"culprits: {', '.join(c['node'] for c in confirmed if c['confirmed']) or 'none confirmed'}"
             + (f"; outside the allocation (evidence only): {', '.join(outside)}" if outside else "")
         )
+        # The incident's node is its (first) confirmed culprit: filters, tags and the node views find it there.
+        node = next((c["node"] for c in confirmed if c["confirmed"]), None)
         self._transition(
             lambda conn, now: transitions.update(
-                conn, now, inc, ledger=("culprits", message, {"culprits": confirmed}), culprits=confirmed
+                conn,
+                now,
+                inc,
+                ledger=("culprits", message, {"culprits": confirmed}),
+                culprits=confirmed,
+                node=node,
             )
         )
         e = self.deps.settings.episodes

@@ -160,15 +160,6 @@ _LAST_RECOVERY = {
     .limit(1)
     for by_playbook in (False, True)
 }
-_NODES_DISRUPTED = (
-    select(attempts.c.node)
-    .where(
-        attempts.c.started_at >= bindparam("since_"),
-        attempts.c.destructive.is_(True),
-        attempts.c.node.is_not(None),
-    )
-    .distinct()
-)
 _CONTROL = select(controls.c.value).where(controls.c.key == bindparam("key_"))
 _INSERT_INBOX = insert(inbox)
 _NEXT_INBOX = (
@@ -400,10 +391,6 @@ def attempts_for_target(
 def last_recovery(conn: Connection, playbook: str | None, target_key: str) -> Row | None:
     stmt = _LAST_RECOVERY[playbook is not None]
     return _one(conn, stmt, {"playbook_": playbook, "target_key_": target_key})
-
-
-def nodes_disrupted_since(conn: Connection, since: datetime) -> set[str]:
-    return {row.node for row in conn.execute(_NODES_DISRUPTED, {"since_": since})}
 
 
 # --- inbox --------------------------------------------------------------------------------------------------

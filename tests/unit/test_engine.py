@@ -51,6 +51,12 @@ on_resolved:
   - action: fake.resume
     with: {node: "{{ target.node }}"}
 """
+# The same, for alerts without a job: a per-(playbook, target) incident on the node, serialised per node.
+NODE_PLAYBOOK = (
+    PLAYBOOK.replace(', job: "{{ labels.slurm_job_id }}"', "")
+    .replace('collect:\n  - action: fake.logs\n    with: {job: "{{ target.job }}"}\n', "")
+    .replace('  - action: fake.requeue\n    with: {job: "{{ target.job }}"}\n', "")
+)
 RECHECK = 'DCGM_EXP_XID_ERRORS_COUNT{Hostname="node1",xid="79"} > 0'
 VERIFY = 'increase(training_step_total{slurm_job_id="1234"}[2m]) > 0'
 
@@ -265,13 +271,8 @@ def test_cooldown_then_stale_signal(tmp_path):
 
 def test_serialisation_one_incident_per_node_at_a_time(tmp_path):
     """Alerts without a job identity keep one incident per (playbook, target), serialised per node."""
-    node_only = (
-        PLAYBOOK.replace(', job: "{{ labels.slurm_job_id }}"', "")
-        .replace('collect:\n  - action: fake.logs\n    with: {job: "{{ target.job }}"}\n', "")
-        .replace('  - action: fake.requeue\n    with: {job: "{{ target.job }}"}\n', "")
-    )
-    extra = node_only.replace("gpu-xid-79", "gpu-xid-79-second").replace('xid=~"79|48"', 'gpu="3"')
-    w = make_world(tmp_path, GRANTS, playbooks=node_only + "---\n" + extra)
+    extra = NODE_PLAYBOOK.replace("gpu-xid-79", "gpu-xid-79-second").replace('xid=~"79|48"', 'gpu="3"')
+    w = make_world(tmp_path, GRANTS, playbooks=NODE_PLAYBOOK + "---\n" + extra)
     opened = w.send(alert(xid())).opened
     assert len(opened) == 2
     w.run()

@@ -8,14 +8,18 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok
 from app.web import views
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, xid
-from tests.unit.test_engine import GRANTS, RECHECK, VERIFY, make_world
+from tests.unit.test_engine import GRANTS, NODE_PLAYBOOK, PLAYBOOK, RECHECK, VERIFY, make_world
 
 
-def recovering_world(tmp_path):
+def recovering_world(tmp_path, playbooks: str = PLAYBOOK):
     """Every re-check and verification query answers one series: granted incidents recover after one poll."""
-    w = make_world(tmp_path, GRANTS, blast_radius_max_nodes=10)
+    w = make_world(tmp_path, GRANTS, playbooks=playbooks, blast_radius_max_nodes=10)
     w.prometheus.default = [FakeSample({"up": "1"}, 1.0)]
     return w
+
+
+def no_job(labels: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in labels.items() if k != "slurm_job_id"}
 
 
 def jobs(w) -> dict[str, views.JobView]:
@@ -41,12 +45,13 @@ def test_job_states_follow_open_incidents_and_the_newest_outcome(tmp_path):
     w.send(alert(xid(node="node4", job="1004")))
     w.run()  # waiting on the kill switch
 
+    # A job incident's node is its culprit's; the reporting node is not one (the test playbook is not node-scoped).
     states = {job: (view.state, view.node) for job, view in jobs(w).items()}
     assert states == {
-        "1001": ("enabled", "node1"),
-        "1002": ("needs_human", "node2"),
-        "1003": ("credential_error", "node3"),
-        "1004": ("recovering", "node4"),
+        "1001": ("enabled", None),
+        "1002": ("needs_human", None),
+        "1003": ("credential_error", None),
+        "1004": ("recovering", None),
     }
     assert list(jobs(w)) == ["1004", "1003", "1002", "1001"]  # most recently active first
     assert "automation paused: maintenance" in jobs(w)["1004"].why
@@ -176,18 +181,19 @@ def test_grafana_link_spans_the_incident_padded_and_needs_a_dashboard():
 
 
 def test_lemon_nodes_rank_by_remediations_then_incidents_within_the_window(tmp_path):
-    w = recovering_world(tmp_path)
+    w = recovering_world(tmp_path, NODE_PLAYBOOK)
     w.actions["fake.drain"].script.outcomes[:] = [Failed(reason="node busy"), Ok()]
-    w.send(alert(xid(node="node7", job="1007")))
+    # Alerts without a job: per-target incidents on their node (job incidents count on their culprit nodes).
+    w.send(alert(no_job(xid(node="node7"))))
     w.run()  # attempt 1 fails
     w.clock.advance(minutes=10)
     w.run()  # attempt 2 after the backoff
     w.clock.advance(30)
     w.run()  # recovered
-    w.send(alert(xid(node="node1", job="1001")))
+    w.send(alert(no_job(xid(node="node1"))))
     w.run()  # attempt 1, verifying
     w.engine.set_paused(True, "hands off", by="bob")
-    w.send(alert(xid(node="node3", job="1003")))
+    w.send(alert(no_job(xid(node="node3"))))
     w.run()  # held by the kill switch: an incident, no remediation
 
     data = w.engine.node_remediations(days=7)
