@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import errors
 from app.actions.base import Action, ActionContext, Plan
-from app.actions.slurm import VALIDATION_COMMAND, check_timeout
+from app.actions.slurm import VALIDATION_PARAMS, check_timeout
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
 
@@ -436,15 +436,7 @@ class ValidateNode(KubernetesAction):
     description = "Validate a Kubernetes node with a pod pinned to it running the validation command"
     params = {
         "node": NODE,
-        "command": Param(
-            required=False,
-            pattern=VALIDATION_COMMAND,
-            max_length=400,
-            description="command line of plain words run in the pod (default repair.validation_command)",
-        ),
-        "timeout_seconds": Param(
-            kind="integer", required=False, description="default repair.validation_timeout_seconds"
-        ),
+        **VALIDATION_PARAMS,
         "run": Param(
             kind="integer", required=False, default=0, description="the repair's id (names the pod)"
         ),

@@ -46,6 +46,9 @@ NOT_SETTLED_STATES = frozenset({"allocated", "mixed", "completing", "unknown", "
 VALIDATION_COMMAND = r"[A-Za-z0-9_./=:,@%+-]+(?: [A-Za-z0-9_./=:,@%+-]+){0,31}"
 
 _NODE = Param(pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, description="Slurm node name (one; not ALL)")
+_REASON = Param(
+    pattern=SAFE_TEXT, max_length=180, prose=True, description="why (prefixed with 'nightshift: ')"
+)
 _JOB = Param(pattern=SLURM_JOB_ID, description="Slurm job id (1234, 1234_7, 1234+1)")
 
 
@@ -72,6 +75,20 @@ def exclusion(nodes: Sequence[str], excluded: list[str], required: list[str]) ->
 def excluded_nodes(params: Mapping[str, Any]) -> list[str]:
     """The ``exclude_nodes`` of a requeue, as a list."""
     return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
+
+
+# The parameters of every validate_node action besides the node (Slurm: over SSH; Kubernetes: in a pod).
+VALIDATION_PARAMS = {
+    "command": Param(
+        required=False,
+        pattern=VALIDATION_COMMAND,
+        max_length=400,
+        description="command line of plain words run on the node (default repair.validation_command)",
+    ),
+    "timeout_seconds": Param(
+        kind="integer", required=False, description="default repair.validation_timeout_seconds"
+    ),
+}
 
 
 def check_timeout(action: str, params: Mapping[str, Any], limit: int = 86_400) -> None:
@@ -116,12 +133,7 @@ class DrainNode(SlurmAction):
 
     name = "slurm.drain_node"
     description = "Drain a Slurm node with a reason prefixed 'nightshift:'; leaves foreign drains alone"
-    params = {
-        "node": _NODE,
-        "reason": Param(
-            pattern=SAFE_TEXT, max_length=180, prose=True, description="why (prefixed with 'nightshift: ')"
-        ),
-    }
+    params = {"node": _NODE, "reason": _REASON}
     scope_keys = ("node", "partition")
     takes_out = True
 
@@ -228,10 +240,7 @@ class RebootNode(SlurmAction):
 
     name = "slurm.reboot_node"
     description = "Reboot a Slurm node when idle (ASAP), to come back DOWN until validated and resumed"
-    params = {
-        "node": _NODE,
-        "reason": Param(pattern=SAFE_TEXT, max_length=180, description="why (prefixed with 'nightshift: ')"),
-    }
+    params = {"node": _NODE, "reason": _REASON}
     scope_keys = ("node", "partition")
     takes_out = True
 
@@ -272,18 +281,7 @@ class ValidateNode(SlurmAction):
     description = (
         "Validate a Slurm node with a command run on it over SSH (default: repair.validation_command)"
     )
-    params = {
-        "node": _NODE,
-        "command": Param(
-            required=False,
-            pattern=VALIDATION_COMMAND,
-            max_length=400,
-            description="command line of plain words run on the node (default repair.validation_command)",
-        ),
-        "timeout_seconds": Param(
-            kind="integer", required=False, description="default repair.validation_timeout_seconds"
-        ),
-    }
+    params = {"node": _NODE, **VALIDATION_PARAMS}
     scope_keys = ("node", "partition")
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
