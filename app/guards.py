@@ -75,6 +75,11 @@ class GuardFacts:
     pool_nodes: frozenset[str] = frozenset()
     blast_max_share: float = 1.0
     defer: timedelta = timedelta(seconds=30)
+    # A job incident: its job, when each earlier recovery of the job started (any playbook), and the job budget.
+    job: str | None = None
+    job_recoveries: Sequence[datetime] = field(default_factory=tuple)
+    job_recoveries_max: int = 5
+    job_recoveries_window: timedelta = timedelta(hours=24)
 
 
 def kill_switch(f: GuardFacts) -> Verdict:
@@ -199,6 +204,9 @@ def stale_signal(f: GuardFacts) -> Verdict:
     return Verdict("stale_signal", PASS, "alert is newer than our last action")
 
 
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
 def recheck(
     expr: str | None, samples: int | None, error: str | None, now: datetime, defer: timedelta
 ) -> Verdict:
@@ -208,9 +216,16 @@ def recheck(
     if error is not None:
         return Verdict("recheck", WAIT, f"re-check failed, not acting blind: {error}", until=now + defer)
     if not samples:
-        return Verdict(
-            "recheck", STOP, "condition no longer holds (re-check returned no series)", outcome="resolved"
-        )
+        reason = "condition no longer holds (re-check returned no series)"
+        if REPLACEMENT_CHARACTER in expr:
+            # Alert text with a lone UTF-16 surrogate is stored with U+FFFD in its place (as Alertmanager's Go
+            # decoder does), so a query built from it cannot name the series the alert came from.
+            reason = (
+                "re-check returned no series, and cannot: its query holds U+FFFD where an alert label had an "
+                "invalid character (a lone UTF-16 surrogate, replaced on receipt), so it matches no real series; "
+                "not acting"
+            )
+        return Verdict("recheck", STOP, reason, outcome="resolved")
     return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
 
 
@@ -242,7 +257,12 @@ def job_budget(
     )
 
 
-CHAIN = (kill_switch, permission, blast_radius, serialisation, budget, cooldown, stale_signal)
+def job_recoveries(f: GuardFacts) -> Verdict:
+    """The job budget (:func:`job_budget`) in the chain, for job incidents."""
+    return job_budget(f.job, f.job_recoveries, f.now, f.job_recoveries_max, f.job_recoveries_window)
+
+
+CHAIN = (kill_switch, permission, blast_radius, serialisation, budget, job_recoveries, cooldown, stale_signal)
 
 
 def evaluate(facts: GuardFacts) -> list[Verdict]:

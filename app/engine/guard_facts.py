@@ -28,6 +28,7 @@ from app.store import records, repairs
 class History:
     attempts: tuple[guards.PastAttempt, ...] = ()
     last_recovery: guards.PastAttempt | None = None
+    job_recoveries: tuple[datetime, ...] = ()  # a job incident: when each earlier recovery of the job started
     taken_out: frozenset[str] = frozenset()  # nodes taken out of service fleet-wide within the blast window
     ahead: str | None = None
     paused: bool = False
@@ -62,12 +63,17 @@ def read_history(
         conn, None if per_job else playbook.name, inc["target_key"], now - playbook.budget.window
     )
     recovery = records.last_recovery(conn, None if per_job else playbook.name, inc["target_key"])
+    job_window = timedelta(seconds=settings.guards.job_recoveries_window_seconds)
+    job_attempts = (
+        records.attempts_for_target(conn, None, inc["target_key"], now - job_window) if per_job else []
+    )
     ahead = (
         records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
     )
     paused, reason = pause_state
     return History(
         attempts=tuple(_past(a) for a in attempts),
+        job_recoveries=tuple(a["started_at"] for a in job_attempts),
         last_recovery=_past(recovery) if recovery else None,
         taken_out=taken_out_nodes(conn, settings, registry, now),
         ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
@@ -80,6 +86,7 @@ def build(
     settings: Settings,
     playbook: Playbook,
     *,
+    job: str | None,
     node: str | None,
     alert_starts_at: datetime,
     planned: Sequence[PlannedStep],
@@ -112,6 +119,10 @@ def build(
         blast_max_nodes=g.blast_radius_max_nodes,
         blast_window=blast_window(settings),
         defer=timedelta(seconds=g.defer_seconds),
+        job=job,
+        job_recoveries=history.job_recoveries,
+        job_recoveries_max=g.job_recoveries_max,
+        job_recoveries_window=timedelta(seconds=g.job_recoveries_window_seconds),
     )
 
 

@@ -279,6 +279,7 @@ class Lifecycle:
         facts = guard_facts.build(
             deps.settings,
             playbook,
+            job=inc["job"] if inc["kind"] == IncidentKind.JOB else None,
             node=inc["node"],
             alert_starts_at=inc["alert_starts_at"],
             planned=planned,

@@ -183,6 +183,7 @@ def test_whitelisted_steps_run_then_verification_recovers(tmp_path):
         "blast_radius",
         "serialisation",
         "budget",
+        "job_budget",
         "cooldown",
         "stale_signal",
         "recheck",

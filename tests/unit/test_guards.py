@@ -31,9 +31,19 @@ def test_quiet_fleet_passes_every_guard_in_design_order():
         ("blast_radius", PASS),
         ("serialisation", PASS),
         ("budget", PASS),
+        ("job_budget", PASS),
         ("cooldown", PASS),
         ("stale_signal", PASS),
     ]
+
+
+def test_a_job_incident_stops_at_the_job_budget_whatever_the_playbook_budget_says():
+    now = BASE.now
+    recoveries = [now - timedelta(hours=h) for h in (1, 3, 30)]  # the one 30 h ago is outside the window
+    facts = replace(BASE, job="slurm/4242", job_recoveries=recoveries, job_recoveries_max=2)
+    last = guards.evaluate(facts)[-1]
+    assert (last.guard, last.decision, last.outcome) == ("job_budget", STOP, "needs_human")
+    assert guards.evaluate(replace(facts, job_recoveries_max=3))[-1].decision == PASS
 
 
 def test_kill_switch_holds_acting_incidents_and_ends_the_chain():
