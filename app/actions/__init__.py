@@ -7,7 +7,16 @@ from app.actions.registry import ActionRegistry
 
 def default_registry() -> ActionRegistry:
     """Every built-in action, in a fresh registry."""
-    from app.actions import checkpoint, checkpoint_rollback, grafana, kubernetes, notify, prometheus, slurm
+    from app.actions import (
+        checkpoint,
+        checkpoint_rollback,
+        grafana,
+        kubernetes,
+        notify,
+        prometheus,
+        slurm,
+        stacks,
+    )
 
-    modules = [checkpoint, checkpoint_rollback, grafana, kubernetes, notify, prometheus, slurm]
+    modules = [checkpoint, checkpoint_rollback, grafana, kubernetes, notify, prometheus, slurm, stacks]
     return ActionRegistry(action for module in modules for action in module.ACTIONS)
