@@ -438,7 +438,10 @@ class ValidateNode(KubernetesAction):
         "node": NODE,
         **VALIDATION_PARAMS,
         "run": Param(
-            kind="integer", required=False, default=0, description="the repair's id (names the pod)"
+            kind="integer",
+            required=False,
+            default=0,
+            description="the repair's id, which names the pod (the repair sets it)",
         ),
     }
     scope_keys = ("node",)

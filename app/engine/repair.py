@@ -23,6 +23,7 @@ import logging
 import re
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -362,6 +363,9 @@ class NodeRepairs:
         validate = (
             node_repair.validate if node_repair is not None and node_repair.validate else defaults[VALIDATE]
         )
+        if "run" in deps.registry.get(validate.action).params and "run" not in validate.with_:
+            # A validation pod is named after its repair, so a verdict is never read from an earlier one's pod.
+            validate = replace(validate, with_={**validate.with_, "run": "{{ node.repair_id }}"})
         steps = {
             TAKE_OUT: defaults[TAKE_OUT],
             **{policy.repair_step(i): step for i, step in enumerate(self._repair_steps(repair))},

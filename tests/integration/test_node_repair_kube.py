@@ -20,7 +20,7 @@ from app.engine.deps import EngineDeps
 from app.engine.repair import NodeRepairs
 from app.metrics import Metrics
 from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet
+from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState
 from app.store import Store, repairs
 from tests.fixtures.fake_kubelet import FakeKubelet
@@ -30,6 +30,21 @@ pytestmark = pytest.mark.integration
 
 GRANTS = ("kubernetes.cordon_node", "kubernetes.validate_node", "kubernetes.uncordon_node")
 POOL_LABEL = "nightshift.test/pool"
+# As the shipped gpu-xid playbook writes it: no `run`, which the repair sets to its id (the pod's name).
+PLAYBOOK = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-k8s}
+match: ['alertname="GpuXidError"']
+target: {scheduler: kubernetes, node: "{{ labels.Hostname }}"}
+steps:
+  - action: kubernetes.pod_logs
+    with: {namespace: default, pod: p}
+node_repair:
+  validate:
+    action: kubernetes.validate_node
+    with: {node: "{{ node.name }}", timeout_seconds: 30}
+"""
 
 
 @dataclass
@@ -41,10 +56,10 @@ class Repairs:
     namespace: str
     exit_codes: dict[str, int] = field(default_factory=dict)
 
-    def request(self, node: str) -> int:
+    def request(self, node: str, playbook: str | None = None) -> int:
         with self.store.transaction() as conn:
             return repairs.request_repair(
-                conn, node=node, scheduler="kubernetes", playbook=None, incident_id=None,
+                conn, node=node, scheduler="kubernetes", playbook=playbook, incident_id=None,
                 reason="Xid 79 on GPU 3", now=SystemClock().now(),
             )  # fmt: skip
 
@@ -87,11 +102,12 @@ def node_repairs(
     store = Store.from_url(settings.resolved_store_url)
     store.create_schema()
     clients = Clients(settings)
+    registry = default_registry()
     deps = EngineDeps(
         settings=settings,
         store=store,
-        playbooks=PlaybookSet(),
-        registry=default_registry(),
+        playbooks=PlaybookSet(parse_playbooks(PLAYBOOK, "xid.yaml", registry)),
+        registry=registry,
         permissions=Permissions(Grant(action=name) for name in GRANTS),
         clients=clients,
         clock=SystemClock(),
@@ -117,7 +133,7 @@ def cordon_state(admin: KubeAdmin, node: str) -> tuple[bool, Mapping[str, str]]:
 def test_validation_passes_and_the_node_is_uncordoned(node_repairs: Repairs) -> None:
     node = make_node(node_repairs.admin, node_repairs.kubelet, "pool-a")
     node_repairs.exit_codes[node] = 0
-    [repair] = node_repairs.settle(node_repairs.request(node))
+    [repair] = node_repairs.settle(node_repairs.request(node, playbook="xid-k8s"))
     assert repair["state"] == RepairState.RETURNED, repair
     assert [s["step"] for s in repair["steps"]] == ["take_out", "validate", "return"]
     validation = repair["validation"]
@@ -127,6 +143,7 @@ def test_validation_passes_and_the_node_is_uncordoned(node_repairs: Repairs) -> 
     assert not unschedulable and "nightshift.io/cordoned-by" not in annotations
     # The pod ran pinned to the node, with the default command, and was deleted once read.
     pod = f"nightshift-validate-{node}-{repair['id']}"
+    assert f" {pod} spec.nodeName={node} " in validation["command"]
     assert node_repairs.admin.pod_or_none(node_repairs.namespace, pod) is None
 
 
