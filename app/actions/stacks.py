@@ -38,7 +38,8 @@ STEP_START_SECONDS = 30  # srun --immediate: the dump step starts now or not at 
 # value reaches it as a positional argument, never as code.
 NODE_SCRIPT = r"""
 job=$1 spy=$2 seconds=$3 lines=$4 own=${SLURM_STEP_ID:-none} node=${SLURMD_NODENAME:-$(hostname)}
-scontrol listpids "$job" 2>/dev/null | while read -r pid _ step _ global; do
+# The node name argument picks this node's slurmd where several run on one host (a test cluster).
+scontrol listpids "$job" ${SLURMD_NODENAME:+"$SLURMD_NODENAME"} 2>/dev/null | while read -r pid _ step _ global; do
   case "$pid" in ''|*[!0-9]*) continue ;; esac
   [ "$step" = "$own" ] && continue
   case "$(readlink "/proc/$pid/exe" 2>/dev/null)" in *python*) ;; *) continue ;; esac
