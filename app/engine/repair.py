@@ -30,6 +30,7 @@ from typing import Any
 from app import guards
 from app import repair_policy as policy
 from app.actions.base import ActionContext
+from app.engine import guard_facts
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError, ParamError
 from app.outcome import Failed, Outcome, Retry, tail
@@ -90,12 +91,6 @@ def pool_facts(deps: EngineDeps, scheduler: str, node: str) -> tuple[dict[str, A
     share = deps.settings.guards.blast_radius_max_share
     facts = {"pool": pool, "pool_nodes": frozenset(members), "blast_max_share": share}
     return facts, f"{pool}: {len(members)} nodes"
-
-
-def taken_out_since(deps: EngineDeps, conn: Any, since: datetime) -> frozenset[str]:
-    """Nodes taken out of service since ``since``: by repairs and by incidents' take-out steps."""
-    take_out = {action.name for action in deps.registry if action.takes_out}
-    return frozenset(repairs.nodes_taken_out_since(conn, since, take_out))
 
 
 class NodeRepairs:
@@ -244,9 +239,9 @@ class NodeRepairs:
             settle = policy.held(reason) if state == RepairState.HELD else policy.Next(state, None, reason)
             return self._transition(repair, settle, kind="repair_plan", data={"plan": described})
         facts, note = pool_facts(deps, repair["scheduler"], repair["node"])
-        window = timedelta(seconds=deps.settings.guards.blast_radius_window_seconds)
+        window = guard_facts.blast_window(deps.settings)
         with deps.store.read() as conn:
-            out = taken_out_since(deps, conn, now - window)
+            out = guard_facts.taken_out_nodes(conn, deps.settings, deps.registry, now)
             earlier = repairs.earlier_repairs(
                 conn,
                 repair["node"],
