@@ -493,7 +493,7 @@ class ValidateNode(KubernetesAction):
             "pod": pod_name,
             "phase": phase,
             "exit_code": exit_code,
-            "output": tail(log, 2000),
+            "output": tail(log),
         }
         if phase == "Succeeded":
             return Ok(command=command, output=tail(log), exit_code=0, data={**data, "verdict": "pass"})

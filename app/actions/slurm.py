@@ -330,7 +330,7 @@ class ValidateNode(SlurmAction):
             "node": node,
             "command": check.command,
             "exit_code": check.exit_code,
-            "output": tail(check.output, 2000),
+            "output": tail(check.output),
         }
         if check.exit_code != 0:
             return Failed(

@@ -480,6 +480,6 @@ def _step_record(
         "status": result.status,
         "command": (outcome.command if outcome is not None else "") or planned.command,
         "exit_code": outcome.exit_code if outcome is not None else None,
-        "output": tail(outcome.output, 2000) if outcome is not None else "",
+        "output": tail(outcome.output) if outcome is not None else "",
         "reason": result.reason,
     }
