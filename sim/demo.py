@@ -287,7 +287,8 @@ def where_to_look(stack: Stack, say: Narrator, keep: bool) -> None:
     say.section("where to look" + ("" if keep else " (the servers stop with the demo; --keep keeps them up)"))
     rows = [
         ("UI", f"{stack.nightshift.url}/   (operator token: {token}, in {_relative(stack.operator_token_file)})"),
-        ("API", f"{stack.nightshift.url}/api/v1/incidents"),
+        ("API", f"{stack.nightshift.url}/api/v1/incidents   (Authorization: Bearer <viewer token in "
+         f"{_relative(stack.base / 'viewer.token')}>)"),
         ("metrics", f"{stack.nightshift.url}/metrics"),
         ("Prometheus", f"{stack.prometheus.url}/classic/alerts   (Debian's build; /alerts upstream)"),
         ("Alertmanager", f"{stack.alertmanager.url}/#/alerts"),

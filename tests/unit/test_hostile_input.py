@@ -8,6 +8,7 @@ the fake actions record each call.
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ from flask import Flask
 
 from app.config import Settings
 from app.web.auth import LIMITER_KEY, AuthFailureLimiter
-from tests.fakes import FakeSample
+from tests.fakes import FakeSample, fake_actions
 from tests.payloads import alert, body, ingest_inbox, payload, xid
 from tests.unit.test_engine import GRANTS, PLAYBOOK
 from tests.unit.test_webhook import VIEWER, make_app, reader_client
@@ -310,3 +311,212 @@ def test_limiter_is_built_per_app_from_settings(tmp_path):
     app = build_app(tmp_path, auth_failure_burst=7)
     limiter = app.extensions[LIMITER_KEY]
     assert isinstance(limiter, AuthFailureLimiter) and limiter.burst == 7
+
+
+# --- the hostile review's findings (issue 14) ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "status"),
+    [
+        ("/api/v1/incidents/99999999999999999999999", 404),
+        ("/api/v1/incidents/9223372036854775808", 404),  # 2**63: past the BIGINT ids
+        ("/api/v1/incidents/0", 404),
+        ("/api/v1/incidents?before=9223372036854775808", 400),
+        ("/api/v1/incidents?before=0", 400),
+        ("/api/v1/incidents?limit=-9223372036854775809", 400),
+        ("/api/v1/incidents?limit=-1", 400),  # no longer a way around the 1,000-row cap
+        ("/api/v1/incidents?limit=0", 400),
+        ("/api/v1/incidents?limit=1001", 400),
+        ("/api/v1/incidents?limit=1e3", 400),
+        ("/api/v1/incidents?limit=%EF%BC%91", 400),  # a full-width digit, which int() would take
+        ("/api/v1/incidents?node=" + "n" * 256, 400),
+        ("/incidents/99999999999999999999999", 404),
+        ("/history?before=9223372036854775808", 400),
+    ],
+)
+def test_out_of_range_numbers_are_a_4xx_never_a_500(app, path, status):
+    response = reader_client(app).get(path)
+    assert response.status_code == status, (path, response.get_data(as_text=True)[:200])
+    if path.startswith("/api/"):
+        assert_json_error(response, status)
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/v1/incidents/99999999999999999999999/handled",
+        "/api/v1/incidents/1/steps/99999999999999999999999/approve",
+    ],
+)
+def test_out_of_range_ids_in_operator_routes_are_404(tmp_path, path):
+    app = build_app(tmp_path)
+    (tmp_path / "operator").write_text("operator-token")
+    settings = app.extensions["nightshift"].settings
+    settings.operator_token_file = str(tmp_path / "operator")
+    app = make_app(settings)
+    response = app.test_client().post(path, headers={"Authorization": "Bearer operator-token"})
+    assert_json_error(response, 404)
+
+
+def test_a_chunked_body_over_the_limit_is_413_not_invalid_json(tmp_path):
+    app = build_app(tmp_path, max_body_bytes=10_000)
+    data = body(alert({**xid(), "blob": "x" * 20_000}))
+    response = app.test_client().post(
+        "/api/v1/alerts",
+        input_stream=io.BytesIO(data),
+        headers={**headers(), "Transfer-Encoding": "chunked"},
+        environ_overrides={"wsgi.input_terminated": True},  # what gunicorn sets for a chunked body
+    )
+    assert_json_error(response, 413)
+    small = app.test_client().post(
+        "/api/v1/alerts",
+        input_stream=io.BytesIO(body(alert(xid()))),
+        headers={**headers(), "Transfer-Encoding": "chunked"},
+        environ_overrides={"wsgi.input_terminated": True},
+    )
+    assert small.status_code == 200, small.json
+
+
+def test_label_names_are_bounded_and_the_name_cache_keeps_none_of_the_long_ones(app):
+    from app import alertmanager
+
+    client = reader_client(app)
+    for n in range(100):
+        long_name = f"n{n}_" + "x" * 200_000
+        for field in ("labels", "annotations"):
+            doc = alert(xid())
+            doc[field] = {**doc[field], long_name: "v"} if field == "labels" else {long_name: "v"}
+            response = client.post("/api/v1/alerts", data=body(doc), headers=headers())
+            assert_json_error(response, 400)
+            assert f"exceeds the limit of {alertmanager.MAX_LABEL_NAME}" in response.json["message"]
+        if n == 2:
+            break  # three rounds show the refusal; the cache check below is what bounds memory
+    assert all(len(name) <= alertmanager.MAX_LABEL_NAME for name in alertmanager._VALID_LABEL_NAMES)
+    assert len(alertmanager._VALID_LABEL_NAMES) <= alertmanager.MAX_REMEMBERED_LABEL_NAMES
+    ok = alert({**xid(), "n" * alertmanager.MAX_LABEL_NAME: "v"})
+    assert client.post("/api/v1/alerts", data=body(ok), headers=headers()).status_code == 200
+
+
+def test_pause_reason_from_the_api_loses_bidirectional_overrides(tmp_path):
+    app = build_app(tmp_path)
+    (tmp_path / "operator").write_text("operator-token")
+    settings = app.extensions["nightshift"].settings
+    settings.operator_token_file = str(tmp_path / "operator")
+    app = make_app(settings)
+    reason = "maint\u202eenance \u2066window\u2069\u200b done"
+    answer = app.test_client().post(
+        "/api/v1/pause",
+        json={"reason": reason},
+        headers={"Authorization": "Bearer operator-token", "X-Nightshift-Operator": "al\u202eice"},
+    )
+    assert answer.status_code == 200
+    pause = app.extensions["nightshift"].engine.status()["pause"]
+    assert pause["reason"] == "maintenance window done" and pause["by"] == "alice"
+
+
+def test_pages_forbid_framing_twice(app):
+    page = reader_client(app).get("/")
+    assert page.headers["X-Frame-Options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+
+
+def test_a_recheck_built_from_a_lone_surrogate_says_why_it_found_nothing():
+    from datetime import UTC, datetime, timedelta
+
+    from app.alertmanager import parse_notification
+    from app.guards import recheck
+    from app.templates import render_promql
+
+    doc = json.loads(body(alert({**xid(), "Hostname": "node1"})))
+    raw = json.dumps(doc).replace('"node1"', '"node\\ud8001"')  # a lone surrogate, as JSON allows
+    labels = parse_notification(raw).alerts[0].labels
+    assert labels["Hostname"] == "node\ufffd1"  # replaced on receipt, as Alertmanager's Go decoder does
+    expr = render_promql('up{Hostname="{{ labels.Hostname }}"}', {"labels": labels})
+    verdict = recheck(expr, 0, None, datetime(2026, 1, 1, tzinfo=UTC), timedelta(seconds=30))
+    assert verdict.decision == "stop" and "U+FFFD" in verdict.reason and "surrogate" in verdict.reason
+
+
+def test_label_markup_is_escaped_for_slack_and_email(tmp_path):
+    from email import message_from_bytes, policy
+
+    from app.actions.notify import NotifyWebhook, send_notification
+    from app.clients import Clients
+    from app.clients.mail import Mailer
+    from app.planning import render_params
+
+    hostile = "<!channel> <https://evil.example/approve|Approve here> & more"
+    rendered = render_params(
+        NotifyWebhook(), {"text": "GPU {{ labels.gpu }} on <https://grafana.example/d/x|the dashboard>"},
+        {"labels": {"gpu": hostile}},
+    )  # fmt: skip
+    assert rendered["text"] == (
+        "GPU &lt;!channel&gt; &lt;https://evil.example/approve|Approve here&gt; &amp; more "
+        "on <https://grafana.example/d/x|the dashboard>"  # the author's own link stays a link
+    )
+
+    class RecordingHttp:
+        def __init__(self) -> None:
+            self.bodies: list[Any] = []
+
+        def post_json(self, url: str, payload: Any) -> int:
+            self.bodies.append(payload)
+            return 200
+
+    http = RecordingHttp()
+    settings = Settings(data_dir=str(tmp_path))
+    settings.notify.webhook_url = "http://chat.example/hook"
+    send_notification(Clients(settings, http=http), settings, f"on {hostile}", "text", {})
+    assert "<!channel>" not in http.bodies[0]["text"] and "&lt;!channel&gt;" in http.bodies[0]["text"]
+
+    subject = "failed on =?utf-8?b?QXBwcm92ZSBoZXJl?= node\u202e1\r\nBcc: x@evil.example"
+    message = Mailer("localhost")._message(["oncall@example.com"], subject, "body")
+    parsed = message_from_bytes(message.as_bytes(), policy=policy.default)
+    assert "Approve here" not in parsed["Subject"] and "= ?utf-8?b?QXBwcm92ZSBoZXJl?=" in parsed["Subject"]
+    assert "\u202e" not in parsed["Subject"] and parsed["Bcc"] is None
+
+
+@pytest.mark.parametrize(
+    ("action", "param", "value"),
+    [
+        ("slurm.drain_node", "node", "ALL"),
+        ("slurm.drain_node", "node", "all"),
+        ("slurm.resume_node", "node", "All"),
+        ("slurm.drain_node", "node", "node[1-4]"),
+        ("slurm.drain_node", "node", "node1,node2"),
+        ("kubernetes.cordon_node", "node", "NODE1"),
+        ("kubernetes.cordon_node", "node", "x..y"),
+        ("kubernetes.cordon_node", "node", "4242_7"),
+        ("kubernetes.cordon_node", "node", "-node"),
+        ("kubernetes.cordon_node", "node", "a" * 64),  # one DNS label is at most 63
+    ],
+)
+def test_values_a_backend_reads_as_something_else_are_refused(action, param, value):
+    from app.actions import default_registry
+    from app.errors import ParamError
+
+    registry = default_registry()
+    spec = registry.get(action)
+    good = {"node": "node-1.example", "reason": "test"} if "drain" in action else {"node": "node-1.example"}
+    spec.validate(good)  # the same action takes a sound name
+    with pytest.raises(ParamError, match=param):
+        spec.validate({**good, param: value})
+
+
+@pytest.mark.parametrize("op", ["=~", "!~"])
+def test_templates_inside_regex_matchers_fail_lint(op):
+    from app.actions.registry import ActionRegistry
+    from app.playbooks import PlaybookError, parse_playbooks
+
+    registry = ActionRegistry(fake_actions().values())
+    text = PLAYBOOK.replace(
+        'recheck: \'DCGM_EXP_XID_ERRORS_COUNT{Hostname="{{ labels.Hostname }}",xid="{{ labels.xid }}"} > 0\'',
+        f"recheck: 'ALERTS{{Hostname{op}\"{{{{ labels.Hostname }}}}\"}}'",
+    )
+    assert text != PLAYBOOK
+    with pytest.raises(PlaybookError, match="regular expression"):
+        parse_playbooks(text, "regex.yaml", registry)
+    literal = text.replace(
+        f'{op}"{{{{ labels.Hostname }}}}"', f'{op}"node.*"'
+    )  # written out: the author's regex
+    assert literal != text and parse_playbooks(literal, "regex.yaml", registry)

@@ -31,6 +31,11 @@ def write(path: Path, text: str) -> str:
 
 @pytest.fixture
 def settings(tmp_path) -> Settings:
+    return webhook_settings(tmp_path)
+
+
+def webhook_settings(tmp_path: Path) -> Settings:
+    """Webhook bearer and basic credentials, an operator token and a viewer token, the test playbook."""
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
     write(playbooks / "gpu.yaml", PLAYBOOK)
