@@ -8,7 +8,9 @@ archive ``torch.save`` writes) and ``manifest.json``::
 
 A checkpoint is written into ``.tmp-step_000123`` and renamed, so a directory named ``step_*`` is complete
 unless something damaged it afterwards; one without ``manifest.json`` is an interrupted copy and is skipped.
-Names that do not match ``step_<digits>`` (e.g. one a remediation moved aside) are ignored.
+Names that do not match ``step_<digits>`` (e.g. one a remediation moved aside) are ignored. Each rank of a
+multi-node job keeps its own ``<root>/rank<N>/`` in this layout and all ranks resume from the newest step they
+all hold (:func:`newest_common`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -89,6 +92,19 @@ def listing(root: Path) -> list[Checkpoint]:
 def newest(root: Path) -> Checkpoint | None:
     checkpoints = listing(root)
     return checkpoints[-1] if checkpoints else None
+
+
+def newest_common(roots: Sequence[Path]) -> int | None:
+    """The newest step that every one of ``roots`` holds a complete checkpoint of (the ranks of a multi-node job
+    each write their own shard; they can only resume together from a step all of them saved), None if none."""
+    steps = [{c.step for c in listing(root)} for root in roots]
+    common = set.intersection(*steps) if steps else set()
+    return max(common, default=None)
+
+
+def at(root: Path, step: int) -> Checkpoint | None:
+    """The complete checkpoint of ``step`` under ``root``, None when there is none."""
+    return next((c for c in listing(root) if c.step == step), None)
 
 
 def validate(checkpoint: Checkpoint) -> None:

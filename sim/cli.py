@@ -5,6 +5,7 @@
     inject nvlink --node N --gpu G [--rate 50]    NVLink CRC/replay errors per second
     inject hang|nccl|oom|io|s3_timeout|nan|corrupt_checkpoint --job NAME
     inject slowdown 4 --job NAME                  steps take 4x as long, until cleared
+    inject validation fail|pass|hang --node N     what `dcgmi diag` on the node concludes (sim.dcgmi)
     clear [--node N [--gpu G]] [--job NAME]       nothing given: clear every fault
     status                                        faults and trainers, as JSON
 
@@ -30,8 +31,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--state-dir", type=Path, default=os.environ.get("SIM_STATE_DIR"))
     commands = parser.add_subparsers(dest="command", required=True)
     inject = commands.add_parser("inject", help="inject a fault")
-    inject.add_argument("fault", choices=("xid", *faults.GPU_FAULTS, *faults.JOB_FAULTS))
-    inject.add_argument("value", nargs="?", type=float, help="the Xid code, or the slowdown factor")
+    inject.add_argument("fault", choices=("xid", "validation", *faults.GPU_FAULTS, *faults.JOB_FAULTS))
+    inject.add_argument(
+        "value", nargs="?", help="the Xid code, the slowdown factor, or the validation verdict"
+    )
     inject.add_argument("--node")
     inject.add_argument("--gpu", type=int)
     inject.add_argument("--job")
@@ -52,20 +55,35 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def inject(args: argparse.Namespace) -> str:
     """Apply one ``inject`` command; returns what was done, in words. ValueError on bad arguments."""
+    if args.fault == "validation":
+        if args.node is None or args.value is None:
+            raise ValueError(
+                "validation needs a verdict and --node, e.g. `inject validation fail --node node2`"
+            )
+        faults.inject_validation(args.state_dir, args.node, args.value)
+        return f"dcgmi diag on {args.node} will {args.value}"
+    value = _number(args.value)
     if args.fault == "xid" or args.fault in faults.GPU_FAULTS:
         if args.node is None or args.gpu is None:
             raise ValueError(f"{args.fault} needs --node and --gpu")
         if args.fault == "xid":
-            if args.value is None or args.value != int(args.value) or args.value <= 0:
+            if value is None or value != int(value) or value <= 0:
                 raise ValueError("xid needs a positive integer code, e.g. `inject xid 79`")
-            faults.inject_xid(args.state_dir, args.node, args.gpu, int(args.value))
-            return f"Xid {int(args.value)} on {args.node} GPU {args.gpu}"
+            faults.inject_xid(args.state_dir, args.node, args.gpu, int(value))
+            return f"Xid {int(value)} on {args.node} GPU {args.gpu}"
         faults.inject_gpu_fault(args.state_dir, args.node, args.gpu, args.fault, rate=args.rate)
         return f"{args.fault} on {args.node} GPU {args.gpu}"
     if args.job is None:
         raise ValueError(f"{args.fault} needs --job")
-    faults.inject_job_fault(args.state_dir, args.job, args.fault, factor=args.value)
+    faults.inject_job_fault(args.state_dir, args.job, args.fault, factor=value)
     return f"{args.fault} for job {args.job}"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        raise ValueError(f"expected a number, got {text!r}") from None
 
 
 def status(state_dir: Path) -> dict[str, object]:

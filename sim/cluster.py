@@ -42,6 +42,9 @@ class ExporterSpec:
 
 @dataclass(frozen=True)
 class TrainerSpec:
+    """A ``sim.trainer`` command line. ``node_ports`` (node → port), when given, replaces ``port``: the trainer
+    serves on the port of the node it runs on. ``rank``/``world_size`` place it in a multi-node job."""
+
     name: str
     port: int
     state_dir: Path
@@ -53,15 +56,21 @@ class TrainerSpec:
     step_seconds: float = 0.2
     checkpoint_every: int = 25
     linger: float = 3.0
+    rank: int = 0
+    world_size: int = 1
+    node_ports: tuple[tuple[str, int], ...] = ()
+    exit_on_gpu_fault: bool = False
 
     @property
     def target(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def argv(self, python: str = sys.executable) -> list[str]:
+        ports = ",".join(f"{node}={port}" for node, port in self.node_ports)
+        port = {"--node-ports": ports} if self.node_ports else {"--port": str(self.port)}
         options = {
             "--name": self.name,
-            "--port": str(self.port),
+            **port,
             "--state-dir": str(self.state_dir),
             "--checkpoint-dir": str(self.checkpoint_dir),
             "--hostname": self.hostname,
@@ -71,8 +80,11 @@ class TrainerSpec:
             "--step-seconds": str(self.step_seconds),
             "--checkpoint-every": str(self.checkpoint_every),
             "--linger": str(self.linger),
+            "--rank": str(self.rank),
+            "--world-size": str(self.world_size),
         }
-        return [python, "-m", "sim.trainer", *(item for pair in options.items() for item in pair)]
+        flags = ["--exit-on-gpu-fault"] if self.exit_on_gpu_fault else []
+        return [python, "-m", "sim.trainer", *(item for pair in options.items() for item in pair), *flags]
 
 
 # --- running it -----------------------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 """``make demo``: the whole loop on a simulated GPU cluster, narrated one line per stage.
 
 ``python -m sim.demo [--keep]`` starts, under a fresh ``var/demo/`` and on loopback with free ports, a real Slurm
-(munged, slurmctld, slurmd node1/node2, sshd) and :func:`sim.stack.launch_stack` around it (simulated DCGM
+(munged, slurmctld, slurmd node1..node4, sshd) and :func:`sim.stack.launch_stack` around it (simulated DCGM
 exporters, Prometheus with the fast rules, Alertmanager, a Grafana stand-in, ``nightshift serve`` acting on Slurm
 over SSH with the Slurm actions whitelisted). It submits a training job to node1 as a real batch job, then plays:
 
@@ -326,11 +326,11 @@ def _fresh(directory: Path) -> Path:
 def run(args: argparse.Namespace, say: Narrator, stop: contextlib.ExitStack) -> None:
     base = _fresh(args.dir)
     print(f"Nightshift demo: state and logs in {_relative(base)}/ (fresh)", flush=True)
-    say.say("starting Slurm: munged, slurmctld, slurmd node1 + node2, sshd")
+    say.say("starting Slurm: munged, slurmctld, slurmd node1..node4, sshd")
     slurm: SlurmCluster = launch_slurm(base / "slurm")
     stop.callback(slurm.stop)
     say.say(
-        "starting the DCGM exporters (node1, node2), the Grafana stand-in, Alertmanager, Prometheus, nightshift"
+        "starting the DCGM exporters (node1..node4), the Grafana stand-in, Alertmanager, Prometheus, nightshift"
     )
     stack = launch_stack(base / "stack", slurm)
     stop.callback(stack.close)

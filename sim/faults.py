@@ -10,6 +10,13 @@ GPU faults (read by :mod:`sim.dcgm_exporter` on every scrape; they last until cl
 - ``thermal``: hardware thermal slowdown (clock event reasons HW_SLOWDOWN | HW_THERMAL, 91 C)
 - ``vanish``: the GPU disappears from the exporter (fell off the bus, DCGM no longer sees it)
 
+A fatal Xid (:data:`sim.gpus.FATAL_XIDS`, e.g. 79) also ends the ranks of a multi-node job that runs on the node
+(:mod:`sim.trainer`, ``--exit-on-gpu-fault``), and fails ``dcgmi diag`` on the node (:mod:`sim.dcgmi`).
+
+Validation verdicts (read by :mod:`sim.dcgmi`): ``inject_validation(node, "fail" | "pass" | "hang")`` overrides
+what ``dcgmi diag`` concludes from the node's faults (``hang``: it never returns, for timeouts); cleared with the
+node's faults.
+
 Job faults (read by :mod:`sim.trainer` on every step). ``slowdown`` lasts until cleared (a degraded node
 or file system); every other job fault is *consumed* by the trainer process that acts on it, so a restarted
 job runs clean, as it does after a real transient fault: ``hang``, ``nan``, ``corrupt_checkpoint`` and the
@@ -30,6 +37,7 @@ GPU_FAULTS = ("ecc", "row_remap", "nvlink", "thermal", "vanish")
 CRASH_FAULTS = {"nccl": "nccl", "oom": "cuda_oom", "io": "storage_io", "s3_timeout": "object_store_timeout"}
 JOB_FAULTS = ("hang", "slowdown", "nan", "corrupt_checkpoint", *CRASH_FAULTS)
 DEFAULT_NVLINK_RATE = 50.0  # errors/s: far above the alert threshold (1/s)
+VALIDATION_VERDICTS = ("fail", "pass", "hang")
 
 
 @dataclass(frozen=True)
@@ -62,6 +70,19 @@ class FaultState:
         """Xid events of one GPU, oldest first."""
         events = [XidEvent(**e) for e in self.data.get("xids", []) if e["node"] == node and e["gpu"] == gpu]
         return sorted(events, key=lambda e: e.at)
+
+    def fatal_xid(self, node: str) -> XidEvent | None:
+        """The newest Xid of :data:`sim.gpus.FATAL_XIDS` on any GPU of ``node``, None when there is none."""
+        events = [
+            XidEvent(**e)
+            for e in self.data.get("xids", [])
+            if e["node"] == node and e["xid"] in gpus.FATAL_XIDS
+        ]
+        return max(events, key=lambda e: e.at, default=None)
+
+    def validation(self, node: str) -> str | None:
+        """The injected validation verdict of ``node`` (one of :data:`VALIDATION_VERDICTS`), None when none."""
+        return self.data.get("validation", {}).get(node)
 
     def gpu(self, node: str, gpu: int) -> GpuFaults:
         return GpuFaults(**self.data.get("gpus", {}).get(_gpu_key(node, gpu), {}))
@@ -132,6 +153,16 @@ def inject_gpu_fault(
     _update(state_dir, change)
 
 
+def inject_validation(state_dir: Path, node: str, verdict: str) -> None:
+    """Make ``dcgmi diag`` on ``node`` end with ``verdict`` (one of :data:`VALIDATION_VERDICTS`) whatever the
+    node's faults, until the node's faults are cleared."""
+    if verdict not in VALIDATION_VERDICTS:
+        raise ValueError(
+            f"unknown validation verdict {verdict!r}; expected one of {', '.join(VALIDATION_VERDICTS)}"
+        )
+    _update(state_dir, lambda data: data.setdefault("validation", {}).__setitem__(node, verdict))
+
+
 def inject_job_fault(state_dir: Path, job: str, kind: str, factor: float | None = None) -> None:
     """Queue job fault ``kind`` (one of :data:`JOB_FAULTS`) for job ``job``; ``factor`` is for slowdown."""
     if kind not in JOB_FAULTS:
@@ -158,7 +189,8 @@ def consume_job_fault(state_dir: Path, job: str, kind: str) -> bool:
 
 
 def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job: str | None = None) -> None:
-    """Clear faults: of one GPU, of every GPU of a node, of one job, or (no argument) everything."""
+    """Clear faults: of one GPU, of every GPU of a node (and its validation verdict), of one job, or (no
+    argument) everything."""
 
     def keep_xid(event: dict[str, Any]) -> bool:
         return event["node"] != node or (gpu is not None and event["gpu"] != gpu)
@@ -169,6 +201,8 @@ def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job:
             return
         if node is not None:
             data["xids"] = [e for e in data.get("xids", []) if keep_xid(e)]
+            if gpu is None:
+                data.get("validation", {}).pop(node, None)
             prefix = _gpu_key(node, gpu) if gpu is not None else f"{node}/"
             data["gpus"] = {
                 key: value

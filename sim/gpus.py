@@ -42,8 +42,21 @@ XID_TEXT = {
 }
 
 
+# Xids after which the GPU cannot run CUDA work until it is reset or the node rebooted (NVIDIA's Xid catalogue:
+# resolution RESET_GPU or RESTART_BM): a process using the GPU dies, and DCGM's diagnostic fails on it.
+FATAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 109, 119, 120, 140, 143})
+# The CUDA error a process using the GPU gets after such an Xid (cudaGetErrorString's texts).
+_CUDA_ERROR = {48: "uncorrectable ECC error encountered", 94: "uncorrectable ECC error encountered",
+               95: "uncorrectable ECC error encountered", 140: "uncorrectable ECC error encountered"}  # fmt: skip
+
+
 def xid_text(code: int) -> str:
     return XID_TEXT.get(code, "Unknown Error")
+
+
+def cuda_error(xid: int) -> str:
+    """The CUDA runtime's error string for a process whose GPU had Xid ``xid`` (one of :data:`FATAL_XIDS`)."""
+    return _CUDA_ERROR.get(xid, "unspecified launch failure")
 
 
 def pci_bus_id(gpu: int) -> str:

@@ -1,6 +1,6 @@
 """The real daemons around Nightshift on loopback, for ``python -m sim.demo`` and the test fixtures.
 
-Launchers: :func:`launch_prometheus`, :func:`launch_alertmanager`, :func:`launch_slurm` (munged, slurmctld, two
+Launchers: :func:`launch_prometheus`, :func:`launch_alertmanager`, :func:`launch_slurm` (munged, slurmctld, four
 slurmd, sshd), :func:`launch_grafana_standin`, :func:`launch_nightshift`; and :func:`launch_stack`, the whole loop
 (simulated cluster, Grafana stand-in, Alertmanager, Prometheus with the fast rules, ``nightshift serve``) around a
 Slurm cluster. Each launcher binds 127.0.0.1 on free ports, keeps every file under the directory it is given, waits
@@ -35,6 +35,7 @@ import requests
 import yaml
 
 from app.config import CheckpointSettings, Settings, SlurmSettings
+from sim import faults
 from sim.cluster import REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
 from sim.procs import Daemon, free_port, wait_until
 from sim.webhook_sink import WebhookSink
@@ -213,7 +214,9 @@ def nightshift_config(
     if people_url is None:
         config["receivers"] = [nightshift]
         config["route"]["receiver"] = nightshift["name"]
-        config["route"]["routes"] = [r for r in config["route"]["routes"] if r["receiver"] == nightshift["name"]]
+        config["route"]["routes"] = [
+            r for r in config["route"]["routes"] if r["receiver"] == nightshift["name"]
+        ]
     else:
         (chat,) = people["slack_configs"]
         del chat["api_url_file"]
@@ -280,7 +283,7 @@ def launch_alertmanager(
 
 # --- Slurm + munge + sshd ----------------------------------------------------------------------------------------
 
-NODES = ("node1", "node2")
+NODES = ("node1", "node2", "node3", "node4")
 
 SLURM_CONF = """\
 ClusterName=nightshift
@@ -333,9 +336,22 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
-SetEnv SLURM_CONF={slurm_conf}
+SetEnv SLURM_CONF={slurm_conf} HOME={base}/ssh/home
 LogLevel VERBOSE
 """
+# The login shell of SSH commands (`bash -lc`) reads $HOME/.profile after /etc/profile has reset PATH: it puts the
+# simulator's node tools (dcgmi) first and points them at the simulated cluster attached to this Slurm.
+SSH_PROFILE = """\
+PATH="{bin}:$PATH"
+SIM_STATE_DIR="{sim_state}"
+export PATH SIM_STATE_DIR
+"""
+# The simulator's node tools, as executables on the PATH of SSH commands: `dcgmi` runs sim.dcgmi.
+TOOL_SHIM = """\
+#!/bin/sh
+PYTHONPATH={repo} exec {python} -m {module} "$@"
+"""
+NODE_TOOLS = {"dcgmi": "sim.dcgmi"}
 
 
 @dataclass
@@ -351,6 +367,20 @@ class SlurmCluster:
     jobs_dir: Path
     checkpoint_root: Path
     daemons: dict[str, Daemon] = field(default_factory=dict)
+
+    @property
+    def sim_state(self) -> Path:
+        """The link to the state directory of the simulated cluster attached to this Slurm (:meth:`attach_sim`),
+        which the node tools on the SSH commands' PATH (dcgmi) read as ``$SIM_STATE_DIR``."""
+        return self.base / "sim-state"
+
+    def attach_sim(self, state_dir: Path | None) -> None:
+        """Point the node tools at the simulated cluster of ``state_dir`` (None: at none; dcgmi then cannot
+        reach a host engine)."""
+        link = self.sim_state
+        link.unlink(missing_ok=True)
+        if state_dir is not None:
+            link.symlink_to(state_dir.resolve(), target_is_directory=True)
 
     def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command here, against this cluster."""
@@ -380,9 +410,15 @@ class SlurmCluster:
         return result.stdout.strip() if result.returncode == 0 else ""
 
     def job_nodes(self, job_id: str) -> str:
+        """The job's node list as squeue prints it (a hostlist expression: ``node[1-2]``)."""
         return self.command(
             "squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%N"
         ).stdout.strip()
+
+    def job_node_list(self, job_id: str) -> list[str]:
+        """The names of the job's nodes (``scontrol show hostnames`` of :meth:`job_nodes`), [] when it has none."""
+        hostlist = self.job_nodes(job_id)
+        return self.command("scontrol", "show", "hostnames", hostlist).stdout.split() if hostlist else []
 
     def job_restarts(self, job_id: str) -> int:
         """How many times the job was requeued (``Restarts=`` of ``scontrol show job``)."""
@@ -406,7 +442,7 @@ class SlurmCluster:
         return self.command("sinfo", "--noheader", "--Node", f"--nodes={node}", "--format=%E").stdout.strip()
 
     def reset(self) -> None:
-        """Cancel every job and resume every drained or down node; wait until both nodes are idle."""
+        """Cancel every job and resume every drained or down node; wait until every node is idle."""
         jobs = self.command("squeue", "--noheader", "--format=%i").stdout.split()
         if jobs:
             self.command("scancel", *jobs)
@@ -449,9 +485,27 @@ class SlurmCluster:
             daemon.stop()
 
 
+def _write_node_tools(base: Path) -> Path:
+    """The shims of :data:`NODE_TOOLS` in ``base/bin`` (run with this Python, importing this repository)."""
+    bin_dir = base / "bin"
+    bin_dir.mkdir()
+    for name, module in NODE_TOOLS.items():
+        shim = bin_dir / name
+        shim.write_text(
+            TOOL_SHIM.format(
+                repo=shlex.quote(str(REPO_ROOT)), python=shlex.quote(sys.executable), module=module
+            )
+        )
+        shim.chmod(0o755)
+    return bin_dir
+
+
 def _write_ssh_files(base: Path, port: int, slurm_conf: Path, keygen: str) -> tuple[Path, Path]:
     ssh_dir = base / "ssh"
     ssh_dir.mkdir()
+    (ssh_dir / "home").mkdir()
+    profile = SSH_PROFILE.format(bin=_write_node_tools(base), sim_state=base / "sim-state")
+    (ssh_dir / "home" / ".profile").write_text(profile)
     for name in ("host_ed25519_key", "client_ed25519"):
         subprocess.run([keygen, "-q", "-t", "ed25519", "-N", "", "-f", str(ssh_dir / name)], check=True)
     shutil.copy(ssh_dir / "client_ed25519.pub", ssh_dir / "authorized_keys")
@@ -485,8 +539,11 @@ def _ready(cluster: SlurmCluster, check: Callable[[], object], what: str) -> Non
 
 
 def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCluster:
-    """Start munged, slurmctld, slurmd node1/node2 (both on 127.0.0.1, told apart by their ``Port=``) and an
-    sshd whose ``SetEnv SLURM_CONF`` reaches commands run under ``bash -lc``, all state under ``base``.
+    """Start munged, slurmctld, slurmd node1..node4 (all on 127.0.0.1, told apart by their ``Port=``) and an
+    sshd whose ``SetEnv SLURM_CONF`` reaches commands run under ``bash -lc``, all state under ``base``. Those
+    commands also find the simulator's node tools (``dcgmi``, :data:`NODE_TOOLS`) on their PATH, through the
+    ``.profile`` of the home directory the sshd gives them; :meth:`SlurmCluster.attach_sim` points the tools at a
+    simulated cluster.
 
     ``base`` may exist but must be empty, and every directory above it must be world-executable: munged
     insists on that for its socket. The caller must ``stop()`` the cluster.
@@ -551,7 +608,7 @@ def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCl
         )
         for node in NODES:
             _start(cluster, f"slurmd-{node}", [binaries["slurmd"], "-D", "-N", node, "-f", str(slurm_conf)])
-        _ready(cluster, lambda: all(cluster.node_state(n) == "idle" for n in NODES), "both slurmd idle")
+        _ready(cluster, lambda: all(cluster.node_state(n) == "idle" for n in NODES), "every slurmd idle")
         # sshd refuses to start without its compiled-in privilege separation directory.
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         sshd_config = base / "ssh" / "sshd_config"
@@ -698,8 +755,9 @@ def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
 # --- the whole loop ----------------------------------------------------------------------------------------------
 
 PERMISSIONS_EXAMPLE = REPO_ROOT / "examples" / "permissions.yaml"
-# The trainer's identity under Slurm comes from SLURMD_NODENAME and SLURM_JOB_ID (they change on a requeue).
-_IDENTITY_OPTIONS = ("--hostname", "--slurm-job-id")
+# The trainer's identity under Slurm comes from SLURMD_NODENAME and SLURM_JOB_ID (they change on a requeue), its
+# place in the job from SLURM_PROCID and SLURM_NTASKS (srun sets them per rank).
+_IDENTITY_OPTIONS = ("--hostname", "--slurm-job-id", "--rank", "--world-size")
 
 
 def batch_argv(spec: TrainerSpec) -> list[str]:
@@ -709,6 +767,24 @@ def batch_argv(spec: TrainerSpec) -> list[str]:
         index = argv.index(option)
         del argv[index : index + 2]
     return argv
+
+
+def submit_trainer_job(slurm: SlurmCluster, spec: TrainerSpec, nodes: Sequence[str]) -> str:
+    """Submit ``spec`` as a requeueable batch job pinned to ``nodes``; the job id. One node: the batch script
+    runs the trainer. Several: ``sbatch --nodes=N --ntasks-per-node=1 -w node1,node2`` and ``srun`` starts one
+    rank per node, which takes its rank, world size, node and job id from srun's environment."""
+    launcher = "srun " if len(nodes) > 1 else ""
+    wrap = f"cd {shlex.quote(str(REPO_ROOT))} && exec {launcher}{shlex.join(batch_argv(spec))}"
+    placement = [f"--nodes={len(nodes)}", "--ntasks-per-node=1"] if len(nodes) > 1 else []
+    # --open-mode=append: a requeued run adds to the log instead of replacing the first run's lines.
+    return slurm.sbatch(
+        wrap,
+        "--requeue",
+        *placement,
+        f"--nodelist={','.join(nodes)}",
+        f"--job-name={spec.name}",
+        "--open-mode=append",
+    )
 
 
 def _secret_file(path: Path) -> Path:
@@ -729,50 +805,88 @@ class Stack:
     alertmanager: AlertmanagerServer
     prometheus: PrometheusServer
     nightshift: NightshiftServer
-    trainer_port: int
+    trainer_ports: dict[
+        str, int
+    ]  # node → the port its training job serves metrics on (one scrape target each)
     playbooks: Path
     operator_token_file: Path
-    notices: WebhookSink  # what people hear: Nightshift's notifications (/notify), Alertmanager's chat (/people)
+    notices: (
+        WebhookSink  # what people hear: Nightshift's notifications (/notify), Alertmanager's chat (/people)
+    )
     jobs: list[str] = field(default_factory=list)
     closers: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
 
-    def submit_trainer(self, name: str, node: str, **options: Any) -> str:
-        """Submit ``sim.trainer`` as a requeueable batch job pinned to ``node`` (``sbatch --requeue -w``); the
-        job id. It serves metrics on :attr:`trainer_port`, which Prometheus scrapes; ``options`` are
-        :class:`TrainerSpec` fields (step_seconds, checkpoint_every...)."""
+    def submit_trainer(self, name: str, nodes: str | Sequence[str], **options: Any) -> str:
+        """Submit ``sim.trainer`` to ``nodes`` (a node name, or several for a multi-node job) with
+        :func:`submit_trainer_job`; the job id. Each rank serves metrics on its node's port of
+        :attr:`trainer_ports`, which Prometheus scrapes, and checkpoints under ``sim/checkpoints/<name>/``.
+        ``options`` are :class:`TrainerSpec` fields (step_seconds, checkpoint_every...); ``exit_on_gpu_fault``
+        defaults to True for a multi-node job (a fatal Xid on one of its nodes ends every rank with its NCCL
+        error) and to False for one node (the job keeps stepping; the exporter shows the fault)."""
+        names = [nodes] if isinstance(nodes, str) else list(nodes)
+        options.setdefault("exit_on_gpu_fault", len(names) > 1)
         spec = TrainerSpec(
             name=name,
-            port=self.trainer_port,
+            port=0,
+            node_ports=tuple(self.trainer_ports.items()),
             state_dir=self.sim.state_dir,
             checkpoint_dir=self.sim.base_dir / "checkpoints" / name,
             hostname="",
             **options,
         )
-        wrap = f"cd {shlex.quote(str(REPO_ROOT))} && exec {shlex.join(batch_argv(spec))}"
-        # --open-mode=append: a requeued run adds to the log instead of replacing the first run's lines.
-        job = self.slurm.sbatch(
-            wrap, "--requeue", f"--nodelist={node}", f"--job-name={name}", "--open-mode=append"
-        )
+        job = submit_trainer_job(self.slurm, spec, names)
         self.jobs.append(job)
         return job
 
-    def wait_training(self, job: str, node: str, timeout: float = 60) -> int:
-        """Wait until ``job`` runs on ``node``, Prometheus scrapes its steps, and the node's GPUs are mapped to
-        it (dcgm-exporter's ``hpc_job``: only then does a GPU alert name the job); the step Prometheus saw."""
-        wait_until(lambda: self.slurm.squeue_state(job) == "RUNNING", timeout, f"job {job} RUNNING")
-        assert self.slurm.job_nodes(job) == node, f"job {job} runs on {self.slurm.job_nodes(job)}, not {node}"
-        selector = f'slurm_job_id="{job}",Hostname="{node}"'
-        steps = wait_until(
-            lambda: self.prometheus.query(f"training_step_total{{{selector}}} > 0"),
-            timeout,
-            f"job {job}'s steps on {node} in Prometheus",
-        )
-        wait_until(
-            lambda: self.prometheus.query(f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{node}",hpc_job="{job}"}}'),
-            timeout,
-            f"{node}'s GPUs mapped to job {job}",
-        )
-        return int(float(steps[0]["value"][1]))  # type: ignore[index]
+    def wait_running(
+        self, job: str, nodes: Sequence[str] | None = None, avoid: Sequence[str] = (), timeout: float = 60
+    ) -> list[str]:
+        """Wait until ``job`` is RUNNING on exactly ``nodes`` (any nodes when None) and on none of ``avoid``;
+        its node names."""
+
+        def running() -> list[str] | None:
+            if self.slurm.squeue_state(job) != "RUNNING":
+                return None
+            names = self.slurm.job_node_list(job)
+            placed = nodes is None or sorted(names) == sorted(nodes)
+            return names if names and placed and not set(names) & set(avoid) else None
+
+        where = f" on {','.join(nodes)}" if nodes else ""
+        avoiding = f", not on {','.join(avoid)}" if avoid else ""
+        return wait_until(running, timeout, f"job {job} RUNNING{where}{avoiding}")  # type: ignore[return-value]
+
+    def wait_training(self, job: str, nodes: str | Sequence[str], timeout: float = 60) -> int:
+        """Wait until ``job`` runs on ``nodes``, Prometheus scrapes its steps on each, and each node's GPUs are
+        mapped to it (dcgm-exporter's ``hpc_job``: only then does a GPU alert name the job); the lowest step
+        Prometheus saw."""
+        names = [nodes] if isinstance(nodes, str) else list(nodes)
+        self.wait_running(job, names, timeout=timeout)
+        steps = []
+        for node in names:
+            selector = f'slurm_job_id="{job}",Hostname="{node}"'
+            found = wait_until(
+                lambda selector=selector: self.prometheus.query(f"training_step_total{{{selector}}} > 0"),
+                timeout,
+                f"job {job}'s steps on {node} in Prometheus",
+            )
+            steps.append(int(float(found[0]["value"][1])))  # type: ignore[index]
+            wait_until(
+                lambda node=node: self.prometheus.query(
+                    f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{node}",hpc_job="{job}"}}'
+                ),
+                timeout,
+                f"{node}'s GPUs mapped to job {job}",
+            )
+        return min(steps)
+
+    def inject_xid(self, node: str, xid: int = 79, gpu: int = 3) -> faults.XidEvent:
+        """An Xid on ``node``'s GPU ``gpu`` (:func:`sim.faults.inject_xid`): the exporter reports it, the ranks of
+        a multi-node job there fail, and ``dcgmi diag`` on the node fails while it is not cleared."""
+        return faults.inject_xid(self.sim.state_dir, node, gpu, xid)
+
+    def inject_validation(self, node: str, verdict: str) -> None:
+        """Make ``dcgmi diag`` on ``node`` end ``verdict`` (fail | pass | hang) whatever its faults."""
+        faults.inject_validation(self.sim.state_dir, node, verdict)
 
     def wait_window(self, job: str, node: str, timeout: float = 60) -> None:
         """Wait until the job's series on ``node`` is older than the fast rules' window: TrainingHang (``offset
@@ -809,9 +923,9 @@ class Stack:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def resumes(self, job: str) -> list[int]:
-        """The checkpoint step each run of the job resumed from, per its log (a run with no checkpoint yet
-        starts from 0 and is not listed)."""
-        return [int(step) for step in re.findall(r"resuming from step (\d+)", self.job_log(job))]
+        """The checkpoint step each run of the job resumed from, per rank 0's lines of its log (a run with no
+        checkpoint yet starts from 0 and is not listed; the other ranks resume from the same step)."""
+        return [int(step) for step in re.findall(r"\[rank0\]: resuming from step (\d+)", self.job_log(job))]
 
     def close(self) -> None:
         if self.jobs:
@@ -822,10 +936,11 @@ class Stack:
 def launch_stack(
     base: Path, slurm: SlurmCluster, permissions: bool = True, find_binary: BinaryFinder = find_binary
 ) -> Stack:
-    """Start, under ``base``: the simulated exporters of node1/node2, the Grafana stand-in, Alertmanager (the
-    shipped alerts/alertmanager.yml pointed at Nightshift, 1 s group timers), Prometheus (rules/sim/, scraping the
-    exporters, the trainer's port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm`` over
-    SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
+    """Start, under ``base``: the simulated exporters of every node of :data:`NODES` (and ``slurm``'s node tools
+    pointed at them: :meth:`SlurmCluster.attach_sim`), the Grafana stand-in, Alertmanager (the shipped
+    alerts/alertmanager.yml pointed at Nightshift, 1 s group timers), Prometheus (rules/sim/, scraping the
+    exporters, each node's trainer port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm``
+    over SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
     (examples/permissions.yaml: drain, requeue, resume), else Nightshift is advisory."""
     base.mkdir(parents=True, exist_ok=True)
     closers = contextlib.ExitStack()
@@ -836,7 +951,10 @@ def launch_stack(
         grafana_token = _secret_file(base / "grafana.token")
         sim = launch_sim_cluster(base / "sim", nodes=NODES)
         closers.callback(sim.close)
-        nightshift_port, trainer_port = free_port(), free_port()
+        slurm.attach_sim(sim.state_dir)
+        closers.callback(slurm.attach_sim, None)
+        nightshift_port = free_port()
+        trainer_ports = {node: free_port() for node in NODES}
         nightshift_url = f"http://127.0.0.1:{nightshift_port}"
         grafana = launch_grafana_standin(base / "grafana", grafana_token)
         closers.callback(grafana.stop)
@@ -850,7 +968,8 @@ def launch_stack(
             find_binary,
         )
         closers.callback(alertmanager.stop)
-        targets = [*sim.targets, f"127.0.0.1:{trainer_port}", f"127.0.0.1:{nightshift_port}"]
+        trainers = [f"127.0.0.1:{port}" for port in trainer_ports.values()]
+        targets = [*sim.targets, *trainers, f"127.0.0.1:{nightshift_port}"]
         prometheus = launch_prometheus(
             base / "prometheus", targets, FAST_RULES, alertmanager.url, find_binary=find_binary
         )
@@ -887,7 +1006,7 @@ def launch_stack(
             alertmanager=alertmanager,
             prometheus=prometheus,
             nightshift=nightshift,
-            trainer_port=trainer_port,
+            trainer_ports=trainer_ports,
             playbooks=playbooks,
             operator_token_file=operator_token,
             notices=notices,

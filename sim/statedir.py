@@ -4,7 +4,8 @@ Layout (``D`` is ``--state-dir``)::
 
     D/faults.json              injected faults (sim.faults); written under D/.lock
     D/jobs/<node>              Slurm job id running on <node> (dcgm-exporter's HPC job mapping)
-    D/trainers/<name>.json     each trainer's status: pid, node, phase (running|hung|exited), step, ...
+    D/trainers/<name>.json     each trainer's status: pid, node, phase (running|hung|failed|exited), step, ...
+    D/trainers/<name>.rank<N>.json   the same for rank N > 0 of a multi-node job
     D/nodes/<node>/kern.log    dmesg-style kernel log lines (Xid events)
 
 Writers replace files atomically (write a temporary file, then ``os.replace``), so a reader never sees half a
@@ -31,8 +32,8 @@ def job_mapping_path(state_dir: Path, node: str) -> Path:
     return state_dir / "jobs" / node
 
 
-def trainer_status_path(state_dir: Path, name: str) -> Path:
-    return state_dir / "trainers" / f"{name}.json"
+def trainer_status_path(state_dir: Path, name: str, rank: int = 0) -> Path:
+    return state_dir / "trainers" / (f"{name}.json" if rank == 0 else f"{name}.rank{rank}.json")
 
 
 def kern_log_path(state_dir: Path, node: str) -> Path:

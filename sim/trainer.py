@@ -1,11 +1,16 @@
 """A simulated training job: ``python -m sim.trainer --name llama-7b --port P --checkpoint-dir C --state-dir D``.
 
+One process stands for one node's ranks of a job (``--rank``/``--world-size``, default ``$SLURM_PROCID`` and
+``$SLURM_NTASKS``: ``srun`` starts one per node of a multi-node job). ``--node-ports node1=P1,node2=P2,...``
+instead of ``--port`` serves metrics on the port of the node it runs on: one static scrape target per node.
+
 It steps every ``--step-seconds`` (0.2 s), with a loss that decreases with noise; checkpoints every
 ``--checkpoint-every`` steps into ``C/step_000123/`` (:mod:`sim.checkpoints`); at start resumes from the newest
-checkpoint (logging ``resuming from step N``) after checking its sha256, and fails with PyTorch's
+checkpoint (logging ``resuming from step N``; the ranks of a multi-node job each keep ``C/rank<N>/`` and resume
+from the newest step all of them saved) after checking its sha256, and fails with PyTorch's
 ``PytorchStreamReader failed reading zip archive: failed finding central directory`` when it is corrupt. It
 serves the training metrics of rules/README.md on ``/metrics``, writes its Slurm job id to ``D/jobs/<Hostname>``
-(dcgm-exporter's job mapping) and its status to ``D/trainers/<name>.json``.
+(dcgm-exporter's job mapping) and its status to ``D/trainers/<name>[.rank<N>].json``.
 
 Identity: ``--slurm-job-id`` (default ``$SLURM_JOB_ID``), ``--hostname`` (default ``$SLURMD_NODENAME``, then
 the host name), ``--namespace``/``--pod`` (default ``$POD_NAMESPACE``/``$POD_NAME``).
@@ -15,6 +20,13 @@ Faults (:mod:`sim.faults`) are read on every step: hang (stops stepping, stays a
 mid-save; at start-up, the resume then fails), and nccl/oom/io/s3_timeout (the job logs the real error text,
 increments ``training_errors_total{error_class}``, keeps serving metrics for ``--linger`` seconds so Prometheus
 scrapes the increment, and exits 1).
+
+Collective failures (a job of world size > 1): when a peer rank of the same run failed or exited, a rank stops
+stepping (stuck in the all-reduce) for ``--nccl-timeout`` seconds, then logs NCCL's error on the lost connection
+and the watchdog timeout, counts ``error_class="nccl"`` and exits 1, as every rank of a real job does after one
+rank dies. With ``--exit-on-gpu-fault``, a fatal Xid (:data:`sim.gpus.FATAL_XIDS`) on the rank's node ends it
+with the CUDA error (``nccl``: reported by ProcessGroupNCCL's watchdog in a process group; ``cuda``: raised by the
+training step of a lone process); without it the rank ignores GPU faults (the exporter still shows them).
 """
 
 from __future__ import annotations
@@ -35,11 +47,19 @@ from typing import TextIO
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
 
-from sim import checkpoints, faults, logtext, statedir
+from sim import checkpoints, faults, gpus, logtext, statedir
 from sim.exposition import serve
 
 LABELS = ("train_job", "slurm_job_id", "namespace", "pod", "Hostname")
-ERROR_CLASSES = ("nccl", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan")
+ERROR_CLASSES = (
+    "nccl",
+    "cuda",
+    "cuda_oom",
+    "storage_io",
+    "object_store_timeout",
+    "checkpoint_corrupt",
+    "nan",
+)
 
 # Crash fault → the error text the job logs before it exits.
 CRASH_TEXT: dict[str, Callable[[logtext.Context, float], str]] = {
@@ -52,13 +72,16 @@ CRASH_TEXT: dict[str, Callable[[logtext.Context, float], str]] = {
 
 @dataclass(frozen=True)
 class Identity:
-    """Who the job is; empty strings for what does not apply (Prometheus drops empty labels)."""
+    """Who the job is; empty strings for what does not apply (Prometheus drops empty labels). ``rank`` and
+    ``world_size`` place this process in the job; they are not labels (Hostname tells the ranks apart)."""
 
     name: str
     hostname: str
     slurm_job_id: str = ""
     namespace: str = ""
     pod: str = ""
+    rank: int = 0
+    world_size: int = 1
 
     def labels(self) -> dict[str, str]:
         return {
@@ -78,6 +101,8 @@ class Settings:
     keep: int = 3
     linger: float = 3.0
     log_every: int = 25
+    nccl_timeout: float = 3.0
+    exit_on_gpu_fault: bool = False
 
 
 class Metrics:
@@ -151,6 +176,8 @@ class Trainer:
         self.samples = 0
         self.nan = False
         self.phase = "starting"
+        self.started = time.time()
+        self.prefix = f"[rank{identity.rank}]:"
 
     # -- bookkeeping ------------------------------------------------------------------------------------
     def log(self, message: str) -> None:
@@ -168,20 +195,41 @@ class Trainer:
             "step": self.step,
             "updated": time.time(),
         }
-        statedir.write_json(statedir.trainer_status_path(self.state_dir, self.identity.name), status)
+        ident = self.identity
+        statedir.write_json(statedir.trainer_status_path(self.state_dir, ident.name, ident.rank), status)
+
+    def _rank_dir(self, rank: int) -> Path:
+        """Where ``rank`` keeps its checkpoints: ``C`` for a lone process, ``C/rank<N>`` in a multi-node job."""
+        return self.checkpoint_dir / f"rank{rank}" if self.identity.world_size > 1 else self.checkpoint_dir
+
+    def lost_peer(self) -> str | None:
+        """The node of a peer rank of this run that failed or exited since this rank started, None if none."""
+        ident = self.identity
+        for rank in range(ident.world_size):
+            if rank == ident.rank:
+                continue
+            peer = statedir.read_json(statedir.trainer_status_path(self.state_dir, ident.name, rank), {})
+            ended = peer.get("phase") in ("failed", "exited") and peer.get("updated", 0) >= self.started
+            if ended and peer.get("slurm_job_id") == ident.slurm_job_id:
+                return str(peer.get("hostname", ""))
+        return None
 
     def _job_mapping(self) -> Path:
         return statedir.job_mapping_path(self.state_dir, self.identity.hostname)
 
-    def _context(self) -> logtext.Context:
-        return logtext.Context(self.identity.hostname, os.getpid(), self.identity.name, self.step)
+    def _context(self, gpu: int = 0) -> logtext.Context:
+        ident = self.identity
+        return logtext.Context(ident.hostname, os.getpid(), ident.name, self.step, gpu=gpu, rank=ident.rank)
 
     # -- training ---------------------------------------------------------------------------------------
     def resume(self) -> None:
-        """Continue from the newest checkpoint, or start at step 0; :class:`JobExit` if it is corrupt."""
-        checkpoint = checkpoints.newest(self.checkpoint_dir)
+        """Continue from the newest checkpoint every rank holds, or start at step 0; :class:`JobExit` if it is
+        corrupt."""
+        root = self._rank_dir(self.identity.rank)
+        step = checkpoints.newest_common([self._rank_dir(r) for r in range(self.identity.world_size)])
+        checkpoint = None if step is None else checkpoints.at(root, step)
         if checkpoint is None:
-            self.log(f"[rank0]: no checkpoint in {self.checkpoint_dir}, starting from step 0")
+            self.log(f"{self.prefix} no checkpoint in {root}, starting from step 0")
             return
         try:
             checkpoints.validate(checkpoint)
@@ -192,7 +240,7 @@ class Trainer:
         self.metrics.steps.inc(self.step)
         self.metrics.samples.inc(self.samples)
         self.metrics.last_checkpoint.set(checkpoint.created)
-        self.log(f"[rank0]: resuming from step {self.step} ({checkpoint.path})")
+        self.log(f"{self.prefix} resuming from step {self.step} ({checkpoint.path})")
 
     def loss(self) -> float:
         if self.nan:
@@ -201,23 +249,41 @@ class Trainer:
 
     def checkpoint(self, loss: float) -> None:
         self.metrics.checkpointing.set(1)
-        checkpoint = checkpoints.write(self.checkpoint_dir, self.step, loss, self.samples, time.time())
-        checkpoints.prune(self.checkpoint_dir, self.settings.keep)
+        root = self._rank_dir(self.identity.rank)
+        checkpoint = checkpoints.write(root, self.step, loss, self.samples, time.time())
+        checkpoints.prune(root, self.settings.keep)
         self.metrics.last_checkpoint.set(checkpoint.created)
         self.metrics.checkpointing.set(0)
-        self.log(f"[rank0]: saved checkpoint {checkpoint.path}")
+        self.log(f"{self.prefix} saved checkpoint {checkpoint.path}")
         self.set_phase(self.phase)
 
     def corrupt_newest(self) -> None:
         """Tear the newest checkpoint (the corrupt_checkpoint fault)."""
-        checkpoint = checkpoints.newest(self.checkpoint_dir)
+        checkpoint = checkpoints.newest(self._rank_dir(self.identity.rank))
         if checkpoint is not None:
             checkpoints.corrupt(checkpoint)
+
+    def collective_faults(self, state: faults.FaultState) -> None:
+        """End this rank the way a real one ends when its GPU fails (``--exit-on-gpu-fault``) or a peer rank is
+        gone (world size > 1); :class:`JobExit` then, else nothing."""
+        ident = self.identity
+        xid = state.fatal_xid(ident.hostname) if self.settings.exit_on_gpu_fault else None
+        if xid is not None:
+            error = gpus.cuda_error(xid.xid)
+            self.log(logtext.gpu_fault(self._context(xid.gpu), time.time(), error, ident.world_size))
+            raise JobExit(1, "nccl" if ident.world_size > 1 else "cuda")
+        peer = self.lost_peer() if ident.world_size > 1 else None
+        if peer is not None:
+            time.sleep(self.settings.nccl_timeout)  # stuck in the all-reduce until NCCL's watchdog gives up
+            self.log(logtext.peer_lost(self._context(), time.time(), peer))
+            raise JobExit(1, "nccl")
 
     def apply_faults(self) -> float:
         """Act on pending faults; returns the slowdown factor. May raise :class:`JobExit` or never return."""
         name = self.identity.name
-        pending = faults.load(self.state_dir).job(name)
+        state = faults.load(self.state_dir)
+        self.collective_faults(state)
+        pending = state.job(name)
         for kind, text in CRASH_TEXT.items():
             if kind in pending and faults.consume_job_fault(self.state_dir, name, kind):
                 self.log(text(self._context(), time.time()))
@@ -225,7 +291,7 @@ class Trainer:
         if "corrupt_checkpoint" in pending and faults.consume_job_fault(
             self.state_dir, name, "corrupt_checkpoint"
         ):
-            self.log(f"[rank0]: saving checkpoint step_{self.step:06d}")
+            self.log(f"{self.prefix} saving checkpoint step_{self.step:06d}")
             self.corrupt_newest()
             os.kill(os.getpid(), signal.SIGKILL)  # dies mid-save, as a node crash or the OOM killer would
         if "nan" in pending and faults.consume_job_fault(self.state_dir, name, "nan"):
@@ -247,7 +313,7 @@ class Trainer:
         self.metrics.loss.set(loss)
         if self.nan or self.step % self.settings.log_every == 0:
             rate = self.settings.batch_size / (time.monotonic() - start)
-            self.log(f"[rank0]: step {self.step} loss: {loss:.4f} samples/s: {rate:.1f}")
+            self.log(f"{self.prefix} step {self.step} loss: {loss:.4f} samples/s: {rate:.1f}")
         if self.step % self.settings.checkpoint_every == 0:
             self.checkpoint(loss)
 
@@ -256,7 +322,8 @@ class Trainer:
         server = serve(self.metrics.render, self.host, self.port)
         ident = self.identity
         self.log(
-            f"[rank0]: {ident.name} on {ident.hostname}, slurm job {ident.slurm_job_id or '-'}, :{self.port}"
+            f"{self.prefix} {ident.name} on {ident.hostname}, rank {ident.rank} of {ident.world_size}, slurm job "
+            f"{ident.slurm_job_id or '-'}, :{self.port}"
         )
         if ident.slurm_job_id:
             statedir.write_atomic(self._job_mapping(), ident.slurm_job_id + "\n")
@@ -264,7 +331,7 @@ class Trainer:
             self.set_phase("starting")
             self.metrics.evaluating.set(0)
             self.metrics.checkpointing.set(0)
-            self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+            self._rank_dir(ident.rank).mkdir(parents=True, exist_ok=True)
             if faults.consume_job_fault(self.state_dir, ident.name, "corrupt_checkpoint"):
                 self.corrupt_newest()
             self.resume()
@@ -290,7 +357,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     env = os.environ
     parser = argparse.ArgumentParser(prog="python -m sim.trainer", description="A simulated training job.")
     parser.add_argument("--name", required=True, help="training job name (label train_job)")
-    parser.add_argument("--port", type=int, required=True, help="metrics port")
+    ports = parser.add_mutually_exclusive_group(required=True)
+    ports.add_argument("--port", type=int, help="metrics port")
+    ports.add_argument(
+        "--node-ports", type=_node_ports, help="node=port,...: serve on the port of the node it runs on"
+    )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
     parser.add_argument("--state-dir", type=Path, required=True)
@@ -298,6 +369,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--hostname", default=env.get("SLURMD_NODENAME") or socket.gethostname())
     parser.add_argument("--namespace", default=env.get("POD_NAMESPACE", ""))
     parser.add_argument("--pod", default=env.get("POD_NAME", ""))
+    parser.add_argument("--rank", type=int, default=int(env.get("SLURM_PROCID") or 0))
+    parser.add_argument("--world-size", type=int, default=int(env.get("SLURM_NTASKS") or 1))
     defaults = Settings()
     parser.add_argument("--step-seconds", type=float, default=defaults.step_seconds)
     parser.add_argument("--checkpoint-every", type=int, default=defaults.checkpoint_every, help="steps")
@@ -307,20 +380,54 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--linger", type=float, default=defaults.linger, help="seconds to serve after an error"
     )
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--nccl-timeout",
+        type=float,
+        default=defaults.nccl_timeout,
+        help="seconds before a lost peer ends a rank",
+    )
+    parser.add_argument(
+        "--exit-on-gpu-fault", action="store_true", help="a fatal Xid on this node ends the rank (CUDA error)"
+    )
+    args = parser.parse_args(argv)
+    if not 0 <= args.rank < args.world_size:
+        parser.error(f"--rank {args.rank} is outside --world-size {args.world_size}")
+    if args.node_ports is not None:
+        if args.hostname not in args.node_ports:
+            parser.error(f"--node-ports has no port for {args.hostname}")
+        args.port = args.node_ports[args.hostname]
+    return args
+
+
+def _node_ports(text: str) -> dict[str, int]:
+    """``node1=9101,node2=9102`` → {"node1": 9101, "node2": 9102}."""
+    try:
+        pairs = [item.split("=", 1) for item in text.split(",") if item]
+        return {node: int(port) for node, port in pairs}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected node=port,... , got {text!r}") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     disable_created_metrics()  # no *_created series: they add nothing to the contract
-    identity = Identity(args.name, args.hostname, args.slurm_job_id, args.namespace, args.pod)
+    identity = Identity(
+        args.name, args.hostname, args.slurm_job_id, args.namespace, args.pod, args.rank, args.world_size
+    )
     settings = Settings(
-        args.step_seconds, args.checkpoint_every, args.batch_size, args.keep, args.linger, args.log_every
+        args.step_seconds,
+        args.checkpoint_every,
+        args.batch_size,
+        args.keep,
+        args.linger,
+        args.log_every,
+        args.nccl_timeout,
+        args.exit_on_gpu_fault,
     )
     trainer = Trainer(identity, settings, args.state_dir, args.checkpoint_dir, args.port, args.host)
 
     def stop(signum: int, _frame: object) -> None:
-        trainer.log(f"[rank0]: received signal {signum}, exiting")
+        trainer.log(f"{trainer.prefix} received signal {signum}, exiting")
         raise SystemExit(128 + signum)  # unwinds run(), which cleans up
 
     signal.signal(signal.SIGTERM, stop)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,6 +21,7 @@ from app.diagnosis import diagnose
 from app.diagnosis.xid import xid_from_line
 from sim import checkpoints, faults, gpus, statedir
 from sim.cluster import REPO_ROOT
+from sim.procs import free_port
 from tests.fixtures.procs import wait_until
 from tests.fixtures.prometheus import PrometheusServer, launch_prometheus
 from tests.fixtures.sim import SimCluster, SimProcess, launch_sim_cluster, scrape, sim_cluster
@@ -84,7 +86,9 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def newest_step(trainer: SimProcess) -> int:
-    checkpoint = checkpoints.newest(trainer.spec.checkpoint_dir)
+    spec = trainer.spec
+    root = spec.checkpoint_dir / f"rank{spec.rank}" if spec.world_size > 1 else spec.checkpoint_dir
+    checkpoint = checkpoints.newest(root)
     return checkpoint.step if checkpoint else -1
 
 
@@ -217,7 +221,7 @@ def test_trainer_exports_the_training_contract_and_labels_its_gpus(sim_cluster: 
     }
     classes = {s.labels["error_class"]: s.value for s in samples(trainer.target, "training_errors_total")}
     assert classes == dict.fromkeys(
-        ("nccl", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan"), 0.0
+        ("nccl", "cuda", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan"), 0.0
     )
     assert statedir.job_mapping_path(sim_cluster.state_dir, "node1").read_text().strip() == "4242"
     exporter = sim_cluster.exporters["node1"].target
@@ -273,6 +277,54 @@ def test_crash_fault_logs_counts_and_exits(
     assert not statedir.job_mapping_path(sim_cluster.state_dir, "node2").exists()
     assert faults.load(sim_cluster.state_dir).job("job") == {}  # consumed: a restart runs clean
     assert sim_cluster.restart(trainer.spec).daemon.alive()
+
+
+def start_ranks(
+    cluster: SimCluster, name: str, nodes: tuple[str, ...], **options: object
+) -> list[SimProcess]:
+    """One rank per node of a multi-node job ``name`` (Slurm job 77), each on its own port."""
+    return [
+        cluster.start_trainer(
+            name, node, slurm_job_id="77", rank=rank, world_size=len(nodes), port=free_port(), **options
+        )
+        for rank, node in enumerate(nodes)
+    ]
+
+
+def test_a_fatal_xid_ends_every_rank_of_a_multi_node_job(sim_cluster: SimCluster) -> None:
+    lingering = {**FAST, "linger": 5.0}  # time to scrape each rank's error count, even on a busy machine
+    ranks = start_ranks(sim_cluster, "llama-70b", ("node1", "node2"), exit_on_gpu_fault=True, **lingering)
+    wait_until(lambda: all(newest_step(r) >= 10 for r in ranks), 30, "a checkpoint on every rank")
+    faults.inject_xid(sim_cluster.state_dir, "node2", 3, 79)
+    # Both count an NCCL error while they linger, then exit 1: the faulty rank first, its peer after the watchdog.
+    for rank in reversed(ranks):
+        wait_until(
+            lambda r=rank: value(r.target, "training_errors_total", error_class="nccl") == 1, 15, "count"
+        )
+    assert [rank.daemon.proc.wait(15) for rank in ranks] == [1, 1]
+    healthy, faulty = ranks[0].log(), ranks[1].log()
+    assert "node2:" in faulty and "NCCL WARN Cuda failure 'unspecified launch failure'" in faulty
+    assert "[PG 0 Rank 1] Process group watchdog thread terminated with exception: CUDA error" in faulty
+    assert "[Rank 0] Watchdog caught collective operation timeout" in healthy
+    assert "Got completion from peer 10.42.0.2<47534>" in healthy  # node2's address
+    assert diagnose({}, healthy).category == "nccl_network"
+
+
+def test_ranks_resume_together_from_the_newest_step_all_of_them_saved(sim_cluster: SimCluster) -> None:
+    ranks = start_ranks(sim_cluster, "llama-70b", ("node1", "node2"), **FAST)
+    wait_until(lambda: all(newest_step(r) >= 20 for r in ranks), 30, "two checkpoints on every rank")
+    for rank in ranks:
+        rank.daemon.kill()
+    root = ranks[0].spec.checkpoint_dir
+    assert sorted(p.name for p in root.iterdir()) == ["rank0", "rank1"]  # one shard directory per rank
+    common = checkpoints.newest_common([root / "rank0", root / "rank1"])
+    assert common is not None and common >= 20
+    # The job comes back on other nodes (a requeue excluding a culprit): same ranks, same checkpoints.
+    moved = [replace(r.spec, hostname=node) for r, node in zip(ranks, ("node1", "node3"), strict=True)]
+    again = [sim_cluster.restart(spec) for spec in moved]
+    for rank in again:
+        wait_until(lambda r=rank: f"resuming from step {common} " in r.log(), 30, "resume log line")
+    assert "[rank1]: resuming from step" in again[1].log()
 
 
 def test_slowdown_nan_and_hang(sim_cluster: SimCluster) -> None:
