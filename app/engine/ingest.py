@@ -190,6 +190,8 @@ def _join(
         if named is not None:
             changes["culprits"] = named
             notes.append(f"culprit {episode.culprit}")
+            if not incident["acted"]:
+                changes["next_run_at"] = now  # a known culprit ends the correlation wait
     if episode.kind == IncidentKind.JOB and not incident["acted"] and _leads(deps, playbook, incident):
         changes.update(_leading(playbook, target, alert))
         notes.append(f"playbook {playbook.name} now plans the recovery")

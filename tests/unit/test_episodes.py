@@ -1,0 +1,396 @@
+"""Failure episodes with a fake clock: one failure of a multi-node job makes every rank alert, and must become one
+recovery of the job that excludes the culprit node, whatever order and replica the alerts reach."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from app import episodes
+from app.actions import default_registry
+from app.alertmanager import parse_notification
+from app.clients import Clients
+from app.config import Settings
+from app.diagnosis import diagnose
+from app.engine import Engine, EngineDeps
+from app.metrics import Metrics
+from app.params import NODE_NAME, SLURM_JOB_ID, Param
+from app.permissions import Grant, Permissions
+from app.playbooks import PlaybookSet, parse_playbooks
+from app.store import Store, records, repairs
+from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm
+from tests.payloads import alert, payload, xid
+
+PLAYBOOKS = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: nccl, description: "every rank reports it"}
+match: ['alertname="TrainingJobError"', 'error_class="nccl"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
+priority: 50
+steps:
+  - action: fake.requeue
+    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
+verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
+         interval: 30s}
+---
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid, description: "node-scoped"}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
+priority: 100
+steps:
+  - action: fake.requeue
+    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
+verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
+         interval: 30s}
+node_repair: {}
+"""
+VERIFY = 'increase(training_step_total{slurm_job_id="4242"}[2m]) > 0'
+
+
+def nccl(node: str, rank: int, job: str = "4242") -> dict[str, str]:
+    return {"alertname": "TrainingJobError", "error_class": "nccl", "Hostname": node, "rank": str(rank),
+            "slurm_job_id": job}  # fmt: skip
+
+
+@dataclass
+class World:
+    engine: Engine
+    clock: FakeClock
+    prometheus: FakePrometheus
+    slurm: FakeSlurm
+    requeue: FakeAction
+
+    def send(self, *alerts: dict[str, Any]):
+        return self.engine.ingest(parse_notification(json.dumps(payload(*alerts))))
+
+    def run(self) -> None:
+        self.engine.run_until_idle(limit=500)
+
+    def incidents(self) -> list[dict[str, Any]]:
+        return self.engine.incidents(limit=100)
+
+    def only(self) -> dict[str, Any]:
+        incidents = self.incidents()
+        assert len(incidents) == 1, [(i["id"], i["kind"], i["open_key"]) for i in incidents]
+        return incidents[0]
+
+    def repair(self, node: str) -> dict[str, Any] | None:
+        """The node's newest repair (advisory here: the repair's steps are not granted)."""
+        with self.engine.deps.store.read() as conn:
+            found = repairs.list_repairs(conn, node=node, limit=1)
+        return found[0] if found else None
+
+
+def requeue_action() -> FakeAction:
+    return FakeAction(
+        "fake.requeue",
+        params={
+            "job": Param(pattern=SLURM_JOB_ID),
+            "exclude_nodes": Param(pattern=rf"{NODE_NAME}(,{NODE_NAME})*", required=False),
+        },
+    )
+
+
+def make_world(
+    tmp_path,
+    *,
+    url: str | None = None,
+    clock: FakeClock | None = None,
+    slurm: FakeSlurm | None = None,
+    diagnose_with: Any = diagnose,
+    **episode_settings: Any,
+) -> World:
+    clock = clock or FakeClock()
+    requeue = requeue_action()
+    registry = (
+        default_registry()
+    )  # the repair lifecycle plans with the scheduler's own actions (not granted here)
+    registry.register(requeue)
+    settings = Settings(data_dir=str(tmp_path))
+    for key, value in episode_settings.items():
+        setattr(settings.episodes, key, value)
+    store = Store.from_url(url or settings.resolved_store_url, clock)
+    store.create_schema()
+    prometheus = FakePrometheus()
+    slurm = slurm or FakeSlurm({"4242": ("RUNNING", "node1,node2")})
+    deps = EngineDeps(
+        settings=settings,
+        store=store,
+        playbooks=PlaybookSet(parse_playbooks(PLAYBOOKS, "episodes.yaml", registry)),
+        registry=registry,
+        permissions=Permissions([Grant(action="fake.requeue")]),
+        clients=Clients(settings, prometheus=prometheus, slurm=slurm),
+        clock=clock,
+        metrics=Metrics(),
+        diagnose=diagnose_with,
+    )
+    return World(Engine(deps), clock, prometheus, slurm, requeue)
+
+
+def test_every_rank_and_the_xid_make_one_job_incident_and_one_requeue_off_the_culprit(tmp_path):
+    w = make_world(tmp_path)
+    result = w.send(alert(nccl("node1", 0)), alert(nccl("node2", 1)), alert(xid(node="node2", job="4242")))
+    assert len(result.opened) == 1 and len(result.attached) == 2
+    w.run()
+    inc = w.only()
+    assert (inc["kind"], inc["playbook"], inc["node"], inc["state"]) == ("job", "xid", "node2", "verifying")
+    assert [c["node"] for c in inc["culprits"] if c["confirmed"]] == ["node2"]
+    assert w.requeue.script.calls == [{"job": "4242", "exclude_nodes": "node2"}]
+    repair = w.repair("node2")
+    assert repair is not None and repair["incident_id"] == inc["id"] and repair["playbook"] == "xid"
+    assert w.repair("node1") is None
+    w.prometheus.answers[VERIFY] = [FakeSample({"slurm_job_id": "4242"}, 3)]
+    w.clock.advance(30)
+    w.run()
+    assert w.only()["outcome"] == "recovered"
+    assert len(w.requeue.script.calls) == 1
+
+
+def test_without_a_culprit_the_window_is_waited_out_then_one_requeue_excludes_nothing(tmp_path):
+    w = make_world(tmp_path, correlation_seconds=45)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    inc = w.only()
+    assert inc["state"] == "open" and inc["reason"].startswith("correlating")
+    w.clock.advance(30)
+    assert w.send(alert(nccl("node2", 1))).attached == [inc["id"]]
+    w.run()
+    assert w.requeue.script.calls == []
+    w.clock.advance(16)
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242"}]
+    assert w.only()["state"] == "verifying"
+
+
+def test_a_node_alert_is_decisive_inside_the_window(tmp_path):
+    w = make_world(tmp_path, correlation_seconds=45)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    w.clock.advance(5)
+    w.send(alert(xid(node="node2", job="4242")))
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242", "exclude_nodes": "node2"}]
+    assert w.only()["playbook"] == "xid"  # the higher priority plans the recovery
+
+
+def test_a_culprit_outside_the_jobs_allocation_is_evidence_never_excluded_or_repaired(tmp_path):
+    w = make_world(tmp_path)
+    w.send(alert(xid(node="node9", job="4242")))
+    w.run()
+    inc = w.only()
+    assert w.requeue.script.calls == [{"job": "4242"}]
+    assert inc["culprits"][0] == {**inc["culprits"][0], "node": "node9", "confirmed": False}
+    assert inc["node"] is None and w.repair("node9") is None
+    ledger = w.engine.incident(inc["id"])["ledger"]
+    assert any("outside the allocation (evidence only): node9" in row["message"] for row in ledger)
+
+
+def test_too_many_culprits_exclude_none_and_go_to_a_person(tmp_path):
+    slurm = FakeSlurm({"4242": ("RUNNING", "node1,node2,node3,node4")})
+    w = make_world(tmp_path, slurm=slurm, max_culprits=2)
+    w.send(*(alert(xid(node=f"node{n}", job="4242", gpu=str(n))) for n in (1, 2, 3)))
+    w.run()
+    inc = w.only()
+    assert (inc["outcome"], w.requeue.script.calls) == ("needs_human", [])
+    assert "3 culprit node(s)" in inc["reason"] and "excluding none" in inc["reason"]
+    assert all(w.repair(f"node{n}") is None for n in (1, 2, 3))
+
+
+def test_a_node_alert_without_a_job_opens_a_node_incident_handed_to_repair(tmp_path):
+    w = make_world(tmp_path)
+    idle = {k: v for k, v in xid(node="node3").items() if k != "slurm_job_id"}
+    w.send(alert(idle))
+    w.run()
+    inc = w.only()
+    assert (inc["kind"], inc["node"], inc["open_key"]) == ("node", "node3", "node:slurm/node3")
+    repair = w.repair("node3")
+    assert repair is not None and repair["incident_id"] == inc["id"] and repair["state"] == "advisory"
+    w.clock.advance(30)
+    w.run()
+    assert w.only()["outcome"] == "advisory"  # the repair's verdict closes it
+    assert w.requeue.script.calls == []
+
+
+def test_alerts_without_job_or_node_scope_stay_per_target(tmp_path):
+    w = make_world(tmp_path)
+    w.send(alert({k: v for k, v in nccl("node1", 0).items() if k != "slurm_job_id"}))
+    assert w.only()["kind"] == "target"
+
+
+def test_a_requeued_job_waiting_for_resources_is_not_a_failed_attempt(tmp_path):
+    w = make_world(tmp_path)
+    w.send(alert(xid(node="node2", job="4242")))
+    w.run()
+    w.slurm.jobs["4242"] = ("PENDING", "")
+    for _ in range(30):  # 15 minutes in the queue, three times the verification timeout
+        w.clock.advance(30)
+        w.run()
+    inc = w.only()
+    assert inc["state"] == "waiting_for_resources" and inc["attempt"] == 1
+    w.slurm.jobs["4242"] = ("RUNNING", "node3,node4")
+    w.clock.advance(30)
+    w.run()
+    assert w.only()["state"] == "verifying"
+    w.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+    w.clock.advance(30)
+    w.run()
+    assert w.only()["outcome"] == "recovered" and len(w.requeue.script.calls) == 1
+
+
+def test_verification_sees_only_samples_after_the_action(tmp_path):
+    w = make_world(tmp_path)
+    w.send(alert(xid(node="node2", job="4242")))
+    w.run()
+    w.clock.advance(30)
+    w.run()
+    verifications = [q for q in w.prometheus.queries if "training_step_total" in q]
+    assert verifications == ['increase(training_step_total{slurm_job_id="4242"}[30s]) > 0']
+
+
+class Benign:
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "category": "benign",
+            "confidence": 0.9,
+            "summary": "one early fp16 overflow",
+            "culprit": None,
+        }
+
+
+def test_a_benign_diagnosis_closes_without_acting(tmp_path):
+    w = make_world(tmp_path, diagnose_with=lambda labels, log: Benign(), correlation_seconds=0)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    assert (w.only()["outcome"], w.requeue.script.calls) == ("benign", [])
+
+
+# --- any order, any replica ------------------------------------------------------------------------------------
+
+EPISODE = [
+    nccl("node1", 0),
+    nccl("node1", 1),
+    nccl("node2", 2),
+    nccl("node2", 3),
+    xid(node="node2", job="4242"),
+]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    order=st.permutations(range(len(EPISODE))),
+    replicas=st.lists(st.integers(0, 2), min_size=len(EPISODE), max_size=len(EPISODE)),
+    work=st.lists(st.integers(0, 2), min_size=len(EPISODE), max_size=len(EPISODE)),
+    repeats=st.lists(st.booleans(), min_size=len(EPISODE), max_size=len(EPISODE)),
+)
+def test_no_interleaving_of_the_episode_yields_two_job_recoveries(
+    tmp_path_factory, order, replicas, work, repeats
+):
+    """Three replicas on one store; each alert reaches one of them (HA peers repeat some), workers run between
+    deliveries: one job incident, one requeue, off the culprit once it is known."""
+    path = tmp_path_factory.mktemp("ha")
+    url = f"sqlite:///{path}/shared.db"
+    clock = FakeClock()
+    slurm = FakeSlurm({"4242": ("RUNNING", "node1,node2")})
+    worlds = [make_world(path, url=url, clock=clock, slurm=slurm) for _ in range(3)]
+    for i, index in enumerate(order):
+        worlds[replicas[i]].send(alert(EPISODE[index]))
+        if repeats[i]:
+            worlds[(replicas[i] + 1) % 3].send(alert(EPISODE[index]))
+        worlds[work[i]].run()
+        clock.advance(2)
+    clock.advance(60)
+    for w in worlds:
+        w.run()
+    calls = [call for w in worlds for call in w.requeue.script.calls]
+    assert len(worlds[0].incidents()) == 1
+    assert len(calls) == 1
+    xid_first_or_decisive = calls[0].get("exclude_nodes") in (None, "node2")
+    assert xid_first_or_decisive
+
+
+# --- crash at any transition boundary ----------------------------------------------------------------------------
+
+
+class Killed(BaseException):
+    """The process dies: nothing after this point runs, the open transaction is never committed."""
+
+
+def crashing_store(store: Store, at: int) -> list[int]:
+    """Make the ``at``-th write transaction of ``store`` die before it commits. Returns the running count."""
+    count = [0]
+    real = store.transaction
+
+    from contextlib import contextmanager
+
+    @contextmanager
+    def transaction() -> Iterable[Any]:
+        with real() as conn:
+            yield conn
+            count[0] += 1
+            if count[0] == at:
+                raise Killed
+
+    store.transaction = transaction  # type: ignore[method-assign]
+    return count
+
+
+def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finishes(tmp_path):
+    def episode(w: World) -> None:
+        w.send(alert(nccl("node1", 0)), alert(xid(node="node2", job="4242")))
+        w.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+        w.run()
+        w.clock.advance(30)
+        w.run()
+
+    clean = make_world(tmp_path / "clean")
+    count = crashing_store(clean.engine.deps.store, at=0)
+    episode(clean)
+    assert clean.only()["outcome"] == "recovered"
+    total = count[0]
+    assert total > 10
+    for at in range(1, total + 1):
+        base = tmp_path / f"crash{at}"
+        w = make_world(base)
+        crashing_store(w.engine.deps.store, at)
+        with pytest.raises(Killed):
+            episode(w)
+        # A new process on the same store, after the dead worker's lease has run out.
+        clock = w.clock
+        clock.advance(seconds=w.engine.deps.settings.worker.lease_seconds + 1)
+        after = make_world(base, clock=clock, slurm=w.slurm)
+        after.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+        after.send(alert(nccl("node1", 0)), alert(xid(node="node2", job="4242")))  # Alertmanager re-sends
+        for _ in range(4):
+            after.run()
+            clock.advance(30)
+        incidents = after.incidents()
+        assert len(incidents) == 1, at
+        inc = incidents[0]
+        assert inc["outcome"] in ("recovered", "needs_human"), (at, inc["state"], inc["reason"])
+        requeues = len(w.requeue.script.calls) + len(after.requeue.script.calls)
+        assert requeues <= 1, at  # a requeue that may have run is never run again blind
+        with after.engine.deps.store.read() as conn:
+            attempts = records.attempts_for_target(conn, None, "slurm/4242", clock.now() - timedelta(days=1))
+            errors = [row for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "engine_error"]
+        assert all(a["outcome"] for a in attempts), at  # no attempt left "in progress"
+        assert errors == [], (at, errors[:1])
+
+
+def test_the_correlation_rules_are_pure():
+    assert episodes.job_identity({"scheduler": "kubernetes", "namespace": "ml", "job": "llama"}) == (
+        "kubernetes/ml/llama"
+    )
+    assert episodes.job_identity({"scheduler": "kubernetes", "job": "llama"}) is None
+    assert episodes.exclusion([{"node": "a", "confirmed": True}], 2, 2, 0.5).nodes == ("a",)
+    assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).refused  # the whole job
+    assert episodes.add_culprit([{"node": "a"}], "a", "x", "y") is None
