@@ -139,7 +139,11 @@ class SlurmSettings:
 
     host: str | None = None
     port: int = 22
-    user: str = "root"
+    # A non-root account (docs/slurm.md); root works but is not recommended. With sudo, a non-root account runs
+    # the commands that change Slurm or read a job's log through `sudo -n` (deploy/slurm/sudoers allows exactly
+    # those); ignored for root.
+    user: str = "nightshift"
+    sudo: bool = True
     key_file: str | None = None
     use_agent: bool = False
     known_hosts_file: str | None = None  # default ~/.ssh/known_hosts; unknown host keys are always rejected

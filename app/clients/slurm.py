@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Protocol
 
-from app.errors import CommandFailed, NotFound, ParamError
+from app.errors import CommandFailed, CredentialRejected, NotFound, ParamError
 from app.outcome import tail
 from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID
 
@@ -271,17 +271,42 @@ def tail_command(path: str, lines: int, run_as: tuple[int, int] | None = None) -
     return ["setpriv", f"--reuid={uid:d}", f"--regid={gid:d}", "--clear-groups", "--", *argv]
 
 
-class SlurmClient:
-    """Slurm administration through a :class:`CommandRunner`. Build with :meth:`from_settings`."""
+# The command forms that change Slurm state or read a job owner's file; a non-root account runs them through
+# `sudo -n`, and deploy/slurm/sudoers allows exactly these forms (tests/integration/test_least_privilege.py).
+_PRIVILEGED = {
+    ("scontrol", "update"),
+    ("scontrol", "requeue"),
+    ("scontrol", "reboot"),
+    ("scancel",),
+    ("setpriv",),
+}
+_SUDO_REFUSED = re.compile(r"^sudo: (?:a password is required|.* is not allowed to execute)", re.MULTILINE)
 
-    def __init__(self, runner: CommandRunner):
+
+def privileged(argv: Sequence[str]) -> bool:
+    """Whether ``argv`` needs root (a state change, or a file read as its owner)."""
+    return tuple(argv[:2]) in _PRIVILEGED or tuple(argv[:1]) in _PRIVILEGED
+
+
+class SlurmClient:
+    """Slurm administration through a :class:`CommandRunner`. Build with :meth:`from_settings`. With ``sudo``,
+    the :func:`privileged` commands run as ``sudo -n -- <argv>``; a refusal by sudo is
+    :class:`~app.errors.CredentialRejected`."""
+
+    def __init__(self, runner: CommandRunner, sudo: bool = False):
         self.runner = runner
+        self.sudo = sudo
 
     @classmethod
     def from_settings(cls, settings: Settings) -> SlurmClient:
         from app.clients.ssh import SshRunner
 
-        return cls(SshRunner.from_settings(settings))
+        cfg = settings.slurm
+        return cls(SshRunner.from_settings(settings), sudo=cfg.sudo and cfg.user != "root")
+
+    def as_sent(self, argv: Sequence[str]) -> list[str]:
+        """``argv`` as it is sent: behind ``sudo -n --`` when it needs root and the account is not root."""
+        return ["sudo", "-n", "--", *argv] if self.sudo and privileged(argv) else list(argv)
 
     def close(self) -> None:
         self.runner.close()
@@ -339,22 +364,29 @@ class SlurmClient:
 
     def run(self, argv: list[str]) -> CommandResult:
         """Run ``argv`` on the Slurm host; a non-zero exit raises :class:`CommandFailed` or :class:`NotFound`."""
-        return self.checked(self.runner.run(argv))
+        return self.checked(self.runner.run(self.as_sent(argv)))
 
     def run_all(self, argvs: Sequence[list[str]]) -> list[CommandResult]:
         """Run independent commands at once (one round trip, :meth:`SshRunner.run_all`); the results unchecked,
         in order: pass each to :meth:`checked` (a failure of one does not hide the others' results)."""
-        return self.runner.run_all(argvs)
+        return self.runner.run_all([self.as_sent(argv) for argv in argvs])
 
     @staticmethod
     def checked(result: CommandResult) -> CommandResult:
-        """``result`` if it exited 0, else :class:`NotFound` (Slurm's unknown job/node messages) or
+        """``result`` if it exited 0, else :class:`NotFound` (Slurm's unknown job/node messages),
+        :class:`CredentialRejected` (sudo refused: deploy/slurm/sudoers is missing or older than the command) or
         :class:`CommandFailed`."""
         if result.exit_code == 0:
             return result
         argv = list(result.argv)
         text = result.stderr.strip() or result.stdout.strip()
         output = tail(result.output)
+        if _SUDO_REFUSED.search(text):
+            raise CredentialRejected(
+                f"{shlex.join(argv)}: sudo refused ({tail(text, 300)}); install deploy/slurm/sudoers for the "
+                "account (docs/slurm.md)",
+                output=output,
+            )
         if "Invalid job id specified" in text:
             raise NotFound(f"{shlex.join(argv)}: {text}", output=output)
         if "Invalid node name specified" in text or re.search(r"^Node \S+ not found", text, re.MULTILINE):
