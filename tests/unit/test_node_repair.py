@@ -43,6 +43,9 @@ node_repair:
 """
 ALL_GRANTS = ("slurm.drain_node", "slurm.reboot_node", "slurm.validate_node", "slurm.resume_node")
 NODES = ("node1", "node2", "node3", "node4", "node5", "node6", "node7", "node8")
+STORE_URL: str | None = (
+    None  # None: SQLite in the test's directory (tests/integration/test_node_repair_postgres.py)
+)
 
 
 @dataclass
@@ -110,7 +113,7 @@ class World:
 def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any) -> World:
     clock = FakeClock()
     registry = ActionRegistry(SLURM_ACTIONS)
-    config = Settings(data_dir=str(tmp_path))
+    config = Settings(data_dir=str(tmp_path), store_url=STORE_URL)
     config.repair.poll_seconds = 15
     config.repair.return_timeout_seconds = 600
     for key, value in settings.items():
