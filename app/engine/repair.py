@@ -64,6 +64,54 @@ def default_steps(scheduler: str) -> dict[str, Step]:
     }
 
 
+def plan_repair(
+    deps: EngineDeps, repair: Mapping[str, Any], incident: Mapping[str, Any]
+) -> dict[str, PlannedStep]:
+    """Every step of a repair of ``repair["node"]``, rendered, validated and checked against the grants, by step
+    marker; ``incident`` is the one that asked for it (its labels and diagnosis fill the templates). Used by the
+    repair worker and by ``nightshift explain``."""
+    scheduler = repair["scheduler"]
+    defaults = default_steps(scheduler)
+    playbook = deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
+    node_repair = playbook.node_repair if playbook is not None else None
+    validate = (
+        node_repair.validate if node_repair is not None and node_repair.validate else defaults[VALIDATE]
+    )
+    if "run" in deps.registry.get(validate.action).params and "run" not in validate.with_:
+        # A validation pod is named after its repair, so a verdict is never read from an earlier one's pod.
+        validate = replace(validate, with_={**validate.with_, "run": "{{ node.repair_id }}"})
+    steps = {
+        TAKE_OUT: defaults[TAKE_OUT],
+        **{policy.repair_step(i): step for i, step in enumerate(node_repair.repair if node_repair else ())},
+        VALIDATE: validate,
+        RETURN: defaults[RETURN],
+    }
+    labels = incident.get("labels") or {}
+    diagnosis = incident.get("diagnosis") or {}
+    context = {
+        "node": {
+            "name": repair["node"],
+            "repair_id": str(repair["id"]),
+            "scheduler": scheduler,
+            "reason": safe_reason(repair["reason"]),
+        },
+        "labels": labels,
+        "annotations": incident.get("annotations") or {},
+        "target": incident.get("target") or {},
+        "diagnosis": {k: str(v) for k, v in diagnosis.items() if not isinstance(v, list | dict)},
+        "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
+    }
+    planned = plan_steps(
+        list(steps.values()),
+        registry=deps.registry,
+        permissions=deps.permissions,
+        template_context=context,
+        when=when_context(labels, diagnosis, repair["repairs"]),
+        target={"scheduler": scheduler, "node": repair["node"]},
+    )
+    return dict(zip(steps, planned, strict=True))
+
+
 def safe_reason(text: str) -> str:
     """A repair's reason as a drain reason may carry it (SAFE_TEXT), at most 150 characters."""
     return " ".join(_UNSAFE_REASON.sub(" ", text).split())[:150] or "node repair"
@@ -350,51 +398,11 @@ class NodeRepairs:
 
     def _plan(self, repair: Repair) -> dict[str, PlannedStep]:
         """Every step of the repair, rendered, validated and checked against the grants, by step marker."""
-        deps = self.deps
-        scheduler = repair["scheduler"]
-        defaults = default_steps(scheduler)
-        playbook = deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
-        node_repair = playbook.node_repair if playbook is not None else None
-        validate = (
-            node_repair.validate if node_repair is not None and node_repair.validate else defaults[VALIDATE]
-        )
-        if "run" in deps.registry.get(validate.action).params and "run" not in validate.with_:
-            # A validation pod is named after its repair, so a verdict is never read from an earlier one's pod.
-            validate = replace(validate, with_={**validate.with_, "run": "{{ node.repair_id }}"})
-        steps = {
-            TAKE_OUT: defaults[TAKE_OUT],
-            **{policy.repair_step(i): step for i, step in enumerate(self._repair_steps(repair))},
-            VALIDATE: validate,
-            RETURN: defaults[RETURN],
-        }
         incident: Mapping[str, Any] = {}
         if repair["incident_id"] is not None:
-            with deps.store.read() as conn:
+            with self.deps.store.read() as conn:
                 incident = records.get_incident(conn, repair["incident_id"]) or {}
-        labels = incident.get("labels") or {}
-        diagnosis = incident.get("diagnosis") or {}
-        context = {
-            "node": {
-                "name": repair["node"],
-                "repair_id": str(repair["id"]),
-                "scheduler": scheduler,
-                "reason": safe_reason(repair["reason"]),
-            },
-            "labels": labels,
-            "annotations": incident.get("annotations") or {},
-            "target": incident.get("target") or {},
-            "diagnosis": {k: str(v) for k, v in diagnosis.items() if not isinstance(v, list | dict)},
-            "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
-        }
-        planned = plan_steps(
-            list(steps.values()),
-            registry=deps.registry,
-            permissions=deps.permissions,
-            template_context=context,
-            when=when_context(labels, diagnosis, repair["repairs"]),
-            target={"scheduler": scheduler, "node": repair["node"]},
-        )
-        return dict(zip(steps, planned, strict=True))
+        return plan_repair(self.deps, repair, incident)
 
     def _execute(self, repair: Repair, planned: PlannedStep) -> Outcome:
         deps = self.deps
