@@ -9,7 +9,8 @@ It steps every ``--step-seconds`` (0.2 s), with a loss that decreases with noise
 checkpoint (logging ``resuming from step N``; the ranks of a multi-node job each keep ``C/rank<N>/`` and resume
 from the newest step all of them saved) after checking its sha256, and fails with PyTorch's
 ``PytorchStreamReader failed reading zip archive: failed finding central directory`` when it is corrupt. It
-serves the training metrics of rules/README.md on ``/metrics``, writes its Slurm job id to ``D/jobs/<Hostname>``
+serves the training metrics of rules/README.md on ``/metrics`` with ``nightshift_progress`` (progress/, the
+library real training scripts use), writes its Slurm job id to ``D/jobs/<Hostname>``
 (dcgm-exporter's job mapping) and its status to ``D/trainers/<name>[.rank<N>].json``.
 
 Identity: ``--slurm-job-id`` (default ``$SLURM_JOB_ID``), ``--hostname`` (default ``$SLURMD_NODENAME``, then
@@ -18,8 +19,8 @@ the host name), ``--namespace``/``--pod`` (default ``$POD_NAMESPACE``/``$POD_NAM
 Faults (:mod:`sim.faults`) are read on every step: hang (stops stepping, stays alive), slowdown (factor), nan
 (loss becomes NaN), corrupt_checkpoint (the newest checkpoint is torn and the process dies as if killed
 mid-save; at start-up, the resume then fails), and nccl/oom/io/s3_timeout (the job logs the real error text,
-increments ``training_errors_total{error_class}``, keeps serving metrics for ``--linger`` seconds so Prometheus
-scrapes the increment, and exits 1).
+increments ``training_errors_total{error_class}``, keeps serving metrics until a scrape has seen the increment,
+at most ``--linger`` seconds, and exits 1).
 
 Collective failures (a job of world size > 1): when a peer rank of the same run failed or exited, a rank stops
 stepping (stuck in the all-reduce) for ``--nccl-timeout`` seconds, then logs NCCL's error on the lost connection
@@ -45,12 +46,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, disable_created_metrics, generate_latest
+import nightshift_progress
+from prometheus_client import disable_created_metrics
 
 from sim import checkpoints, faults, gpus, logtext, statedir
-from sim.exposition import serve
 
-LABELS = ("train_job", "slurm_job_id", "namespace", "pod", "Hostname")
+# The contract's classes (nightshift_progress.ERROR_CLASSES) and "cuda", a CUDA error ending a lone process.
 ERROR_CLASSES = (
     "nccl",
     "cuda",
@@ -83,14 +84,12 @@ class Identity:
     rank: int = 0
     world_size: int = 1
 
-    def labels(self) -> dict[str, str]:
-        return {
-            "train_job": self.name,
-            "slurm_job_id": self.slurm_job_id,
-            "namespace": self.namespace,
-            "pod": self.pod,
-            "Hostname": self.hostname,
-        }
+    def progress(self) -> nightshift_progress.Progress:
+        """The job's metrics (nightshift_progress, the library a real training script uses)."""
+        identity = nightshift_progress.Identity(
+            self.name, self.slurm_job_id, self.namespace, self.pod, self.hostname
+        )
+        return nightshift_progress.Progress(identity, error_classes=ERROR_CLASSES)
 
 
 @dataclass(frozen=True)
@@ -103,42 +102,6 @@ class Settings:
     log_every: int = 25
     nccl_timeout: float = 3.0
     exit_on_gpu_fault: bool = False
-
-
-class Metrics:
-    """The job's training metrics in a registry of their own (names and labels: rules/README.md)."""
-
-    def __init__(self, identity: Identity):
-        self.registry = CollectorRegistry()
-        labels = identity.labels()
-
-        def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, LABELS, registry=self.registry).labels(**labels)
-
-        def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, LABELS, registry=self.registry).labels(**labels)
-
-        self.steps = counter("training_step", "Optimizer steps completed (the global step).")
-        self.samples = counter("training_samples", "Training samples consumed.")
-        self.last_checkpoint = gauge(
-            "training_last_checkpoint_timestamp_seconds", "Unix time of the newest checkpoint (0: none yet)."
-        )
-        self.checkpointing = gauge(
-            "training_checkpoint_in_progress", "1 while a checkpoint is being written."
-        )
-        self.evaluating = gauge("training_eval_in_progress", "1 while an evaluation runs.")
-        self.loss = gauge("training_loss", "Training loss of the last step.")
-        errors = Counter(
-            "training_errors",
-            "Errors logged by the job, by class.",
-            (*LABELS, "error_class"),
-            registry=self.registry,
-        )
-        # Every class starts at 0, so the first error is an increase Prometheus can see.
-        self.errors = {cls: errors.labels(**labels, error_class=cls) for cls in ERROR_CLASSES}
-
-    def render(self) -> bytes:
-        return generate_latest(self.registry)
 
 
 class JobExit(Exception):
@@ -170,7 +133,7 @@ class Trainer:
         self.port = port
         self.host = host
         self.out = out
-        self.metrics = Metrics(identity)
+        self.progress = identity.progress()
         self.rng = random.Random()
         self.step = 0
         self.samples = 0
@@ -237,9 +200,7 @@ class Trainer:
             self.log(logtext.checkpoint_corrupt(str(exc.path / exc.file)))
             raise JobExit(1, "checkpoint_corrupt") from None
         self.step, self.samples = checkpoint.step, checkpoint.samples
-        self.metrics.steps.inc(self.step)
-        self.metrics.samples.inc(self.samples)
-        self.metrics.last_checkpoint.set(checkpoint.created)
+        self.progress.resumed(self.step, self.samples, checkpoint.created)
         self.log(f"{self.prefix} resuming from step {self.step} ({checkpoint.path})")
 
     def loss(self) -> float:
@@ -248,12 +209,10 @@ class Trainer:
         return 1.7 + 6.3 * math.exp(-self.step / 300) + self.rng.gauss(0, 0.02)
 
     def checkpoint(self, loss: float) -> None:
-        self.metrics.checkpointing.set(1)
         root = self._rank_dir(self.identity.rank)
-        checkpoint = checkpoints.write(root, self.step, loss, self.samples, time.time())
-        checkpoints.prune(root, self.settings.keep)
-        self.metrics.last_checkpoint.set(checkpoint.created)
-        self.metrics.checkpointing.set(0)
+        with self.progress.checkpointing():
+            checkpoint = checkpoints.write(root, self.step, loss, self.samples, time.time())
+            checkpoints.prune(root, self.settings.keep)
         self.log(f"{self.prefix} saved checkpoint {checkpoint.path}")
         self.set_phase(self.phase)
 
@@ -308,9 +267,8 @@ class Trainer:
         self.step += 1
         self.samples += self.settings.batch_size
         loss = self.loss()
-        self.metrics.steps.inc()
-        self.metrics.samples.inc(self.settings.batch_size)
-        self.metrics.loss.set(loss)
+        self.progress.step(samples=self.settings.batch_size)
+        self.progress.loss(loss)
         if self.nan or self.step % self.settings.log_every == 0:
             rate = self.settings.batch_size / (time.monotonic() - start)
             self.log(f"{self.prefix} step {self.step} loss: {loss:.4f} samples/s: {rate:.1f}")
@@ -319,7 +277,7 @@ class Trainer:
 
     def run(self) -> int:
         """Train until a fault ends the job or a signal stops it; clean up the job mapping and status."""
-        server = serve(self.metrics.render, self.host, self.port)
+        self.progress.serve(self.port, self.host)
         ident = self.identity
         self.log(
             f"{self.prefix} {ident.name} on {ident.hostname}, rank {ident.rank} of {ident.world_size}, slurm job "
@@ -329,8 +287,6 @@ class Trainer:
             statedir.write_atomic(self._job_mapping(), ident.slurm_job_id + "\n")
         try:
             self.set_phase("starting")
-            self.metrics.evaluating.set(0)
-            self.metrics.checkpointing.set(0)
             self._rank_dir(ident.rank).mkdir(parents=True, exist_ok=True)
             if faults.consume_job_fault(self.state_dir, ident.name, "corrupt_checkpoint"):
                 self.corrupt_newest()
@@ -339,13 +295,13 @@ class Trainer:
             while True:
                 self.train_step(self.apply_faults())
         except JobExit as exit_:
-            self.metrics.errors[exit_.error_class].inc()
+            self.progress.error(exit_.error_class)
             self.set_phase("failed")
             self.log(logtext.child_failed(self._context(), exit_.code, time.time()))
-            time.sleep(self.settings.linger)  # let Prometheus scrape the error counter
             return exit_.code
         finally:
-            server.shutdown()
+            # Serves until a scrape has seen the last change (the error counted above), at most --linger s.
+            self.progress.close(self.settings.linger)
             if ident.slurm_job_id:
                 with contextlib.suppress(FileNotFoundError):
                     if self._job_mapping().read_text().strip() == ident.slurm_job_id:
@@ -377,7 +333,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
     parser.add_argument("--keep", type=int, default=defaults.keep, help="checkpoints kept")
     parser.add_argument(
-        "--linger", type=float, default=defaults.linger, help="seconds to serve after an error"
+        "--linger",
+        type=float,
+        default=defaults.linger,
+        help="at most this many seconds of serving after an error",
     )
     parser.add_argument("--log-every", type=int, default=defaults.log_every, help="steps")
     parser.add_argument(
