@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from app.errors import CommandFailed, CredentialRejected, NotFound, ParamError
 from app.outcome import tail
-from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID
+from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -184,6 +184,14 @@ def _checked(value: str, pattern: str, what: str) -> str:
     return value
 
 
+def _checked_node(node: str) -> str:
+    """One Slurm node name; ``ALL`` (any case) is refused: scontrol reads it as every node."""
+    _checked(node, SLURM_NODE_NAME, "node")
+    if node.lower() in SLURM_RESERVED:
+        raise ParamError("slurm", "node", f"{node!r} is a reserved word of Slurm (it names every node)")
+    return node
+
+
 def _checked_path(path: str) -> str:
     """An absolute remote path without ``..`` components or control characters."""
     _checked(path, REMOTE_PATH, "path")
@@ -196,24 +204,24 @@ def _checked_path(path: str) -> str:
 
 
 def show_node_command(node: str) -> list[str]:
-    return ["scontrol", "show", "node", "-o", _checked(node, NODE_NAME, "node")]
+    return ["scontrol", "show", "node", "-o", _checked_node(node)]
 
 
 def drain_command(node: str, reason: str) -> list[str]:
-    node, reason = _checked(node, NODE_NAME, "node"), _checked(reason, SAFE_TEXT, "reason")
+    node, reason = _checked_node(node), _checked(reason, SAFE_TEXT, "reason")
     if not reason.strip():
         raise ParamError("slurm", "reason", "Slurm needs a reason to drain a node")
     return ["scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"]
 
 
 def resume_command(node: str) -> list[str]:
-    return ["scontrol", "update", f"NodeName={_checked(node, NODE_NAME, 'node')}", "State=RESUME"]
+    return ["scontrol", "update", f"NodeName={_checked_node(node)}", "State=RESUME"]
 
 
 def reboot_command(node: str, reason: str) -> list[str]:
     """Reboot the node as soon as its jobs are gone (``ASAP`` drains it meanwhile); it comes back DOWN with
     ``reason``, so nothing runs there until it is validated and resumed."""
-    node, reason = _checked(node, NODE_NAME, "node"), _checked(reason, SAFE_TEXT, "reason")
+    node, reason = _checked_node(node), _checked(reason, SAFE_TEXT, "reason")
     if not reason.strip():
         raise ParamError("slurm", "reason", "Slurm needs a reason to reboot a node to DOWN")
     return ["scontrol", "reboot", "ASAP", "nextstate=DOWN", f"reason={reason}", node]

@@ -405,3 +405,35 @@ def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
         client.post("/api/v1/nodes/node4/hold", headers=operator, json={"scheduler": "pbs"}).status_code
         == 400
     )
+
+
+@pytest.mark.parametrize("node", ["ALL", "all", "node[1-4]", "node1,node2", "node1 node2", "-x"])
+def test_node_actions_refuse_anything_but_one_node(node: str):
+    from app.actions.slurm import RebootNode, ValidateNode
+    from app.clients.slurm import reboot_command
+    from app.errors import ParamError
+
+    with pytest.raises(ParamError):
+        RebootNode().validate({"node": node, "reason": "Xid 79"})
+    with pytest.raises(ParamError):
+        ValidateNode().validate({"node": node})
+    with pytest.raises(ParamError):  # and again where the argv is built
+        reboot_command(node, "nightshift: Xid 79")
+
+
+def test_validation_parameters_are_bounded():
+    from app.actions.kubernetes import ValidateNode as PodValidation
+    from app.actions.slurm import ValidateNode
+    from app.errors import ParamError
+
+    for action in (ValidateNode(), PodValidation()):
+        for bad in (
+            {"timeout_seconds": 0},
+            {"timeout_seconds": 86_401},
+            {"command": "dcgmi diag -r 2; reboot"},
+        ):
+            with pytest.raises(ParamError):
+                action.validate({"node": "node1", **bad})
+    long_node = ".".join(["a" * 60] * 4)  # a valid node name, too long for the pod's name
+    with pytest.raises(ParamError, match="no valid pod name"):
+        PodValidation().validate({"node": long_node})
