@@ -230,37 +230,59 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=2, default=str))
         return
-    for entry in report:
-        _print_explained(entry)
+    _print_explained(report)
 
 
-def _print_explained(entry: dict[str, Any]) -> None:
-    labels = entry["alert"]
-    click.echo(
-        f"alert {labels.get('alertname')} [{entry['status']}] "
-        + " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname")
-    )
-    if entry.get("note"):
-        click.echo(f"  {entry['note']}")
-    for pb in entry.get("playbooks", []):
-        click.echo(f"  playbook {pb['playbook']} ({pb['source']})")
-        click.echo(f"    target: {json.dumps(pb['target'], sort_keys=True)}")
-        d = pb["diagnosis"]
+def _print_explained(report: dict[str, Any]) -> None:
+    for entry in report["alerts"]:
+        labels = entry["alert"]
+        click.echo(
+            f"alert {labels.get('alertname')} [{entry['status']}] "
+            + " ".join(f"{k}={v}" for k, v in sorted(labels.items()) if k != "alertname")
+        )
+        for key in entry["episodes"]:
+            click.echo(f"  joins {key}")
+        for error in entry["errors"]:
+            click.echo(f"  invalid: {error}")
+        if entry.get("note"):
+            click.echo(f"  {entry['note']}")
+    for ep in report["episodes"]:
+        click.echo(
+            f"episode {ep['episode']} ({ep['kind']}): {len(ep['alerts'])} alert(s): {', '.join(ep['alerts'])}"
+        )
+        click.echo(f"  playbook {ep['playbook']} ({ep['source']})")
+        click.echo(f"    target: {json.dumps(ep['target'], sort_keys=True)}")
+        d = ep["diagnosis"]
         click.echo(f"    diagnosis: {d['category']} ({d['confidence']:.2f}) {d['summary']}")
-        for verdict in pb["guards"]:
-            click.echo(f"    guard {verdict['guard']}: {verdict['decision']}: {verdict['reason']}")
-        if pb["recheck"]:
-            click.echo(f"    recheck (live, before acting): {pb['recheck']}")
-        for step in pb["steps"]:
-            detail = step["command"] or step["reason"]
-            click.echo(f"    step {step['name']} [{step['status']}] {step['summary']}")
-            for line in detail.splitlines():
-                click.echo(f"      {line}")
-            if step["status"] == "would_run" and step["reason"]:
-                click.echo(f"      not run: {step['reason']}")
-        if pb["verify"]:
-            click.echo(f"    verify: {pb['verify']}")
-        click.echo(f"    => {pb['outcome']}")
+        click.echo(f"    culprits: {', '.join(ep['culprits']) or 'none named'}")
+        plan = ep["job_plan"]
+        if plan is not None:
+            if plan["correlation"]:
+                click.echo(f"    correlation: {plan['correlation']}")
+            if plan["exclusion_note"]:
+                click.echo(f"    excludes {', '.join(plan['excluded'])}: {plan['exclusion_note']}")
+            for verdict in plan["guards"]:
+                click.echo(f"    guard {verdict['guard']}: {verdict['decision']}: {verdict['reason']}")
+            if plan["recheck"]:
+                click.echo(f"    recheck (live, before acting): {plan['recheck']}")
+            _print_steps("    ", plan["steps"])
+            if plan["verify"]:
+                click.echo(f"    verify: {plan['verify']}")
+            click.echo(f"    => {plan['outcome']}")
+        for node_plan in ep["node_plans"]:
+            click.echo(f"  node {node_plan['node']} (repair by {node_plan['playbook']})")
+            _print_steps("    ", node_plan["steps"])
+            click.echo(f"    => {node_plan['outcome']}")
+
+
+def _print_steps(indent: str, steps: list[dict[str, Any]]) -> None:
+    for step in steps:
+        detail = step["command"] or step["reason"]
+        click.echo(f"{indent}step {step['name']} [{step['status']}] {step['summary']}")
+        for line in detail.splitlines():
+            click.echo(f"{indent}  {line}")
+        if step["status"] == "would_run" and step["reason"]:
+            click.echo(f"{indent}  not run: {step['reason']}")
 
 
 @cli.command()

@@ -80,18 +80,20 @@ class Exclusion:
 
 
 def exclusion(
-    culprits: Iterable[Mapping[str, Any]], job_nodes: int, max_culprits: int, max_share: float
+    culprits: Iterable[Mapping[str, Any]], job_nodes: int | None, max_culprits: int, max_share: float
 ) -> Exclusion:
     """Confirmed culprits to exclude, unless there are too many: a fault that seems to be everywhere is rarely in
-    the nodes (the fabric, the storage or the application is the likelier cause)."""
+    the nodes (the fabric, the storage or the application is the likelier cause). ``job_nodes`` None: the job's
+    size is unknown and only the count limit applies."""
     nodes = tuple(sorted({c["node"] for c in culprits if c.get("confirmed")}))
     if not nodes:
         return Exclusion()
-    share_limit = math.floor(job_nodes * max_share) if job_nodes else 0
+    share_limit = math.floor(job_nodes * max_share) if job_nodes is not None else len(nodes)
     if len(nodes) > max_culprits or len(nodes) > share_limit:
+        size = f"a {job_nodes}-node job" if job_nodes is not None else "the job"
         return Exclusion(
-            refused=f"{len(nodes)} culprit node(s) ({', '.join(nodes[:8])}) of a {job_nodes}-node job exceed "
-            f"the limit ({max_culprits} nodes, {max_share:.0%} of the job): excluding none"
+            refused=f"{len(nodes)} culprit node(s) ({', '.join(nodes[:8])}) of {size} exceed the limit "
+            f"({max_culprits} nodes, {max_share:.0%} of the job): excluding none"
         )
     return Exclusion(nodes=nodes)
 

@@ -56,7 +56,7 @@ class Engine:
             rounds += 1
         return rounds
 
-    def explain(self, notification: Notification) -> list[dict[str, Any]]:
+    def explain(self, notification: Notification) -> dict[str, Any]:
         return explain(self.deps, notification)
 
     # --- operator controls ------------------------------------------------------------------------------------

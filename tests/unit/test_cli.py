@@ -67,7 +67,8 @@ def test_explain_every_shipped_example_payload(tmp_path):
     for example in examples:
         result = nightshift("explain", str(example), "--config", str(settings), "--json")
         assert result.returncode == 0, f"{example}: {result.stderr}"
-        assert isinstance(json.loads(result.stdout), list)
+        report = json.loads(result.stdout)
+        assert len(report["alerts"]) >= 1 and all("episodes" in a for a in report["alerts"])
 
 
 def test_explain_rejects_a_bad_payload_with_the_reason(tmp_path):

@@ -393,4 +393,5 @@ def test_the_correlation_rules_are_pure():
     assert episodes.job_identity({"scheduler": "kubernetes", "job": "llama"}) is None
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 2, 2, 0.5).nodes == ("a",)
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).refused  # the whole job
+    assert episodes.exclusion([{"node": "a", "confirmed": True}], None, 2, 0.5).nodes == ("a",)
     assert episodes.add_culprit([{"node": "a"}], "a", "x", "y") is None

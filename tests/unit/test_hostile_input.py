@@ -77,6 +77,7 @@ def build_app(tmp_path: Path, *, store_url: str | None = None, **webhook: Any) -
     settings.webhook.token_file = str(tmp_path / "token")
     (tmp_path / "viewer").write_text(VIEWER)
     settings.access.viewer_token_file = str(tmp_path / "viewer")
+    settings.episodes.correlation_seconds = 0  # act at once: the episode window is not what these tests probe
     for key, value in webhook.items():
         setattr(settings.webhook, key, value)
     app = make_app(settings)

@@ -1,0 +1,82 @@
+"""``nightshift explain`` on a notification with many alerts: the episodes they form, with the worker's own code."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from app.actions import default_registry
+from app.alertmanager import parse_notification
+from app.clients import Clients
+from app.config import Settings
+from app.diagnosis import diagnose
+from app.engine.deps import EngineDeps
+from app.engine.explain import explain
+from app.metrics import Metrics
+from app.permissions import Grant, Permissions
+from app.playbooks import load_playbooks
+from tests.fakes import FakeClock
+from tests.payloads import alert, payload, xid
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def nccl(node: str, rank: int) -> dict[str, str]:
+    return {"alertname": "TrainingJobError", "error_class": "nccl", "Hostname": node, "rank": str(rank),
+            "slurm_job_id": "4242"}  # fmt: skip
+
+
+def explained(*alerts: dict, grants: tuple[str, ...] = (), job_window: int = 86400) -> dict:
+    settings = Settings(playbook_paths=[str(ROOT / "playbooks")])
+    settings.guards.job_recoveries_window_seconds = job_window
+    registry = default_registry()
+    deps = EngineDeps(
+        settings=settings,
+        store=None,  # type: ignore[arg-type]  # explain touches no store
+        playbooks=load_playbooks(settings.playbook_paths, registry),
+        registry=registry,
+        permissions=Permissions(Grant(action=name) for name in grants),
+        clients=Clients(settings),
+        clock=FakeClock(),
+        metrics=Metrics(),
+        diagnose=diagnose,
+    )
+    return explain(deps, parse_notification(json.dumps(payload(*alerts))))
+
+
+def test_ranks_and_an_xid_are_one_job_episode_with_one_plan_and_a_node_plan_for_the_culprit():
+    report = explained(
+        alert(nccl("node1", 0)),
+        alert(nccl("node2", 1)),
+        alert(xid(node="node2", job="4242")),
+        alert({**xid(node="node1; reboot", job="4243")}),  # an invalid target is reported, the rest goes on
+    )
+    assert [a["episodes"] for a in report["alerts"]] == [["job:slurm/4242"]] * 3 + [[]]
+    assert (
+        "invalid" in report["alerts"][3]["errors"][0] or "does not match" in report["alerts"][3]["errors"][0]
+    )
+    (episode,) = report["episodes"]
+    assert episode["playbook"] == "gpu-xid-node-fault-slurm" and episode["culprits"] == ["node2"]
+    assert len(episode["alerts"]) == 3
+    plan = episode["job_plan"]
+    assert plan["excluded"] == ["node2"]
+    assert [s["action"] for s in plan["steps"]] == ["slurm.requeue_job"]
+    assert "ExcNodeList=node2" in plan["steps"][0]["command"]
+    (node_plan,) = episode["node_plans"]
+    assert node_plan["node"] == "node2"
+    assert [s["action"] for s in node_plan["steps"]] == [
+        "slurm.drain_node",
+        "slurm.reboot_node",
+        "slurm.validate_node",
+        "slurm.resume_node",
+    ]
+
+
+def test_guard_inputs_come_from_the_settings_as_the_worker_reads_them():
+    report = explained(alert(xid(node="node2", job="4242")), grants=("slurm.requeue_job",), job_window=7200)
+    verdicts = {v["guard"]: v for v in report["episodes"][0]["job_plan"]["guards"]}
+    assert verdicts["permission"]["decision"] == "pass"
+    assert verdicts["job_budget"]["reason"] == "job 4242: recovery 1 of 5 in 2h"
+    assert (
+        verdicts["blast_radius"]["reason"] == "takes no node out of service"
+    )  # a requeue is not a disruption
