@@ -144,13 +144,17 @@ def lint(paths: tuple[str, ...], permissions: str | None) -> None:
     """Check playbook files; print file:line: message for every problem."""
     from app.actions import default_registry
     from app.permissions import load_permissions
+    from app.playbook_warnings import warnings
     from app.playbooks import PlaybookError, load_playbooks
 
     registry = default_registry()
     problems: list[str] = []
     count = 0
     try:
-        count = len(load_playbooks(list(paths), registry).playbooks)
+        loaded = load_playbooks(list(paths), registry).playbooks
+        count = len(loaded)
+        for warning in warnings(loaded):
+            click.echo(warning)
     except PlaybookError as exc:
         problems.extend(exc.errors)
     if permissions:

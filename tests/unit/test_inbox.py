@@ -12,9 +12,9 @@ from app.alertmanager import parse_notification
 from app.config import ConfigError, load_settings
 from app.engine import Engine
 from app.store import Store, records
-from app.store.schema import SCHEMA_VERSION, alerts as alerts_table
+from app.store.schema import SCHEMA_VERSION, metadata, schema_version
+from app.store.schema import alerts as alerts_table
 from app.store.schema import inbox as inbox_table
-from app.store.schema import metadata, schema_version
 from app.worker import run_worker
 from sim.procs import wait_until
 from tests.payloads import alert, payload, xid
