@@ -577,6 +577,7 @@ def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCl
             connect_timeout_seconds=5.0,
             command_timeout_seconds=20.0,
             login_shell=True,
+            node_ssh_host="127.0.0.1",  # every node's commands (a validation) run through the one sshd
         ),
         checkpoint=CheckpointSettings(allowed_roots=[str(base / "checkpoints")]),
     )
@@ -734,11 +735,14 @@ _MINUTE_RANGE = re.compile(r"\[\d+[mh]\]")
 def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
     """Copy the playbooks of ``source`` into ``dest`` with PromQL range windows (``[2m]``) in ``recheck`` and
     ``verify`` shortened to :data:`FAST_WINDOW` and verification polled every :data:`FAST_VERIFY_INTERVAL`, to
-    match the fast rules. Everything else is unchanged; ``source`` is never edited. Returns ``dest``."""
+    match the fast rules, and node repairs that this cluster can run (:func:`_simulated_repair`). Everything else
+    is unchanged; ``source`` is never edited. Returns ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.glob("*.yaml")):
         documents = [doc for doc in yaml.safe_load_all(path.read_text()) if doc]
         for doc in documents:
+            if doc.get("node_repair") and doc["target"]["scheduler"] == "slurm":
+                _simulated_repair(doc["node_repair"])
             if doc.get("recheck"):
                 doc["recheck"] = _MINUTE_RANGE.sub(f"[{FAST_WINDOW}]", doc["recheck"])
             if doc.get("verify"):
@@ -746,15 +750,37 @@ def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
                 doc["verify"].update(interval=FAST_VERIFY_INTERVAL, timeout=FAST_VERIFY_TIMEOUT)
         header = (
             f"# GENERATED from {path.relative_to(REPO_ROOT)} by sim.stack.fast_playbooks: recheck/verify windows"
-            f" shortened to {FAST_WINDOW} for the fast rules (rules/sim/).\n"
+            f" shortened to {FAST_WINDOW} for the fast rules (rules/sim/); Slurm node repairs without reboot,"
+            f" validated by `{SIM_VALIDATION}`.\n"
         )
         (dest / path.name).write_text(header + yaml.safe_dump_all(documents, sort_keys=False, width=1000))
     return dest
 
 
+# The validation of a Slurm node in the simulator: every node's commands go through one sshd, so the command names
+# the node it validates (sim.dcgmi's --host, as dcgmi reaches a host engine).
+SIM_VALIDATION = "dcgmi diag -r 2 --host {{ node.name }}"
+SIM_VALIDATION_TIMEOUT = 60
+
+
+def _simulated_repair(section: dict[str, Any]) -> None:
+    """Make a Slurm ``node_repair`` section runnable here: no ``slurm.reboot_node`` step (the slurmd of this
+    cluster share one machine, whose boot time never moves, so slurmctld would never see a reboot end; a real
+    cluster reboots), and the validation names its node (:data:`SIM_VALIDATION`) with a short timeout."""
+    section["repair"] = [step for step in section.get("repair", []) if step["action"] != "slurm.reboot_node"]
+    validate = section.get("validate")
+    if validate and validate["action"] == "slurm.validate_node":
+        validate["with"].update(command=SIM_VALIDATION, timeout_seconds=SIM_VALIDATION_TIMEOUT)
+
+
 # --- the whole loop ----------------------------------------------------------------------------------------------
 
 PERMISSIONS_EXAMPLE = REPO_ROOT / "examples" / "permissions.yaml"
+# Granted in the stack beyond the example, so node repairs run (validate, then resume) instead of advising.
+REPAIR_GRANTS = """\
+  - action: slurm.validate_node
+    nodes: "node[0-9]+"
+"""
 # The trainer's identity under Slurm comes from SLURMD_NODENAME and SLURM_JOB_ID (they change on a requeue), its
 # place in the job from SLURM_PROCID and SLURM_NTASKS (srun sets them per rank).
 _IDENTITY_OPTIONS = ("--hostname", "--slurm-job-id", "--rank", "--world-size")
@@ -941,7 +967,8 @@ def launch_stack(
     alerts/alertmanager.yml pointed at Nightshift, 1 s group timers), Prometheus (rules/sim/, scraping the
     exporters, each node's trainer port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm``
     over SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
-    (examples/permissions.yaml: drain, requeue, resume), else Nightshift is advisory."""
+    (examples/permissions.yaml: drain, requeue, resume; and :data:`REPAIR_GRANTS`: validate), else Nightshift is
+    advisory."""
     base.mkdir(parents=True, exist_ok=True)
     closers = contextlib.ExitStack()
     with closers:
@@ -978,7 +1005,7 @@ def launch_stack(
         permissions_file = None
         if permissions:
             permissions_file = base / "permissions.yaml"
-            shutil.copy(PERMISSIONS_EXAMPLE, permissions_file)
+            permissions_file.write_text(PERMISSIONS_EXAMPLE.read_text() + REPAIR_GRANTS)
         settings = {
             "data_dir": str(base / "nightshift" / "data"),
             "playbook_paths": [str(playbooks)],
@@ -995,6 +1022,8 @@ def launch_stack(
             "slurm": dataclasses.asdict(slurm.settings.slurm),
             "checkpoint": {"allowed_roots": [str(sim.base_dir / "checkpoints")]},
             "worker": {"poll_seconds": 0.5},
+            # A repair looks again every second while a validation runs (default 15 s): the demo runs in minutes.
+            "repair": {"poll_seconds": 1},
         }
         nightshift = launch_nightshift(base / "nightshift", settings, nightshift_port)
         closers.callback(nightshift.stop)
