@@ -229,56 +229,45 @@ class FakeSlurmHost:
 
 
 class FakeNodeShell:
-    """Commands run on one node (a repair's validation): each answers with the next exit code (the last repeats);
-    None plays a command that outlives its timeout."""
+    """A node's shell at our CommandRunner seam, for background checks (app/clients/node_check.py): a started check
+    ends at once with the next exit code (the last repeats); None plays one that never ends, ``clock`` telling how
+    long it has run. ``started`` holds every start script, ``stopped`` counts the clean-ups."""
 
-    def __init__(self, *exit_codes: int | None, output: str = "Diagnostic Result: Pass\n"):
+    def __init__(self, *exit_codes: int | None, output: str = "Diagnostic Result: Pass\n", clock: Any = None):
         self.exit_codes = list(exit_codes) or [0]
         self.output = output
-        self.runs: list[tuple[tuple[str, ...], float | None]] = []
+        self.clock = clock
+        self.started: list[str] = []
+        self.stopped = 0
+        self._checks: dict[str, tuple[int | None, Any]] = {}
 
     def run(self, argv: Any, timeout: float | None = None) -> Any:
         from app.clients.ssh import CommandResult
-        from app.errors import OutcomeUnknown
 
-        self.runs.append((tuple(argv), timeout))
-        code = self.exit_codes.pop(0) if len(self.exit_codes) > 1 else self.exit_codes[0]
-        if code is None:
-            raise OutcomeUnknown(
-                f"no exit status after {timeout}s, it may have run", output="running test 3 of 9"
+        script = argv[-1]
+        found = re.match(r"(?:set -e; )?d=(\S+);", script)
+        assert found, script
+        workdir, now = found.group(1), self.clock.now() if self.clock else None
+        if script.endswith("echo started"):
+            code = self.exit_codes.pop(0) if len(self.exit_codes) > 1 else self.exit_codes[0]
+            self.started.append(script)
+            self._checks[workdir] = (code, now)
+            out = "started\n"
+        elif script.endswith("echo stopped"):
+            self._checks.pop(workdir, None)
+            self.stopped += 1
+            out = "stopped\n"
+        elif workdir not in self._checks:
+            out = "absent\n"
+        else:
+            code, at = self._checks[workdir]
+            elapsed = int((now - at).total_seconds()) if now is not None else 0
+            out = (
+                f"running {elapsed}\n"
+                if code is None
+                else f"done {elapsed} {code}\n" + (self.output if code == 0 else "Fail\n")
             )
-        return CommandResult(
-            tuple(argv),
-            " ".join(argv),
-            code,
-            self.output if code == 0 else "",
-            "" if code == 0 else "Fail",
-            1.0,
-        )
+        return CommandResult(tuple(argv), " ".join(argv), 0, out, "", 0.01)
 
     def close(self) -> None:
         pass
-
-
-class FakeSlurm:
-    """What the engine asks Slurm about a job (``job_info``, ``expand_hostlist``), from ``jobs``: id → (state,
-    comma-separated nodes). An unknown job raises NotFound, as ``scontrol show job`` does."""
-
-    name: ClassVar[str] = "slurm"
-
-    def __init__(self, jobs: Mapping[str, tuple[str, str]] | None = None) -> None:
-        self.jobs: dict[str, tuple[str, str]] = dict(jobs or {})
-        self.lookups = 0
-
-    def job_info(self, job_id: str) -> Any:
-        from app.clients.slurm import JobInfo
-        from app.errors import NotFound
-
-        self.lookups += 1
-        if job_id not in self.jobs:
-            raise NotFound(f"scontrol show job {job_id}: Invalid job id specified")
-        state, nodes = self.jobs[job_id]
-        return JobInfo(job_id, state, nodes, "None", 0, "", "", True, "")
-
-    def expand_hostlist(self, hostlist: str) -> list[str]:
-        return [node for node in hostlist.split(",") if node]

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from app import errors
 from app.actions.base import Action, ActionContext, Plan
-from app.actions.slurm import VALIDATION_PARAMS, check_timeout
+from app.actions.slurm import VALIDATION_PARAMS, check_validation
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
 
@@ -437,18 +437,12 @@ class ValidateNode(KubernetesAction):
     params = {
         "node": NODE,
         **VALIDATION_PARAMS,
-        "run": Param(
-            kind="integer",
-            required=False,
-            default=0,
-            description="the repair's id, which names the pod (the repair sets it)",
-        ),
     }
     scope_keys = ("node",)
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         params = super().validate(raw)
-        check_timeout(self.name, params)
+        check_validation(self.name, params)
         validation_pod_name(params["node"], params["run"])
         return params
 

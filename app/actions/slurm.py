@@ -15,6 +15,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from app.actions.base import Action, ActionContext, Plan
+from app.clients.node_check import NodeCheck, workdir
 from app.clients.slurm import (
     MAX_TAIL_LINES,
     NodeInfo,
@@ -88,14 +89,22 @@ VALIDATION_PARAMS = {
     "timeout_seconds": Param(
         kind="integer", required=False, description="default repair.validation_timeout_seconds"
     ),
+    "run": Param(
+        kind="integer",
+        required=False,
+        default=0,
+        description="the repair's id, which names the run: pod or node directory (the repair sets it)",
+    ),
 }
 
 
-def check_timeout(action: str, params: Mapping[str, Any], limit: int = 86_400) -> None:
-    """A validation's ``timeout_seconds``, when given, is 1 s to a day."""
+def check_validation(action: str, params: Mapping[str, Any], limit: int = 86_400) -> None:
+    """A validation's ``timeout_seconds``, when given, is 1 s to a day; its ``run`` is not negative."""
     timeout = params.get("timeout_seconds")
     if timeout is not None and not 1 <= timeout <= limit:
         raise ParamError(action, "timeout_seconds", f"must be between 1 and {limit}, got {timeout}")
+    if params.get("run", 0) < 0:
+        raise ParamError(action, "run", f"must be >= 0, got {params['run']}")
 
 
 def executed_commands(results: list[CommandResult]) -> str:
@@ -270,11 +279,13 @@ class RebootNode(SlurmAction):
 
 
 class ValidateNode(SlurmAction):
-    """Run the validation command ON the node over SSH (``slurm.node_ssh_host``); exit 0 means healthy.
+    """Run the validation command ON the node (SSH to ``slurm.node_ssh_host``); exit 0 means healthy.
 
-    While the node is rebooting, not responding or still running jobs the outcome is Retry (the repair looks
-    again, bounded by ``repair.return_timeout_seconds``); a node that cannot be reached is Retry as well. A
-    command that outlives its timeout has failed, as has any non-zero exit.
+    Level-triggered, one short look per run (:mod:`app.clients.node_check`), so a validation of minutes never holds
+    the worker: the first run waits (Retry) while the node is rebooting, not responding or still running jobs, then
+    starts the command detached on the node; later runs answer Retry while it runs, and once it has ended read its
+    exit status and output and clean up. A command still running ``timeout_seconds`` after its start is stopped and
+    has failed, as has any non-zero exit. An unreachable node is Retry (the repair bounds the wait).
     """
 
     name = "slurm.validate_node"
@@ -286,62 +297,72 @@ class ValidateNode(SlurmAction):
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         params = super().validate(raw)
-        check_timeout(self.name, params)
+        check_validation(self.name, params)
         return params
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         command = params.get("command") or "<repair.validation_command>"
         return Plan(
             f"validate node {params['node']}: run `{command}` on it, exit 0 = healthy",
-            f"ssh <slurm.node_ssh_host for {params['node']}> {command}",
+            f"ssh <slurm.node_ssh_host for {params['node']}> {command} (detached in {workdir(params['run'])}, "
+            "probed until it ends)",
         )
 
     def execute(
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
-        node = params["node"]
-        command = params.get("command") or ctx.settings.repair.validation_command
-        timeout = params.get("timeout_seconds") or ctx.settings.repair.validation_timeout_seconds
+        node, run = params["node"], params["run"]
+        cfg = ctx.settings.repair
+        command = params.get("command") or cfg.validation_command
+        timeout = params.get("timeout_seconds") or cfg.validation_timeout_seconds
         if not re.fullmatch(VALIDATION_COMMAND, command):
             raise ParamError(
                 self.name, "command", f"{command!r} does not match the pattern {VALIDATION_COMMAND}"
             )
-        info = slurm.node_info(node)
-        busy = NOT_SETTLED_FLAGS.intersection(info.flags) or info.state in NOT_SETTLED_STATES
-        if busy:
-            return Retry(
-                reason=f"node {node} is {info.state_text}: waiting for it to settle before validating",
-                after=ctx.settings.repair.poll_seconds,
-                data={"node": node, "state": info.state_text},
-            )
         argv = shlex.split(command)
+        check = NodeCheck(ctx.clients.node_runner(node))
         try:
-            check = ctx.clients.node_runner(node).run(argv, timeout=timeout)
-        except OutcomeUnknown as exc:
+            probe = check.probe(run)
+            if probe.state == "absent":
+                info = slurm.node_info(node)
+                if NOT_SETTLED_FLAGS.intersection(info.flags) or info.state in NOT_SETTLED_STATES:
+                    return Retry(
+                        reason=f"node {node} is {info.state_text}: waiting for it to settle before validating",
+                        after=cfg.poll_seconds,
+                        data={"node": node, "state": info.state_text},
+                    )
+                check.start(run, argv)
+                ctx.record("validation_started", f"`{shlex.join(argv)}` started on {node}", {"node": node})
+                return Retry(reason=f"validation started on {node}", after=cfg.poll_seconds)
+            if probe.state == "running" and probe.elapsed < timeout:
+                return Retry(
+                    reason=f"validation running on {node} for {probe.elapsed}s", after=cfg.poll_seconds
+                )
+            check.stop(run)
+        except (Unavailable, OutcomeUnknown) as exc:  # not reached, or no answer in time: look again
+            return Retry(reason=f"node {node}: {exc}", after=cfg.poll_seconds)
+        data = {
+            "node": node,
+            "command": shlex.join(argv),
+            "exit_code": probe.exit_code,
+            "output": tail(probe.output),
+        }
+        if probe.state == "running":
             return Failed(
                 reason=f"validation on {node} timed out after {timeout}s: counts as failed",
                 command=shlex.join(argv),
-                output=tail(exc.output),
-                data={"node": node, "verdict": "fail", "timed_out": True},
+                data={**data, "verdict": "fail", "timed_out": True},
             )
-        except Unavailable as exc:
-            return Retry(reason=f"node {node} unreachable: {exc}", after=ctx.settings.repair.poll_seconds)
-        data = {
-            "node": node,
-            "command": check.command,
-            "exit_code": check.exit_code,
-            "output": tail(check.output),
-        }
-        if check.exit_code != 0:
+        if probe.exit_code != 0:
             return Failed(
-                reason=f"validation `{shlex.join(argv)}` exited {check.exit_code} on {node}",
-                command=check.command,
-                output=tail(check.output),
-                exit_code=check.exit_code,
+                reason=f"validation `{shlex.join(argv)}` exited {probe.exit_code} on {node}",
+                command=shlex.join(argv),
+                output=tail(probe.output),
+                exit_code=probe.exit_code,
                 data={**data, "verdict": "fail"},
             )
         return Ok(
-            command=check.command, output=tail(check.output), exit_code=0, data={**data, "verdict": "pass"}
+            command=shlex.join(argv), output=tail(probe.output), exit_code=0, data={**data, "verdict": "pass"}
         )
 
 

@@ -56,10 +56,9 @@ def default_steps(scheduler: str) -> dict[str, Step]:
     """The take-out, validation and return steps implied by the scheduler."""
     node = "{{ node.name }}"
     take_out_with = {"node": node, "reason": "{{ node.reason }}"} if scheduler == "slurm" else {"node": node}
-    validate_with = {"node": node} if scheduler == "slurm" else {"node": node, "run": "{{ node.repair_id }}"}
     return {
         TAKE_OUT: Step(action=TAKE_OUT_ACTION[scheduler], with_=take_out_with, name="take out"),
-        VALIDATE: Step(action=VALIDATE_ACTION[scheduler], with_=validate_with, name="validate"),
+        VALIDATE: Step(action=VALIDATE_ACTION[scheduler], with_={"node": node}, name="validate"),
         RETURN: Step(action=RETURN_ACTION[scheduler], with_={"node": node}, name="return to service"),
     }
 

@@ -24,7 +24,9 @@ from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState
 from app.store import Store, repairs
+from sim import faults
 from tests.fixtures.procs import wait_until
+from tests.fixtures.sim import SimCluster
 from tests.fixtures.slurm import SlurmCluster
 
 pytestmark = pytest.mark.integration
@@ -43,6 +45,19 @@ node_repair:
   validate:
     action: slurm.validate_node
     with: {node: "{{ node.name }}", command: "test -e %(dir)s/healthy-{{ node.name }}", timeout_seconds: 20}
+---
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-slow}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
+steps:
+  - action: slurm.job_info
+    with: {job: "1"}
+node_repair:
+  validate:
+    action: slurm.validate_node
+    with: {node: "{{ node.name }}", command: "sleep 37", timeout_seconds: 2}
 ---
 apiVersion: nightshift/v1
 kind: Playbook
@@ -155,6 +170,29 @@ def test_validation_fails_and_the_node_is_held_drained(
     assert resumed(clean_slurm, "node2")
 
 
+def test_a_validation_past_its_timeout_is_stopped_and_fails(
+    clean_slurm: SlurmCluster, node_repairs: Repairs
+) -> None:
+    repair = node_repairs.settle(node_repairs.request("node2", playbook="xid-slow"))
+    assert repair["state"] == RepairState.HELD, repair
+    assert (
+        repair["held_reason"] == "validation failed: validation on node2 timed out after 2s: counts as failed"
+    )
+    assert clean_slurm.node_state("node2") == "idle+drain"
+    # Stopped on the node: its process group is gone, and so is its directory.
+    assert not Path(f"/tmp/nightshift-check-{repair['id']}").exists()
+    assert not any(
+        _cmdline(pid) == b"sleep\x0037\x00" for pid in Path("/proc").iterdir() if pid.name.isdigit()
+    )
+
+
+def _cmdline(proc: Path) -> bytes:
+    try:
+        return (proc / "cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def test_a_node_drained_by_someone_else_is_never_resumed(
     clean_slurm: SlurmCluster, node_repairs: Repairs
 ) -> None:
@@ -186,3 +224,46 @@ def test_a_reboot_slurm_refuses_holds_the_node(clean_slurm: SlurmCluster, node_r
     assert repair["state"] == RepairState.HELD, repair
     assert repair["held_reason"].startswith("repair step 1 failed: `scontrol reboot ASAP nextstate=DOWN")
     assert clean_slurm.node_state("node2") == "idle+drain"
+
+
+DCGMI_PLAYBOOK = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: xid-dcgmi}
+match: ['alertname="GpuXidError"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
+steps:
+  - action: slurm.job_info
+    with: {job: "1"}
+node_repair:
+  validate:
+    action: slurm.validate_node
+    with: {node: "{{ node.name }}", command: "dcgmi diag -r 2 --host {{ node.name }}", timeout_seconds: 20}
+"""
+
+
+def test_dcgmi_verdict_follows_the_injected_fault(
+    clean_slurm: SlurmCluster, node_repairs: Repairs, sim_cluster: SimCluster
+) -> None:
+    """The simulator's dcgmi on the node (over SSH): an Xid 79 fails the software test and the node is held;
+    once the fault is cleared (the GPU reset) the next repair validates and resumes it."""
+    clean_slurm.attach_sim(sim_cluster.state_dir)
+    node_repairs.worker.deps.playbooks = PlaybookSet(
+        parse_playbooks(DCGMI_PLAYBOOK, "dcgmi.yaml", node_repairs.worker.deps.registry)
+    )
+    try:
+        faults.inject_xid(sim_cluster.state_dir, "node2", gpu=3, xid=79)
+        held = node_repairs.settle(node_repairs.request("node2", playbook="xid-dcgmi"))
+        assert held["state"] == RepairState.HELD, held
+        assert held["validation"]["exit_code"] == 226
+        assert "Detected XID 79 for GPU 3" in held["validation"]["output"]
+        assert clean_slurm.node_state("node2") == "idle+drain"
+        node_repairs.worker.release("node2", by="alice")
+        node_repairs.settle(held["id"])
+        faults.clear(sim_cluster.state_dir, node="node2")
+        passed = node_repairs.settle(node_repairs.request("node2", playbook="xid-dcgmi"))
+        assert passed["state"] == RepairState.RETURNED, passed
+        assert "Successfully ran diagnostic" in passed["validation"]["output"]
+        assert resumed(clean_slurm, "node2")
+    finally:
+        clean_slurm.attach_sim(None)

@@ -122,7 +122,7 @@ def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1
     store = Store.from_url(config.resolved_store_url, clock)
     store.create_schema()
     slurm = FakeSlurmHost(*NODES, reboot_polls=reboot_polls)
-    shells = {node: FakeNodeShell(*validate) for node in NODES}
+    shells = {node: FakeNodeShell(*validate, clock=clock) for node in NODES}
     metrics = Metrics()
     clients = Clients(config, slurm=SlurmClient(slurm), **{f"node:{n}": shell for n, shell in shells.items()})
     deps = EngineDeps(
@@ -158,8 +158,9 @@ def test_drain_reboot_validate_resume(tmp_path):
     assert w.slurm.changes("node2")[1][4] == "reason=nightshift: Xid reboot node2"
     node = w.slurm.nodes["node2"]
     assert (node.state, node.flags, node.reboots) == ("idle", set(), 1)
-    # Validation ran once the node was back from its reboot, on the node itself, with its timeout.
-    assert w.shells["node2"].runs == [(("dcgmi", "diag", "-r", "2"), 60)]
+    # Validation ran once the node was back from its reboot, on the node itself, detached, and was cleaned up.
+    [started] = w.shells["node2"].started
+    assert "dcgmi diag -r 2 > /tmp/nightshift-check-1/out" in started and w.shells["node2"].stopped == 1
     assert repair["validation"]["verdict"] == "pass"
     assert [s["step"] for s in repair["steps"]] == ["take_out", "repair:0", "validate", "return"]
     # Every transition is ledgered for the requesting incident, naming the node and the repair.
@@ -218,7 +219,7 @@ def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
     assert repair["closed_at"] is None and repair["updated_at"] - repair["taken_out_at"] <= timedelta(
         seconds=620
     )
-    assert w.shells["node2"].runs == []
+    assert w.shells["node2"].started == []
 
 
 def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
