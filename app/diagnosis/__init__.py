@@ -574,7 +574,8 @@ def _progress_gap(reading: Reading, shutdown: Any, lines: Sequence[str]) -> floa
     last, stop_time = _comparable(last, stop_time)
     if stop_time - last < HANG_GAP_SECONDS:
         return None
-    times = [t for t in reading.progress_times if t <= last][-50:]
+    recent = [parse_line(m.index, lines[m.index][:MAX_LINE_CHARS]).time for m in before[-50:]]
+    times = [t for t in recent if t is not None]
     intervals = [b - a for a, b in itertools.pairwise(times) if b > a]
     usual = statistics.median(intervals) if intervals else 0.0
     gap = stop_time - last

@@ -84,7 +84,6 @@ class Reading:
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
     timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
-    progress_times: list[float] = field(default_factory=list)  # times of timestamped progress lines
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -114,10 +113,6 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
                     reading.noise += 1
                 else:
                     reading.markers.append(Marker(index, match.marker, raw.strip()))
-                    if match.marker.role == "progress" and len(reading.progress_times) < 100_000:
-                        parsed = parsed or parse_line(index, probe)
-                        if parsed.time is not None:
-                            reading.progress_times.append(parsed.time)
         if not _CONTEXT.search(probe) and parsed is None:
             continue
         parsed = parsed or parse_line(index, probe)

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import functools
 import re
+import re._constants as sre_constants  # the regex parser's node types, for required_literals
+import re._parser as sre_parse
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from importlib import resources
@@ -69,6 +71,9 @@ class Signature:
     description: str
     label: str | None = None
     role: str = "cause"
+    # Lower-case strings one of which every match contains (None: unknown): a line holding none of them is not
+    # searched at all, which is what keeps a 20,000-line log cheap.
+    literals: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,31 @@ class LineMatch:
 _NO_MATCH = LineMatch(None, None)
 
 
+class _Ordered:
+    """Signatures in a fixed order, found by their required literals first: one pass of substring checks over
+    every literal of the group tells which few regular expressions can match a line at all."""
+
+    def __init__(self, signatures: list[Signature]):
+        self.signatures = signatures
+        self.always = [i for i, s in enumerate(signatures) if s.literals is None]
+        owners: dict[str, list[int]] = {}
+        for i, signature in enumerate(signatures):
+            for literal in signature.literals or ():
+                owners.setdefault(literal, []).append(i)
+        self.owners = owners
+
+    def first(self, line: str, lowered: str) -> Signature | None:
+        """The first signature (in order) whose pattern matches ``line``."""
+        candidates = set(self.always)
+        for literal, owners in self.owners.items():
+            if literal in lowered:
+                candidates.update(owners)
+        for i in sorted(candidates):
+            if self.signatures[i].regex.search(line):
+                return self.signatures[i]
+        return None
+
+
 @dataclass(frozen=True)
 class SignatureCatalogue:
     """Validated signatures, split by what they read, in catalogue order."""
@@ -90,27 +120,24 @@ class SignatureCatalogue:
     label_signatures: tuple[Signature, ...]
 
     @functools.cached_property
-    def _prefilter(self) -> re.Pattern[str]:
-        """One alternation of every line pattern: most lines of a healthy log match none, and one search of
-        this is far cheaper than one search per signature."""
-        return re.compile("|".join(f"(?:{_scoped(s.regex.pattern)})" for s in self.line_signatures))
+    def _by_role(self) -> tuple[_Ordered, _Ordered, _Ordered]:
+        """(noise markers, causes heaviest first, other markers), each in catalogue order within a weight."""
+        causes = sorted((s for s in self.line_signatures if s.role == "cause"), key=lambda s: -s.weight)
+        return (
+            _Ordered([s for s in self.line_signatures if s.role == "noise"]),
+            _Ordered(causes),
+            _Ordered([s for s in self.line_signatures if s.role not in ("noise", "cause")]),
+        )
 
     def classify(self, line: str) -> LineMatch:
         """The heaviest cause signature matching ``line`` (first in catalogue order on ties) and its first
         marker. A noise marker silences the line: it then has no cause."""
-        if not self.line_signatures or not self._prefilter.search(line):
-            return _NO_MATCH
-        cause: Signature | None = None
-        marker: Signature | None = None
-        for signature in self.line_signatures:
-            if signature.role == "cause":
-                if (cause is None or signature.weight > cause.weight) and signature.regex.search(line):
-                    cause = signature
-            elif marker is None and signature.regex.search(line):
-                marker = signature
-        if marker is not None and marker.role == "noise":
-            return LineMatch(None, marker)
-        return LineMatch(cause, marker)
+        noise, causes, markers = self._by_role
+        lowered = line.lower()
+        if silenced := noise.first(line, lowered):
+            return LineMatch(None, silenced)
+        cause, marker = causes.first(line, lowered), markers.first(line, lowered)
+        return LineMatch(cause, marker) if cause or marker else _NO_MATCH
 
     def match_line(self, line: str) -> Signature | None:
         """The heaviest cause signature matching ``line``, or None (a noise line has none).
@@ -221,12 +248,50 @@ def _parse_entry(entry: Any, node: yaml.Node, source: str, index: int) -> Signat
         description=description.strip(),
         label=label,
         role=role,
+        literals=required_literals(pattern),
     )
 
 
-def _scoped(pattern: str) -> str:
-    """``pattern`` with leading global flags (``(?i)``) turned into a scoped group, so it can sit in an
-    alternation."""
-    if match := re.match(r"\(\?([aiLmsux]+)\)", pattern):
-        return f"(?{match.group(1)}:{pattern[match.end() :]})"
-    return pattern
+MIN_LITERAL = 3  # shorter required strings filter too little to be worth checking
+
+
+def required_literals(pattern: str) -> tuple[str, ...] | None:
+    """Lower-case strings one of which every match of ``pattern`` contains, or None when none can be told.
+
+    Read from the parse tree of Python's own regex parser: the longest run of literal characters that every
+    match must contain, or, for an alternation, one such run per branch."""
+    try:
+        found = _required(sre_parse.parse(pattern).data)
+    except (re.error, TypeError, ValueError):
+        return None
+    return tuple(sorted(found)) if found else None
+
+
+def _required(items: list[Any]) -> set[str] | None:
+    candidates: list[set[str]] = []
+    run: list[str] = []
+
+    def close() -> None:
+        if len(run) >= MIN_LITERAL:
+            candidates.append({"".join(run).lower()})
+        run.clear()
+
+    for op, av in items:
+        if op is sre_constants.LITERAL:
+            run.append(chr(av))
+            continue
+        close()
+        if op is sre_constants.SUBPATTERN:
+            inner = _required(av[-1].data)
+        elif op is sre_constants.BRANCH:
+            branches = [_required(branch.data) for branch in av[1]]
+            inner = set().union(*branches) if all(branches) else None  # type: ignore[arg-type]
+        elif op in (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT) and av[0] >= 1:
+            inner = _required(av[2].data)
+        else:
+            inner = None
+        if inner:
+            candidates.append(inner)
+    close()
+    # The most selective choice: the alternatives whose shortest member is longest.
+    return max(candidates, key=lambda found: min(len(text) for text in found), default=None)
