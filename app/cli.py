@@ -83,7 +83,6 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
     metrics_dir.mkdir(parents=True)
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
     from app import create_app, gunicorn_conf
-    from app.logging_setup import GunicornLogger
 
     create_app(settings)  # fail fast in the master on bad settings, playbooks or store
 
@@ -100,7 +99,7 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
                 "post_worker_init": gunicorn_conf.post_worker_init,
                 "worker_exit": gunicorn_conf.worker_exit,
                 "child_exit": gunicorn_conf.child_exit,
-                "logger_class": GunicornLogger,  # its logs in the root logger's format (log_format)
+                "logger_class": gunicorn_conf.logger_class,
             }
             if "control_socket_disable" in self.cfg.settings:  # gunicorn >= 27: one socket per host otherwise
                 options["control_socket_disable"] = True

@@ -14,12 +14,17 @@ from __future__ import annotations
 from typing import Any
 
 worker_class = "app.serving.BufferingWorker"
+logger_class = "app.logging_setup.GunicornLogger"  # gunicorn's own logs follow log_format
 
 
 def post_worker_init(worker: Any) -> None:
+    from app.logging_setup import configure_logging
     from app.worker import start_worker_thread
 
     services = worker.wsgi.extensions["nightshift"]
+    # Under `gunicorn -c` nothing else configures this process's logging (`nightshift serve` already did).
+    configure_logging(services.settings.log_format, services.settings.log_level)
+    worker.log.setup(worker.cfg)
     if services.settings.embedded_worker:
         worker.nightshift_worker = start_worker_thread(services.engine, services.settings.worker.poll_seconds)
 
