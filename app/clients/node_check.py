@@ -101,7 +101,12 @@ class NodeCheck:
 
     def probe(self, run: int) -> Probe:
         result = self.runner.run(["bash", "-c", probe_script(run)])
-        return parse_probe(result.stdout)
+        try:
+            return parse_probe(result.stdout)
+        except ValueError as exc:
+            raise CommandFailed(
+                f"on the node: {exc}", exit_code=result.exit_code, output=result.output[-2000:]
+            ) from None
 
     def stop(self, run: int) -> None:
         self._run(stop_script(run), "stopped")

@@ -438,3 +438,19 @@ def test_validation_parameters_are_bounded():
     long_node = ".".join(["a" * 60] * 4)  # a valid node name, too long for the pod's name
     with pytest.raises(ParamError, match="no valid pod name"):
         PodValidation().validate({"node": long_node})
+
+
+def test_node_check_scripts_and_probe_parsing():
+    from app.clients import node_check
+
+    start = node_check.start_script(7, ["dcgmi", "diag", "-r", "2", "--host", "a'b;c"])
+    assert "d=/tmp/nightshift-check-7;" in start and "setsid nohup bash -c " in start
+    assert "'\"'\"'" in start  # the odd argument stays quoted inside the quoted inner script
+    assert node_check.parse_probe("absent\n") == node_check.Probe("absent")
+    assert node_check.parse_probe("running 12\n") == node_check.Probe("running", elapsed=12)
+    assert node_check.parse_probe("done 130 226\nFail\n") == node_check.Probe("done", 130, 226, "Fail\n")
+    for bad in ("", "done x 1", "rm -rf /\n"):
+        with pytest.raises(ValueError):
+            node_check.parse_probe(bad)
+    with pytest.raises(ValueError):
+        node_check.workdir(-1)
