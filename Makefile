@@ -29,6 +29,7 @@ lint: deps
 
 bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 minutes on 2 cores
 	$(PY) -m bench.decision
+	$(PY) -m bench.diagnosis
 	$(PY) -m bench.engine_ingest
 	$(PY) -m bench.lifecycle
 	$(PY) -m bench.ingest

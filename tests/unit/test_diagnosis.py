@@ -6,6 +6,8 @@ Log fixtures in tests/unit/data/logs are excerpts written from the exact upstrea
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -472,3 +474,15 @@ def test_a_custom_catalogue_drives_diagnosis(tmp_path):
     assert result.category == "storage_io"
     assert result.summary.startswith("Storage I/O failure on n1: Lustre eviction (1 matching log line)")
     assert diagnose({}, log("cuda_oom.log"), catalogue).category == "unknown"
+
+
+def test_the_diagnosis_package_stays_pure():
+    """Importing every module of app.diagnosis loads no network, database, process or web library."""
+    code = (
+        "import sys, app.diagnosis, app.diagnosis.lines, app.diagnosis.evidence, app.diagnosis.stacks, "
+        "app.diagnosis.signatures, app.diagnosis.xid; "
+        "io = ('flask', 'requests', 'sqlalchemy', 'socket', 'urllib.request', 'paramiko', 'subprocess', "
+        "'kubernetes'); bad = [m for m in io if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
