@@ -230,13 +230,13 @@ def test_alertmanager_ha_fan_out_to_every_replica_yields_one_incident_and_one_ex
 
         wait_until(all_closed, 60, "every notification ingested and every incident finished on some replica")
         with store.transaction() as conn:
-            per_target = conn.execute(select(incidents.c.node, func.count()).group_by(incidents.c.node)).all()
+            per_job = conn.execute(select(incidents.c.job, func.count()).group_by(incidents.c.job)).all()
             outcomes = conn.execute(select(incidents.c.outcome).distinct()).scalars().all()
             step_rows = conn.execute(select(steps.c.incident_id, steps.c.status)).all()
             alert_rows = conn.execute(select(func.count(), func.sum(alerts.c.notifications))).one()
     finally:
         store.dispose()
-    assert sorted(per_target) == [(f"gpu-{n:02d}", 1) for n in range(10)]
+    assert sorted(per_job) == [(str(7000 + n), 1) for n in range(10)]  # one job incident per job
     assert outcomes == ["advisory"]
     assert sorted(status for _, status in step_rows) == ["ok"] * 10
     # 20 alert instances; every delivery of every alert recorded, none lost, none stored twice.
