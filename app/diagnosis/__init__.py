@@ -149,6 +149,7 @@ _WORDING = {
     ),
 }
 
+_NODE_FAULTS = frozenset({"gpu_hardware", "nvlink"})  # an alert about these is raised on the faulty node
 _NODE_LABELS = ("Hostname", "node", "nodename", "host", "instance_hostname")
 
 
@@ -278,7 +279,7 @@ def diagnose(
     shutdown = reading.first("shutdown")
     explained: list[str] = []  # why errors were set aside, for a benign summary
 
-    votes = _shutdown_filtered(reading.votes, shutdown, explained)
+    votes = _shutdown_filtered(reading.votes, shutdown or reading.first("completed"), explained)
     survived = _survived_categories(votes, reading, explained)
     votes = [v for v in votes if v.category not in survived]
     for vote in votes:
@@ -358,7 +359,8 @@ def tail_lines(logs: str) -> list[str]:
 
 
 def _shutdown_filtered(votes: list[Vote], shutdown: Any, explained: list[str]) -> list[Vote]:
-    """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM."""
+    """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM, or the job's end (the
+    tracebacks of interpreter teardown after training finished)."""
     if shutdown is None:
         return votes
     kept = [
@@ -369,8 +371,7 @@ def _shutdown_filtered(votes: list[Vote], shutdown: Any, explained: list[str]) -
     ]
     if len(kept) < len(votes):
         explained.append(
-            f"{len(votes) - len(kept)} error line(s) after the job was stopped ({shutdown.signature.description}) "
-            "are shutdown noise"
+            f"{len(votes) - len(kept)} error line(s) after {shutdown.signature.description} are shutdown noise"
         )
     return kept
 
@@ -702,12 +703,18 @@ def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str
         return _completed(tally.culprit, reading, labels)
     if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
         return _completed(odd, reading, labels)
+    hosts = {vote.line.host for vote in tally.votes if vote.line.host}
     for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
         line = vote.line
         if line.rank is not None or line.host or line.pci:
-            return _completed(Culprit(line.host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
+            # Evidence of one category from a single host: that host, even on the lines naming only a rank.
+            host = line.host or (next(iter(hosts)) if len(hosts) == 1 else None)
+            return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
     if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
         return _completed(odd, reading, labels)
+    if category in _NODE_FAULTS and (node := _node(labels)):  # a node-scoped alert (DCGM) names its node
+        gpu = labels.get("gpu") or None
+        return Culprit(node, None, gpu, (f"the alert's labels: {node}" + (f" GPU {gpu}" if gpu else ""),))
     if reading.root_cause is not None and category not in ("nccl_network", "hang"):
         rank, host, text = reading.root_cause
         return _completed(Culprit(host, rank, None, (text,)), reading, labels)

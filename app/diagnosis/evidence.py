@@ -7,13 +7,15 @@ them (:mod:`app.diagnosis.lines`). Nothing here decides the verdict.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from app.diagnosis import xid as xids
-from app.diagnosis.lines import LogLine, normalise_pci, parse_line
+from app.diagnosis.lines import LogLine, normalise_pci
+from app.diagnosis.lines import parse_line as parse_one
 from app.diagnosis.signatures import Signature, SignatureCatalogue
 
 MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its head only
@@ -38,6 +40,8 @@ _RESTART = re.compile(
 )
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
+_SECTION = re.compile(r"==> (?P<title>.{1,200}) <==\s*$")  # tail's and our collect actions' section headers
+_HOSTNAME = re.compile(r"(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*")
 _ITERATION = re.compile(r"(?i)\b(?:iteration|iter|step)\b\s*[:=]?\s*(?P<n>\d+)")
 
 
@@ -97,9 +101,17 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
     reading = Reading(line_count=len(lines))
     block: dict[str, str] = {}
     in_root_cause = False
+    section_host: str | None = None  # from a "==> dmesg node7 <==" header: where the lines below come from
+
+    def parse_line(index: int, text: str) -> LogLine:
+        line = parse_one(index, text)
+        return dataclasses.replace(line, host=section_host) if section_host and not line.host else line
+
     for index, raw in enumerate(lines):
         probe = raw[:MAX_LINE_CHARS]
         parsed: LogLine | None = None
+        if raw.startswith("==> ") and (header := _SECTION.match(raw)):
+            section_host = next((word for word in header["title"].split() if _HOSTNAME.fullmatch(word)), None)
         if event := xids.xid_from_line(probe):
             parsed = parse_line(index, probe)
             reading.xid_lines.append((parsed, event))
