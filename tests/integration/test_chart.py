@@ -30,6 +30,7 @@ from app.config import load_settings
 from app.permissions import load_permissions
 from app.playbooks import load_playbooks
 from rules import gen_prometheusrule
+from tests.fixtures.containers import CHART, HELM_TIMEOUT_SECONDS, RenderRefused, render
 from tests.fixtures.kube import KubeAdmin, assert_contains
 from tests.fixtures.monitoring import KINDS, crd
 from tests.fixtures.procs import free_port
@@ -37,31 +38,8 @@ from tests.fixtures.procs import free_port
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
-CHART = REPO / "charts" / "nightshift"
 VALUES_SETS = sorted((CHART / "ci").glob("*-values.yaml"))
 TEST_KUBE_VERSION = "1.20.2"
-HELM_TIMEOUT_SECONDS = 60
-
-
-class RenderRefused(Exception):
-    """helm template exited non-zero; the message is its stderr."""
-
-
-def render(
-    helm: str,
-    *args: str,
-    release: str = "nightshift",
-    namespace: str = "nightshift",
-    kube_version: str | None = None,
-) -> list[dict[str, Any]]:
-    """The objects ``helm template`` renders from the chart (``args``: -f/--set options)."""
-    command = [helm, "template", release, str(CHART), "--namespace", namespace, *args]
-    if kube_version:
-        command += ["--kube-version", kube_version]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=HELM_TIMEOUT_SECONDS, check=False)
-    if done.returncode != 0:
-        raise RenderRefused(done.stderr)
-    return [doc for doc in yaml.safe_load_all(done.stdout) if doc]
 
 
 def values_args(values: Path | None) -> list[str]:

@@ -17,6 +17,7 @@ import subprocess
 import time
 import tomllib
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,10 +25,11 @@ from typing import Any
 import pytest
 import requests
 
-from tests.fixtures.containers import from_script
+from tests.fixtures.containers import from_script, render
 from tests.fixtures.procs import Daemon, free_port, require_binary, wait_until
 
-pytestmark = pytest.mark.integration
+# The first build on a fresh machine (base image, dependencies) takes minutes on 2 cores; later ones use the cache.
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 REPO = Path(__file__).resolve().parents[2]
 TAG = "localhost/nightshift:test"
@@ -136,39 +138,73 @@ def uids_of(port: int) -> set[int]:
     return found
 
 
+def write_secrets(folder: Path, **keys: str) -> Path:
+    """A Secret volume as the kubelet writes it with the chart's fsGroup: one file per key, readable by UID 10001."""
+    folder.mkdir()
+    for key, value in keys.items():
+        (folder / key.replace("_", "-")).write_text(value + "\n")
+        (folder / key.replace("_", "-")).chmod(0o644)
+    folder.chmod(0o755)
+    return folder
+
+
+@contextmanager
+def serving(
+    image: Image, container: str, workdir: Path, argv: list[str], mounts: dict[Path, str], env: dict[str, str]
+) -> Iterator[tuple[str, Daemon]]:
+    """``argv`` (the image's command line, its --bind on a free loopback port) run in ``container`` as UID 10001
+    with ``mounts`` (host path -> container path) and ``env``; yields the base URL once /readyz answers 200."""
+    port = free_port()
+    argv = [f"127.0.0.1:{port}" if arg == "0.0.0.0:8080" else arg for arg in argv]
+    options = [f"--volume={host}:{inside}" for host, inside in mounts.items()]
+    options += [f"--env={name}={value}" for name, value in env.items()]
+    server = Daemon(
+        "nightshift-image",
+        [
+            image.buildah,
+            "run",
+            "--isolation",
+            "chroot",
+            "--user",
+            f"{UID}:{UID}",
+            *options,
+            container,
+            "--",
+            *argv,
+        ],
+        workdir,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        assert server.alive(), server.log_tail()
+        try:
+            return requests.get(f"{base}/readyz", timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    try:
+        wait_until(ready, 120, "nightshift serve from the image to be ready", interval=0.5)
+        assert uids_of(port) == {UID}, "the server must run as the image's non-root user"
+        yield base, server
+    finally:
+        server.stop()
+
+
 def test_serve_from_the_image_turns_an_alert_into_an_incident(
     image: Image, container: str, tmp_path: Path
 ) -> None:
     webhook_token, operator_token = secrets.token_hex(16), secrets.token_hex(16)
-    secret_dir = tmp_path / "nightshift-secrets"
-    secret_dir.mkdir()
-    for key, value in (("webhook-token", webhook_token), ("operator-token", operator_token)):
-        (secret_dir / key).write_text(value + "\n")
-        (secret_dir / key).chmod(0o644)  # a Secret volume with fsGroup: readable by the pod's user
-    secret_dir.chmod(0o755)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    argv = [
-        image.buildah, "run", "--isolation", "chroot", "--user", f"{UID}:{UID}",
-        "-v", f"{secret_dir}:{SECRET_DIR}:ro",
-        "--env", f"NIGHTSHIFT_OPERATOR_TOKEN_FILE={SECRET_DIR}/operator-token",
-        "--env", "NIGHTSHIFT_LOG_FORMAT=json", "--env", "NIGHTSHIFT_WORKER__POLL_SECONDS=0.2",
-        container, "--",
-        *image.config["Entrypoint"], "serve", "--bind", f"127.0.0.1:{port}",
-    ]  # fmt: skip
-    server = Daemon("nightshift-image", argv, tmp_path)
-    try:
-
-        def ready() -> bool:
-            assert server.alive(), server.log_tail()
-            try:
-                return requests.get(f"{base}/readyz", timeout=2).status_code == 200
-            except requests.ConnectionError:
-                return False
-
-        wait_until(ready, 120, "nightshift serve from the image to be ready", interval=0.5)
-        assert uids_of(port) == {UID}, "the server must run as the image's non-root user"
-
+    secret_dir = write_secrets(
+        tmp_path / "nightshift-secrets", webhook_token=webhook_token, operator_token=operator_token
+    )
+    env = {
+        "NIGHTSHIFT_OPERATOR_TOKEN_FILE": f"{SECRET_DIR}/operator-token",
+        "NIGHTSHIFT_LOG_FORMAT": "json",
+        "NIGHTSHIFT_WORKER__POLL_SECONDS": "0.2",
+    }
+    argv = image.config["Entrypoint"] + image.config["Cmd"]
+    with serving(image, container, tmp_path, argv, {secret_dir: f"{SECRET_DIR}:ro"}, env) as (base, server):
         posted = requests.post(
             f"{base}/api/v1/alerts",
             data=(REPO / "alerts" / "examples" / "gpu-xid-79.json").read_bytes(),
@@ -194,8 +230,6 @@ def test_serve_from_the_image_turns_an_alert_into_an_incident(
         )
         assert refused.status_code == 401
         output = server.log_path.read_text()  # before buildah adds its own lines about the stopped process
-    finally:
-        server.stop()
 
     lines = [line for line in output.splitlines() if line.strip()]
     entries = [json.loads(line) for line in lines if line.startswith("{")]
@@ -203,3 +237,40 @@ def test_serve_from_the_image_turns_an_alert_into_an_incident(
     assert all({"time", "level", "logger", "message"} <= entry.keys() for entry in entries)
     access = [entry for entry in entries if entry["logger"] == "gunicorn.access"]
     assert {(e["method"], e["path"], e["status"]) for e in access} >= {("POST", "/api/v1/alerts", 200)}
+
+
+def test_the_image_starts_as_the_charts_pod_runs_it(
+    image: Image, container: str, helm: str, tmp_path: Path
+) -> None:
+    """The chart's default Deployment and ConfigMap with this image: the same command, environment, settings file
+    and Secret mount start a server that stores an alert (in the image's /var/lib/nightshift, writable by the
+    pod's user: buildah run here does not reliably bind a host folder over an image VOLUME)."""
+    docs = render(helm)
+    [deployment] = [doc for doc in docs if doc["kind"] == "Deployment"]
+    [settings] = [doc for doc in docs if doc["kind"] == "ConfigMap"]
+    [pod] = deployment["spec"]["template"]["spec"]["containers"]
+    config_dir = tmp_path / "config"
+    config_dir.mkdir()
+    for name, text in settings["data"].items():
+        (config_dir / name).write_text(text)
+    token = secrets.token_hex(16)
+    mounts = {
+        config_dir: "/etc/nightshift/config:ro",
+        write_secrets(tmp_path / "nightshift-secrets", webhook_token=token): f"{SECRET_DIR}:ro",
+    }
+    env = {item["name"]: item["value"] for item in pod["env"]}
+    mounted = {mount["mountPath"] for mount in pod["volumeMounts"]}
+
+    assert {"/etc/nightshift/config", "/var/lib/nightshift", "/tmp"} <= mounted
+    assert f"/var{SECRET_DIR}" in mounted
+    with serving(image, container, tmp_path, image.config["Entrypoint"] + pod["args"], mounts, env) as (
+        base,
+        _,
+    ):
+        posted = requests.post(
+            f"{base}/api/v1/alerts",
+            data=(REPO / "alerts" / "examples" / "nccl-error.json").read_bytes(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            timeout=10,
+        )
+        assert posted.status_code == 200, posted.text  # committed to the store's inbox
