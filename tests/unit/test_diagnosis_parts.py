@@ -1,0 +1,204 @@
+"""The parts of app.diagnosis: who wrote a line, required literals, py-spy dumps, and the rules that keep healthy
+runs quiet and name the culprit (each shown on the smallest log that exercises it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.diagnosis import BENIGN, Culprit, Diagnosis, diagnose
+from app.diagnosis.lines import normalise_pci, parse_line
+from app.diagnosis.signatures import required_literals
+from app.diagnosis.stacks import judge, parse_dumps
+
+# --- who wrote a line -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "rank", "host", "gpu"),
+    [
+        ("[rank3]:[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught", 3, None, None),
+        ("[default5]:RuntimeError: boom", 5, None, None),
+        ("12: KeyError: 'x'", 12, None, None),
+        ("node-17: [rank9]: OSError: [Errno 116] Stale file handle", 9, "node-17", None),
+        ("[pod/llama-worker-3/pytorch] [rank3]: RuntimeError: x", 3, "llama-worker-3", None),
+        (
+            "gpu-h3:55120:55120 [6] include/alloc.h:103 NCCL WARN Cuda failure 2 'out of memory'",
+            None,
+            "gpu-h3",
+            "6",
+        ),
+        ("Mar  3 04:12:55 gpu-a07 kernel: NVRM: Xid (PCI:0000:c1:00): 79, pid=1", None, "gpu-a07", None),
+        (
+            "2025-02-11T13:01:44+00:00 hgx-07 kernel: NVRM: Xid (PCI:0000:b3:00): 74, pid=9",
+            None,
+            "hgx-07",
+            None,
+        ),
+        ("2025-03-02T04:12:07.331Z gpu-c12 [stderr] [rank27]: x", 27, "gpu-c12", None),
+        ("srun: error: gpu-e09: task 12: Out Of Memory", 12, "gpu-e09", None),
+        (
+            "AssertionError: Rank 13: found NaN in local forward loss calculation. Device: 5, node: gpu-d04",
+            13,
+            "gpu-d04",
+            "5",
+        ),
+        ("/job:jax_worker/replica:0/task:3", 3, None, None),
+        ("fp16: True", None, None, None),  # a config key is not a host
+        ("RuntimeError: CUDA error", None, None, None),
+    ],
+)
+def test_parse_line_reads_rank_host_and_gpu(raw, rank, host, gpu):
+    line = parse_line(0, raw)
+    assert (line.rank, line.host, line.gpu) == (rank, host, gpu)
+
+
+def test_parse_line_reads_timestamps_with_and_without_a_year():
+    iso = parse_line(0, "2025-02-01T12:00:02Z step 1 loss 2.0").time
+    glog = parse_line(0, "I0201 12:00:02.118 1 train.py:3] step 1 loss 2.0").time
+    assert iso is not None and glog is not None
+    assert iso - glog == pytest.approx((2025 - 2000) * 365.25 * 86400, rel=0.001)  # glog has no year: 2000
+
+
+@pytest.mark.parametrize("text", ["0000:3b:00", "00000000:3B:00.0", "3b000", "3B:00.0"])
+def test_normalise_pci_agrees_across_nvrm_dcgm_and_nccl(text):
+    assert normalise_pci(text) == "0000:3b:00"
+
+
+def test_required_literals():
+    assert required_literals("Stale file handle") == ("stale file handle",)
+    assert required_literals(r"(?i)\bnfs: server \S+ not responding|LustreError: ") == (
+        " not responding",  # the longest certain run of each branch
+        "lustreerror: ",
+    )
+    assert required_literals(r"\d+/\d+ \[") is None  # nothing of three characters is certain
+
+
+# --- py-spy dumps -----------------------------------------------------------------------------------------
+
+
+def _dump(node: str, rank: int, frames: list[str]) -> str:
+    pid = 100 + rank
+    body = "".join(f"    {frame}\n" for frame in frames)
+    header = f"==> py-spy node={node} rank={rank} pid={pid} <==\nProcess {pid}: python t.py\n\n"
+    return header + f'Thread {pid} (idle): "MainThread"\n{body}'
+
+
+COLLECTIVE = ["all_reduce (torch/distributed/distributed_c10d.py:2288)", "step (t.py:10)"]
+
+
+def test_stacks_one_rank_elsewhere_is_the_culprit():
+    text = "".join(_dump("n1" if r < 2 else "n2", r, COLLECTIVE) for r in range(3))
+    text += _dump("n2", 3, ["compute (t.py:40)", "step (t.py:11)"])
+    verdict = judge(parse_dumps(text.splitlines()))
+    assert verdict is not None and verdict.category == "hang"
+    assert verdict.culprit is not None and (verdict.culprit.node, verdict.culprit.rank) == ("n2", 3)
+
+
+def test_stacks_all_in_one_collective_point_at_the_network():
+    verdict = judge(parse_dumps("".join(_dump("n1", r, COLLECTIVE) for r in range(4)).splitlines()))
+    assert verdict is not None and (verdict.category, verdict.culprit) == ("nccl_network", None)
+
+
+def test_stacks_in_io_are_storage_and_agents_are_left_out():
+    io = ["read (data.py:5)", "load (data.py:9)"]
+    agent = ["_monitor_workers (torch/distributed/elastic/agent/server/local_elastic_agent.py:300)"]
+    text = "".join(_dump("n1", r, io) for r in range(2)) + _dump("n1", 9, agent)
+    stacks = parse_dumps(text.splitlines())
+    assert [s.rank for s in stacks] == [0, 1]
+    verdict = judge(stacks)
+    assert verdict is not None and verdict.category == "storage_io"
+
+
+def test_plain_py_spy_output_without_headers_is_read():
+    text = (
+        'Process 42: python t.py\nPython v3.11.7\n\nThread 42 (active): "MainThread"\n    read (data.py:5)\n'
+    )
+    (stack,) = parse_dumps(text.splitlines())
+    assert (stack.pid, stack.rank, stack.frames) == (42, None, ("read (data.py:5)",))
+
+
+# --- quiet on healthy runs ----------------------------------------------------------------------------------
+
+
+PROGRESS = "\n".join(f"step {n} loss {2 - n / 1000:.3f}" for n in range(100, 104))
+
+
+def test_errors_followed_by_sustained_progress_are_survived():
+    result = diagnose(
+        {}, 'botocore.exceptions.ReadTimeoutError: Read timeout on endpoint URL: "https://s3/x"\n' + PROGRESS
+    )
+    assert result.category == BENIGN and not result.actionable
+    assert "object store timeouts followed by 4 progress lines" in result.summary
+
+
+def test_the_label_of_a_survived_error_does_not_flag_the_run():
+    labels = {"alertname": "TrainingJobError", "error_class": "object_store_timeout"}
+    text = "An error occurred (SlowDown) when calling the GetObject operation: reduce your rate\n" + PROGRESS
+    assert diagnose(labels, text).category == BENIGN
+    assert diagnose(labels, text.splitlines()[0]).category == "object_store_timeout"
+
+
+def test_a_recovery_marker_cancels_its_category():
+    down = "nfs: server fs1 not responding, still trying"
+    assert diagnose({}, down).category == "storage_io"
+    assert diagnose({}, f"{down}\nnfs: server fs1 OK").category == BENIGN
+
+
+def test_errors_after_a_cancel_are_shutdown_noise_but_errors_before_it_are_not():
+    cancel = "slurmstepd: error: *** JOB 5 ON n1 CANCELLED AT 2025-01-01T00:00:00 ***"
+    noise = "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15"
+    assert diagnose({}, f"{cancel}\n{noise}").category == BENIGN
+    oom = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB"
+    assert diagnose({}, f"{oom}\n{cancel}\n{noise}").category == "cuda_oom"
+
+
+def test_a_long_gap_before_the_time_limit_is_a_hang():
+    progress = "\n".join(f"[2025-02-01 06:{m:02d}:00] step {m} loss 1.9" for m in range(50, 59))
+    limit = "slurmstepd: error: *** JOB 9 ON n4 CANCELLED AT {} DUE TO TIME LIMIT ***"
+    hang = diagnose({}, progress + "\n" + limit.format("2025-02-01T12:00:00"))
+    assert hang.category == "hang" and "5h 02m" in hang.summary
+    assert diagnose({}, progress + "\n" + limit.format("2025-02-01T06:59:30")).category == BENIGN
+
+
+def test_actionable_and_the_culprit_in_the_stored_dict():
+    fault = Diagnosis("gpu_hardware", 0.9, "s", culprit=Culprit("n7", 3, "5", ("line",)))
+    assert fault.actionable and fault.as_dict()["culprit"] == {
+        "node": "n7",
+        "rank": 3,
+        "gpu": "5",
+        "evidence": ["line"],
+    }
+    for category in ("benign", "unknown"):
+        assert not Diagnosis(category, 0.5, "s").actionable
+        assert Diagnosis(category, 0.5, "s").as_dict()["actionable"] is False
+
+
+# --- the culprit ------------------------------------------------------------------------------------------
+
+
+def test_the_rank_that_does_not_report_the_timeout_is_the_culprit():
+    timeout = (
+        "[rank{0}]:[E1 00:00:00.0 ProcessGroupNCCL.cpp:607] [Rank {0}] Watchdog caught collective operation "
+        "timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, Timeout(ms)=600000) ran for 600001 ms"
+    )
+    table = "n{1}:1:1 [{2}] NCCL INFO comm 0x1 rank {0} nranks 4 cudaDev {2} busId 1b000 - Init COMPLETE"
+    text = "\n".join(
+        [table.format(r, r // 2, r % 2) for r in range(4)] + [timeout.format(r) for r in (0, 1, 3)]
+    )
+    result = diagnose({"Hostname": "n0"}, text)
+    assert result.category == "nccl_network"
+    assert result.culprit is not None and (result.culprit.rank, result.culprit.node, result.culprit.gpu) == (
+        2,
+        "n1",
+        "0",
+    )
+    assert "culprit rank 2 on n1 GPU 0" in result.summary
+    assert "The alert came from n0; the log points at n1." in result.summary
+
+
+def test_an_xid_pci_address_maps_to_the_gpu_of_the_alert_labels():
+    labels = {"Hostname": "n3", "gpu": "5", "pci_bus_id": "00000000:87:00.0"}
+    result = diagnose(
+        labels, "[ 1.0] NVRM: Xid (PCI:0000:87:00): 79, pid=1, name=python, GPU has fallen off the bus."
+    )
+    assert result.culprit is not None and (result.culprit.node, result.culprit.gpu) == ("n3", "5")
