@@ -200,7 +200,7 @@ def serve(tmp_path: Path, operator_token: str | None) -> Iterator[Site]:
     (tmp_path / "viewer.token").write_text(VIEWER_TOKEN)
     settings.access.viewer_token_file = str(tmp_path / "viewer.token")
     settings.guards.blast_radius_max_nodes = 10
-    settings.episodes.correlation_seconds = 0  # seeded incidents act at once; the episode window is tested elsewhere
+    settings.episodes.correlation_seconds = 0  # seeded incidents act at once (episodes are tested elsewhere)
     settings.grafana.url = "http://grafana.test:3000"
     settings.grafana.dashboard_uid = "nightshift-remediation"
     if operator_token:
