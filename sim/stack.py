@@ -132,14 +132,14 @@ class PrometheusServer:
         assert body["status"] == "success", f"{expr}: {body}"
         return body["data"]["result"]
 
-    def alerts(self, name: str, state: str = "firing") -> list[dict[str, Any]]:
-        """Alerts ``name`` in ``state`` (pending | firing) as the rule manager holds them now."""
+    def alerts(self, name: str | None = None, state: str = "firing") -> list[dict[str, Any]]:
+        """Alerts ``name`` (None: every alert) in ``state`` (pending | firing) as the rule manager holds them now."""
         response = requests.get(f"{self.url}/api/v1/alerts", timeout=10)
         response.raise_for_status()
         return [
             alert
             for alert in response.json()["data"]["alerts"]
-            if alert["labels"].get("alertname") == name and alert["state"] == state
+            if name in (None, alert["labels"].get("alertname")) and alert["state"] == state
         ]
 
     def log_tail(self) -> str:
