@@ -387,7 +387,7 @@ def test_decoder_recursion_is_a_payload_error():
 
 def test_modules_stay_pure():
     code = (
-        "import sys, app.alertmanager, app.matchers, app.guards, app.repair_policy; "
+        "import sys, app.alertmanager, app.matchers, app.guards, app.repair_policy, app.framing; "
         "io = ('flask', 'requests', 'sqlalchemy', 'socket', 'urllib.request'); "
         "bad = [m for m in io if m in sys.modules]; "
         "print(bad); sys.exit(1 if bad else 0)"
