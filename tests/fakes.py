@@ -271,3 +271,81 @@ class FakeNodeShell:
 
     def close(self) -> None:
         pass
+
+
+def node_repair_playbook(name: str, scheduler: str, node_repair: str) -> str:
+    """A node-scoped playbook for repair tests: its ``node_repair:`` section is ``node_repair`` (YAML flow style)."""
+    read = (
+        'slurm.job_info, with: {job: "1"}'
+        if scheduler == "slurm"
+        else "kubernetes.pod_logs, with: {namespace: default, pod: p}"
+    )
+    return (
+        f"apiVersion: nightshift/v1\nkind: Playbook\nmetadata: {{name: {name}}}\n"
+        "match: ['alertname=\"GpuXidError\"']\n"
+        f'target: {{scheduler: {scheduler}, node: "{{{{ labels.Hostname }}}}"}}\n'
+        f"steps: [{{action: {read}}}]\nnode_repair: {node_repair}\n"
+    )
+
+
+class RepairBench:
+    """The node repair worker over a fresh store of ``settings``, with the given playbooks (YAML), grants, clients
+    and clock: requests, rows and the ledger for repair tests."""
+
+    def __init__(
+        self, settings: Any, *, playbooks: str, grants: Any, clients: Any, clock: Any, registry: Any = None
+    ):
+        from app.actions import default_registry
+        from app.diagnosis import diagnose
+        from app.engine.deps import EngineDeps
+        from app.engine.repair import NodeRepairs
+        from app.metrics import Metrics
+        from app.permissions import Grant, Permissions
+        from app.playbooks import PlaybookSet, parse_playbooks
+        from app.store import Store
+
+        registry = registry or default_registry()
+        self.clock = clock
+        self.store = Store.from_url(settings.resolved_store_url, clock)
+        self.store.create_schema()
+        self.metrics = Metrics()
+        self.deps = EngineDeps(
+            settings=settings,
+            store=self.store,
+            playbooks=PlaybookSet(parse_playbooks(playbooks, "repair.yaml", registry)),
+            registry=registry,
+            permissions=Permissions(Grant(action=name) for name in grants),
+            clients=clients,
+            clock=clock,
+            metrics=self.metrics,
+            diagnose=diagnose,
+        )
+        self.worker = NodeRepairs(self.deps)
+
+    def request(
+        self, node: str, scheduler: str, playbook: str | None = None, incident_id: int | None = None
+    ) -> int:
+        from app.store import repairs
+
+        with self.store.transaction() as conn:
+            return repairs.request_repair(
+                conn, node=node, scheduler=scheduler, playbook=playbook, incident_id=incident_id,
+                reason="Xid 79 on GPU 3", now=self.clock.now(),
+            )  # fmt: skip
+
+    def row(self, repair_id: int) -> dict[str, Any]:
+        from app.store import repairs
+
+        with self.store.read() as conn:
+            row = repairs.get_repair(conn, repair_id)
+        assert row is not None
+        return row
+
+    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
+        from app.store import records
+
+        with self.store.read() as conn:
+            return [r for r in records.iter_ledger(conn) if kind is None or r["kind"] == kind]
+
+    def close(self) -> None:
+        self.store.dispose()

@@ -6,23 +6,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.actions import default_registry
 from app.clients import Clients
 from app.clock import SystemClock
-from app.diagnosis import diagnose
-from app.engine.deps import EngineDeps
-from app.engine.repair import NodeRepairs
-from app.metrics import Metrics
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState
-from app.store import Store, repairs
+from tests.fakes import RepairBench, node_repair_playbook
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import KubeAdmin, KubeCluster
 
@@ -31,43 +23,23 @@ pytestmark = pytest.mark.integration
 GRANTS = ("kubernetes.cordon_node", "kubernetes.validate_node", "kubernetes.uncordon_node")
 POOL_LABEL = "nightshift.test/pool"
 # As the shipped gpu-xid playbook writes it: no `run`, which the repair sets to its id (the pod's name).
-PLAYBOOK = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-k8s}
-match: ['alertname="GpuXidError"']
-target: {scheduler: kubernetes, node: "{{ labels.Hostname }}"}
-steps:
-  - action: kubernetes.pod_logs
-    with: {namespace: default, pod: p}
-node_repair:
-  validate:
-    action: kubernetes.validate_node
-    with: {node: "{{ node.name }}", timeout_seconds: 30}
-"""
+PLAYBOOK = node_repair_playbook(
+    "xid-k8s",
+    "kubernetes",
+    '{validate: {action: kubernetes.validate_node, with: {node: "{{ node.name }}", timeout_seconds: 30}}}',
+)
 
 
-@dataclass
-class Repairs:
-    worker: NodeRepairs
-    store: Store
+class Repairs(RepairBench):
+    """The repair worker on the test apiserver; the test plays the kubelet of the nodes in ``exit_codes``."""
+
     admin: KubeAdmin
     kubelet: FakeKubelet
     namespace: str
-    exit_codes: dict[str, int] = field(default_factory=dict)
+    exit_codes: dict[str, int]
 
-    def request(self, node: str, playbook: str | None = None) -> int:
-        with self.store.transaction() as conn:
-            return repairs.request_repair(
-                conn, node=node, scheduler="kubernetes", playbook=playbook, incident_id=None,
-                reason="Xid 79 on GPU 3", now=SystemClock().now(),
-            )  # fmt: skip
-
-    def row(self, repair_id: int) -> dict[str, Any]:
-        with self.store.read() as conn:
-            row = repairs.get_repair(conn, repair_id)
-        assert row is not None
-        return row
+    def request(self, node: str, playbook: str | None = None) -> int:  # type: ignore[override]
+        return super().request(node, "kubernetes", playbook)
 
     def settle(self, *repair_ids: int, timeout: float = 60) -> list[dict[str, Any]]:
         """Work (and play the kubelet) until every repair is held or settled, or is waiting on a guard."""
@@ -99,24 +71,17 @@ def node_repairs(
     settings.repair.return_timeout_seconds = 30
     settings.guards.node_pool_label = POOL_LABEL
     settings.guards.blast_radius_max_share = 0.5
-    store = Store.from_url(settings.resolved_store_url)
-    store.create_schema()
     clients = Clients(settings)
-    registry = default_registry()
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(PLAYBOOK, "xid.yaml", registry)),
-        registry=registry,
-        permissions=Permissions(Grant(action=name) for name in GRANTS),
-        clients=clients,
-        clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
+    bench = Repairs(settings, playbooks=PLAYBOOK, grants=GRANTS, clients=clients, clock=SystemClock())
+    bench.admin, bench.kubelet, bench.namespace, bench.exit_codes = (
+        kube_admin,
+        fake_kubelet,
+        kube_namespace,
+        {},
     )
-    yield Repairs(NodeRepairs(deps), store, kube_admin, fake_kubelet, kube_namespace)
+    yield bench
     clients.close()
-    store.dispose()
+    bench.close()
 
 
 def make_node(admin: KubeAdmin, kubelet: FakeKubelet, pool: str, **options: Any) -> str:

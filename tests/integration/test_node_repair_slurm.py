@@ -1,30 +1,22 @@
 """The node repair lifecycle on a real Slurm 22.05 over real SSH: drain -> validate (a command run over SSH "on" the
 node: every node of the test cluster is 127.0.0.1 behind the one sshd, ``slurm.node_ssh_host``) -> resume or hold.
 
-The validation command is ``test -e <dir>/healthy-<node>``: the test decides the verdict by creating the file."""
+The validation command is ``test -e <verdicts>/healthy-<node>``: the test decides the verdict by creating the file."""
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from app.actions import default_registry
 from app.clients import Clients
 from app.clock import SystemClock
-from app.diagnosis import diagnose
-from app.engine.deps import EngineDeps
-from app.engine.repair import NodeRepairs
-from app.metrics import Metrics
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState
-from app.store import Store, repairs
 from sim import faults
+from tests.fakes import RepairBench, node_repair_playbook
 from tests.fixtures.procs import wait_until
 from tests.fixtures.sim import SimCluster
 from tests.fixtures.slurm import SlurmCluster
@@ -32,80 +24,53 @@ from tests.fixtures.slurm import SlurmCluster
 pytestmark = pytest.mark.integration
 
 GRANTS = ("slurm.drain_node", "slurm.reboot_node", "slurm.validate_node", "slurm.resume_node")
-PLAYBOOKS = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-validate}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
-steps:
-  - action: slurm.job_info
-    with: {job: "1"}
-node_repair:
-  validate:
-    action: slurm.validate_node
-    with: {node: "{{ node.name }}", command: "test -e %(dir)s/healthy-{{ node.name }}", timeout_seconds: 20}
----
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-slow}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
-steps:
-  - action: slurm.job_info
-    with: {job: "1"}
-node_repair:
-  validate:
-    action: slurm.validate_node
-    with: {node: "{{ node.name }}", command: "sleep 37", timeout_seconds: 2}
----
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-reboot}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
-steps:
-  - action: slurm.job_info
-    with: {job: "1"}
-node_repair:
-  repair:
-    - action: slurm.reboot_node
-      with: {node: "{{ node.name }}", reason: "Xid reboot"}
-"""
+VALIDATE = (
+    '{validate: {action: slurm.validate_node, with: {node: "{{ node.name }}", command: "%s", '
+    "timeout_seconds: %d}}}"
+)
+PLAYBOOKS = "---\n".join(
+    [
+        node_repair_playbook(
+            "xid-validate", "slurm", VALIDATE % ("test -e VERDICTS/healthy-{{ node.name }}", 20)
+        ),
+        node_repair_playbook("xid-slow", "slurm", VALIDATE % ("sleep 37", 2)),
+        node_repair_playbook("xid-dcgmi", "slurm", VALIDATE % ("dcgmi diag -r 2 --host {{ node.name }}", 20)),
+        node_repair_playbook(
+            "xid-reboot",
+            "slurm",
+            '{repair: [{action: slurm.reboot_node, with: {node: "{{ node.name }}", reason: Xid}}]}',
+        ),
+    ]
+)
 
 
 def resumed(cluster: SlurmCluster, node: str) -> bool:
-    """Back in service: idle and not drained (slurmd may be late answering a ping on a loaded machine)."""
+    """Back in service: idle and not drained (slurmd may be late answering a ping on a loaded machine: the
+    not_responding flag is not ours to assert)."""
     base, *flags = cluster.node_state(node).split("+")
     return base == "idle" and "drain" not in flags
 
 
-@dataclass
-class Repairs:
-    worker: NodeRepairs
-    store: Store
+def drained(cluster: SlurmCluster, node: str) -> bool:
+    """Out of service and idle: drained, whatever a late ping adds."""
+    base, *flags = cluster.node_state(node).split("+")
+    return base == "idle" and "drain" in flags
+
+
+class Repairs(RepairBench):
+    """The repair worker on the test cluster; ``verdicts`` holds the files the validation command tests."""
+
     verdicts: Path
 
-    def request(self, node: str, playbook: str = "xid-validate") -> int:
-        with self.store.transaction() as conn:
-            return repairs.request_repair(
-                conn,
-                node=node,
-                scheduler="slurm",
-                playbook=playbook,
-                incident_id=None,
-                reason="Xid 79 on GPU 3",
-                now=SystemClock().now(),
-            )
+    def request(self, node: str, playbook: str = "xid-validate") -> int:  # type: ignore[override]
+        return super().request(node, "slurm", playbook)
 
     def settle(self, repair_id: int, timeout: float = 60) -> dict[str, Any]:
         """Work until the repair is held or settled (a real clock: waits are the settings' poll seconds)."""
 
         def settled() -> dict[str, Any] | None:
             self.worker.work_once("it")
-            with self.store.read() as conn:
-                row = repairs.get_repair(conn, repair_id)
-            assert row is not None
+            row = self.row(repair_id)
             return row if row["next_run_at"] is None else None
 
         row = wait_until(settled, timeout, f"repair {repair_id} settled", interval=0.2)
@@ -124,24 +89,18 @@ def node_repairs(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Repairs]
     verdicts = tmp_path / "verdicts"
     verdicts.mkdir()
     verdicts.chmod(0o755)
-    registry = default_registry()
-    store = Store.from_url(settings.resolved_store_url)
-    store.create_schema()
     clients = Clients(settings)
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(PLAYBOOKS % {"dir": verdicts}, "repair.yaml", registry)),
-        registry=registry,
-        permissions=Permissions(Grant(action=name) for name in GRANTS),
+    bench = Repairs(
+        settings,
+        playbooks=PLAYBOOKS.replace("VERDICTS", str(verdicts)),
+        grants=GRANTS,
         clients=clients,
         clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
     )
-    yield Repairs(NodeRepairs(deps), store, verdicts)
+    bench.verdicts = verdicts
+    yield bench
     clients.close()
-    store.dispose()
+    bench.close()
 
 
 def test_validation_passes_and_the_node_is_resumed(clean_slurm: SlurmCluster, node_repairs: Repairs) -> None:
@@ -162,7 +121,7 @@ def test_validation_fails_and_the_node_is_held_drained(
     assert repair["state"] == RepairState.HELD, repair
     assert repair["held_reason"].startswith("validation failed: validation `test -e ")
     assert repair["validation"]["exit_code"] == 1
-    assert clean_slurm.node_state("node2") == "idle+drain"
+    assert drained(clean_slurm, "node2")
     assert clean_slurm.node_reason("node2") == "nightshift: Xid 79 on GPU 3"
     # Released by a person: the node we drained is resumed.
     node_repairs.worker.release("node2", by="alice")
@@ -178,7 +137,7 @@ def test_a_validation_past_its_timeout_is_stopped_and_fails(
     assert (
         repair["held_reason"] == "validation failed: validation on node2 timed out after 2s: counts as failed"
     )
-    assert clean_slurm.node_state("node2") == "idle+drain"
+    assert drained(clean_slurm, "node2")
     # Stopped on the node: its process group is gone, and so is its directory.
     assert not Path(f"/tmp/nightshift-check-{repair['id']}").exists()
     assert not any(
@@ -202,7 +161,7 @@ def test_a_node_drained_by_someone_else_is_never_resumed(
     (node_repairs.verdicts / "healthy-node2").touch()
     repair = node_repairs.settle(node_repairs.request("node2"))
     assert repair["state"] == RepairState.NOT_OURS, repair
-    assert clean_slurm.node_state("node2") == "idle+drain"
+    assert drained(clean_slurm, "node2")
     assert clean_slurm.node_reason("node2") == "ops: reseating a cable"
 
 
@@ -213,7 +172,7 @@ def test_lemon_rule_holds_the_node(clean_slurm: SlurmCluster, node_repairs: Repa
     third = node_repairs.settle(node_repairs.request("node1"))
     assert third["state"] == RepairState.HELD
     assert third["held_reason"].startswith("lemon node: repaired 2 time(s) in the last 7d (limit 2)")
-    assert clean_slurm.node_state("node1") == "idle+drain"
+    assert drained(clean_slurm, "node1")
     assert node_repairs.worker.nodes()["held"][0]["node"] == "node1"
 
 
@@ -223,23 +182,7 @@ def test_a_reboot_slurm_refuses_holds_the_node(clean_slurm: SlurmCluster, node_r
     repair = node_repairs.settle(node_repairs.request("node2", playbook="xid-reboot"))
     assert repair["state"] == RepairState.HELD, repair
     assert repair["held_reason"].startswith("repair step 1 failed: `scontrol reboot ASAP nextstate=DOWN")
-    assert clean_slurm.node_state("node2") == "idle+drain"
-
-
-DCGMI_PLAYBOOK = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-dcgmi}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
-steps:
-  - action: slurm.job_info
-    with: {job: "1"}
-node_repair:
-  validate:
-    action: slurm.validate_node
-    with: {node: "{{ node.name }}", command: "dcgmi diag -r 2 --host {{ node.name }}", timeout_seconds: 20}
-"""
+    assert drained(clean_slurm, "node2")
 
 
 def test_dcgmi_verdict_follows_the_injected_fault(
@@ -248,16 +191,13 @@ def test_dcgmi_verdict_follows_the_injected_fault(
     """The simulator's dcgmi on the node (over SSH): an Xid 79 fails the software test and the node is held;
     once the fault is cleared (the GPU reset) the next repair validates and resumes it."""
     clean_slurm.attach_sim(sim_cluster.state_dir)
-    node_repairs.worker.deps.playbooks = PlaybookSet(
-        parse_playbooks(DCGMI_PLAYBOOK, "dcgmi.yaml", node_repairs.worker.deps.registry)
-    )
     try:
         faults.inject_xid(sim_cluster.state_dir, "node2", gpu=3, xid=79)
         held = node_repairs.settle(node_repairs.request("node2", playbook="xid-dcgmi"))
         assert held["state"] == RepairState.HELD, held
         assert held["validation"]["exit_code"] == 226
         assert "Detected XID 79 for GPU 3" in held["validation"]["output"]
-        assert clean_slurm.node_state("node2") == "idle+drain"
+        assert drained(clean_slurm, "node2")
         node_repairs.worker.release("node2", by="alice")
         node_repairs.settle(held["id"])
         faults.clear(sim_cluster.state_dir, node="node2")

@@ -3,7 +3,6 @@ and node shell at our CommandRunner seam (tests/fakes.py)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -14,33 +13,18 @@ from app.actions.slurm import ACTIONS as SLURM_ACTIONS
 from app.clients import Clients
 from app.clients.slurm import SlurmClient
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine.deps import EngineDeps
-from app.engine.repair import NodeRepairs
 from app.metrics import Metrics
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState, StepStatus
-from app.store import Store, records, repairs
-from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost
+from app.store import repairs
+from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, RepairBench, node_repair_playbook
 
-PLAYBOOK = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid-reboot}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}"}
-steps:
-  - action: slurm.job_info
-    with: {job: "1"}
-node_repair:
-  repair:
-    - action: slurm.reboot_node
-      with: {node: "{{ node.name }}", reason: "Xid reboot {{ node.name }}"}
-  validate:
-    action: slurm.validate_node
-    with: {node: "{{ node.name }}", command: "dcgmi diag -r 2", timeout_seconds: 60}
-"""
+PLAYBOOK = node_repair_playbook(
+    "xid-reboot",
+    "slurm",
+    '{repair: [{action: slurm.reboot_node, with: {node: "{{ node.name }}", reason: "Xid reboot {{ node.name }}"}}], '
+    'validate: {action: slurm.validate_node, with: {node: "{{ node.name }}", command: "dcgmi diag -r 2", '
+    "timeout_seconds: 60}}}",
+)
 ALL_GRANTS = ("slurm.drain_node", "slurm.reboot_node", "slurm.validate_node", "slurm.resume_node")
 NODES = ("node1", "node2", "node3", "node4", "node5", "node6", "node7", "node8")
 STORE_URL: str | None = (
@@ -48,33 +32,21 @@ STORE_URL: str | None = (
 )
 
 
-@dataclass
-class World:
-    repairs: NodeRepairs
-    store: Store
-    clock: FakeClock
+class World(RepairBench):
+    """The repair worker with a fake Slurm host and a fake shell per node."""
+
     slurm: FakeSlurmHost
     shells: dict[str, FakeNodeShell]
-    metrics: Metrics
 
     def request(
         self, node: str = "node2", playbook: str | None = "xid-reboot", incident_id: int | None = 7
     ) -> int:
-        with self.store.transaction() as conn:
-            return repairs.request_repair(
-                conn,
-                node=node,
-                scheduler="slurm",
-                playbook=playbook,
-                incident_id=incident_id,
-                reason="Xid 79 on GPU 3",
-                now=self.clock.now(),
-            )
+        return super().request(node, "slurm", playbook, incident_id)
 
     def run(self, limit: int = 50, step_seconds: float = 20) -> None:
         """Tick until nothing is due, advancing the clock past each wait (bounded)."""
         for _ in range(limit):
-            if self.repairs.work_once("w1") is None:
+            if self.worker.work_once("w1") is None:
                 with self.store.read() as conn:
                     waiting = [r for r in repairs.list_repairs(conn, open_only=True) if r["next_run_at"]]
                 if not waiting:
@@ -90,60 +62,41 @@ class World:
 
     def tick(self, times: int) -> None:
         for _ in range(times):
-            self.repairs.work_once("w1")
-
-    def repair(self, repair_id: int) -> dict[str, Any]:
-        with self.store.read() as conn:
-            row = repairs.get_repair(conn, repair_id)
-        assert row is not None
-        return row
-
-    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
-        with self.store.read() as conn:
-            rows = list(records.iter_ledger(conn))
-        return [r for r in rows if kind is None or r["kind"] == kind]
+            self.worker.work_once("w1")
 
     def counter(self, outcome: str) -> float:
-        return (
-            self.metrics.registry.get_sample_value("nightshift_node_repairs_total", {"outcome": outcome})
-            or 0.0
-        )
+        sample = self.metrics.registry.get_sample_value("nightshift_node_repairs_total", {"outcome": outcome})
+        return sample or 0.0
 
 
 def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any) -> World:
     clock = FakeClock()
-    registry = ActionRegistry(SLURM_ACTIONS)
     config = Settings(data_dir=str(tmp_path), store_url=STORE_URL)
     config.repair.poll_seconds = 15
     config.repair.return_timeout_seconds = 600
     for key, value in settings.items():
         section, name = key.split("__")
         setattr(getattr(config, section), name, value)
-    store = Store.from_url(config.resolved_store_url, clock)
-    store.create_schema()
     slurm = FakeSlurmHost(*NODES, reboot_polls=reboot_polls)
     shells = {node: FakeNodeShell(*validate, clock=clock) for node in NODES}
-    metrics = Metrics()
     clients = Clients(config, slurm=SlurmClient(slurm), **{f"node:{n}": shell for n, shell in shells.items()})
-    deps = EngineDeps(
-        settings=config,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(PLAYBOOK, "test.yaml", registry)),
-        registry=registry,
-        permissions=Permissions(Grant(action=name) for name in grants),
+    world = World(
+        config,
+        playbooks=PLAYBOOK,
+        grants=grants,
         clients=clients,
         clock=clock,
-        metrics=metrics,
-        diagnose=diagnose,
+        registry=ActionRegistry(SLURM_ACTIONS),
     )
-    return World(NodeRepairs(deps), store, clock, slurm, shells, metrics)
+    world.slurm, world.shells = slurm, shells
+    return world
 
 
 def test_drain_reboot_validate_resume(tmp_path):
     w = make_world(tmp_path)
     repair_id = w.request()
     w.run()
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert (repair["state"], repair["open_key"], repair["taken_out_by_us"]) == (
         RepairState.RETURNED,
         None,
@@ -174,14 +127,14 @@ def test_validation_fails_node_held_and_stays_out(tmp_path):
     w = make_world(tmp_path, validate=(226,))
     repair_id = w.request()
     w.run()
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert repair["held_reason"] == "validation failed: validation `dcgmi diag -r 2` exited 226 on node2"
     assert repair["open_key"] == "slurm/node2"  # held: still this node's open repair
     assert w.slurm.nodes["node2"].state == "down"  # never resumed
     assert not any("State=RESUME" in c for c in w.slurm.changes("node2"))
-    assert w.repairs.held() == 1 and w.counter("held") == 1
-    assert [n["node"] for n in w.repairs.nodes()["held"]] == ["node2"]
+    assert w.worker.held() == 1 and w.counter("held") == 1
+    assert [n["node"] for n in w.worker.nodes()["held"]] == ["node2"]
     # A new request for the held node is absorbed: it is not repaired again behind the person's back.
     assert w.request() == repair_id
     assert w.ledger("repair_absorbed")
@@ -191,7 +144,7 @@ def test_validation_timeout_counts_as_failed(tmp_path):
     w = make_world(tmp_path, validate=(None,))
     repair_id = w.request()
     w.run()
-    assert w.repair(repair_id)["held_reason"] == (
+    assert w.row(repair_id)["held_reason"] == (
         "validation failed: validation on node2 timed out after 60s: counts as failed"
     )
 
@@ -202,7 +155,7 @@ def test_a_node_drained_by_someone_else_is_never_resumed(tmp_path):
     w.slurm.nodes["node2"].reason = "alice: bad fan"
     repair_id = w.request()
     w.run()
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert (repair["state"], repair["taken_out_by_us"]) == (RepairState.NOT_OURS, False)
     assert w.slurm.changes("node2") == []  # not drained again, not rebooted, not resumed
     assert w.slurm.nodes["node2"].reason == "alice: bad fan"
@@ -212,7 +165,7 @@ def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
     w = make_world(tmp_path, reboot_polls=-1)
     repair_id = w.request()
     w.run(limit=100)
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert repair["held_reason"].startswith("node not back and validated by ")
     # Bounded: held within return_timeout (600 s) of the take-out, give or take one look.
@@ -227,23 +180,23 @@ def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
     for _ in range(2):
         repair_id = w.request()
         w.run()
-        assert w.repair(repair_id)["state"] == RepairState.RETURNED
+        assert w.row(repair_id)["state"] == RepairState.RETURNED
         w.clock.advance(hours=1)
     third = w.request()
     w.run()
-    repair = w.repair(third)
+    repair = w.row(third)
     assert repair["state"] == RepairState.HELD and repair["taken_out_by_us"]
     assert repair["held_reason"].startswith("lemon node: repaired 2 time(s) in the last 7d (limit 2)")
     assert w.slurm.nodes["node2"].reboots == 2  # taken out, not rebooted a third time
     assert "drain" in w.slurm.nodes["node2"].flags
     # Outside the window the count starts over.
     w.clock.advance(days=8)
-    w.repairs.release("node2", by="alice")
+    w.worker.release("node2", by="alice")
     w.run()
-    assert w.repair(third)["state"] == RepairState.RELEASED
+    assert w.row(third)["state"] == RepairState.RELEASED
     fourth = w.request()
     w.run()
-    assert w.repair(fourth)["state"] == RepairState.RETURNED
+    assert w.row(fourth)["state"] == RepairState.RETURNED
 
 
 def test_a_step_in_flight_at_a_crash_is_held_never_rerun(tmp_path):
@@ -256,7 +209,7 @@ def test_a_step_in_flight_at_a_crash_is_held_never_rerun(tmp_path):
         repairs.update_repair(conn, repair_id, w.clock.now(), step="repair:0", step_status=StepStatus.RUNNING)
     reboots = sum(1 for c in w.slurm.commands if c[1] == "reboot")
     w.run()
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert (
         repair["held_reason"]
@@ -269,7 +222,7 @@ def test_not_whitelisted_is_advisory_and_touches_nothing(tmp_path):
     w = make_world(tmp_path, grants=("slurm.drain_node", "slurm.resume_node"))
     repair_id = w.request()
     w.run()
-    repair = w.repair(repair_id)
+    repair = w.row(repair_id)
     assert repair["state"] == RepairState.ADVISORY and repair["open_key"] is None
     assert "slurm.reboot_node" in w.ledger("repair_plan")[0]["message"]
     assert w.slurm.changes("node2") == []
@@ -280,50 +233,50 @@ def test_blast_radius_counts_nodes_and_the_partition_share(tmp_path):
     w = make_world(tmp_path, guards__blast_radius_max_share=0.25, guards__blast_radius_max_nodes=3)
     first, second, third = (w.request(node) for node in ("node1", "node2", "node3"))
     w.spin(30)  # 10 minutes
-    states = [w.repair(r)["state"] for r in (first, second, third)]
+    states = [w.row(r)["state"] for r in (first, second, third)]
     assert states[:2] == [RepairState.RETURNED, RepairState.RETURNED]
     # Both count for the blast window (1 h) even back in service: node3 waits, its reason in its row and in
     # one ledger row (not one per look).
     assert states[2] == RepairState.REQUESTED
-    third_row = w.repair(third)
+    third_row = w.row(third)
     assert third_row["held_reason"].startswith(
         "2 of the 8 nodes of partition gpu taken out in the last 1h (limit 2"
     )
     assert len([r for r in w.ledger("guard") if r["data"]["repair_id"] == third]) == 1
     w.clock.advance(hours=1)
     w.run()
-    assert w.repair(third)["state"] == RepairState.RETURNED
+    assert w.row(third)["state"] == RepairState.RETURNED
 
 
 def test_operator_hold_and_release(tmp_path):
     w = make_world(tmp_path, validate=(1,))
     # A node with no repair: held, so a later request is absorbed and nothing is done to it.
-    w.repairs.hold("node5", by="bob", note="vendor RMA", scheduler="slurm")
-    assert w.repairs.node("node5")["current"]["held_reason"] == "held by bob: vendor RMA"
+    w.worker.hold("node5", by="bob", note="vendor RMA", scheduler="slurm")
+    assert w.worker.node("node5")["current"]["held_reason"] == "held by bob: vendor RMA"
     w.request("node5")
     w.run()
     assert w.slurm.changes("node5") == []
-    w.repairs.release("node5", by="bob")
-    assert w.repairs.node("node5")["current"]["state"] == RepairState.RELEASED
+    w.worker.release("node5", by="bob")
+    assert w.worker.node("node5")["current"]["state"] == RepairState.RELEASED
     # A held node we took out: release returns it (resume), as released.
     repair_id = w.request("node2")
     w.run()
-    assert w.repair(repair_id)["state"] == RepairState.HELD
+    assert w.row(repair_id)["state"] == RepairState.HELD
     with pytest.raises(ValueError, match="already held"):
-        w.repairs.hold("node2", by="bob")
-    w.repairs.release("node2", by="alice", note="replaced the GPU")
+        w.worker.hold("node2", by="bob")
+    w.worker.release("node2", by="alice", note="replaced the GPU")
     w.run()
-    assert w.repair(repair_id)["state"] == RepairState.RELEASED
+    assert w.row(repair_id)["state"] == RepairState.RELEASED
     assert w.slurm.changes("node2")[-1][-1] == "State=RESUME"
     with pytest.raises(LookupError):
-        w.repairs.release("node2", by="alice")
+        w.worker.release("node2", by="alice")
 
 
 def test_kill_switch_holds_a_requested_repair(tmp_path):
     w = make_world(tmp_path, guards__kill_switch=True)
     repair_id = w.request()
-    w.repairs.work_once("w1")
-    assert w.repair(repair_id)["state"] == RepairState.REQUESTED
+    w.worker.work_once("w1")
+    assert w.row(repair_id)["state"] == RepairState.REQUESTED
     assert w.slurm.changes("node2") == []
 
 
