@@ -7,6 +7,7 @@ down alone); one exporter may also serve several nodes.
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,8 @@ import requests
 from sim.procs import Daemon, free_port, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
+# Slurm's Prolog/Epilog writing dcgm-exporter's HPC job mapping (the simulated exporter reads the same files).
+HPC_JOB_MAPPING = REPO_ROOT / "deploy" / "slurm" / "hpc-job-mapping.sh"
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,8 @@ class ExporterSpec:
 @dataclass(frozen=True)
 class TrainerSpec:
     """A ``sim.trainer`` command line. ``node_ports`` (node → port), when given, replaces ``port``: the trainer
-    serves on the port of the node it runs on. ``rank``/``world_size`` place it in a multi-node job."""
+    serves on the port of the node it runs on; ``node_hosts`` (node → address): on the address of that node.
+    ``rank``/``world_size`` place it in a multi-node job."""
 
     name: str
     port: int
@@ -59,6 +63,7 @@ class TrainerSpec:
     rank: int = 0
     world_size: int = 1
     node_ports: tuple[tuple[str, int], ...] = ()
+    node_hosts: tuple[tuple[str, str], ...] = ()
     exit_on_gpu_fault: bool = False
 
     @property
@@ -68,6 +73,8 @@ class TrainerSpec:
     def argv(self, python: str = sys.executable) -> list[str]:
         ports = ",".join(f"{node}={port}" for node, port in self.node_ports)
         port = {"--node-ports": ports} if self.node_ports else {"--port": str(self.port)}
+        if self.node_hosts:
+            port["--node-hosts"] = ",".join(f"{node}={host}" for node, host in self.node_hosts)
         options = {
             "--name": self.name,
             **port,
@@ -162,7 +169,11 @@ class SimCluster:
         return self.restart(replace(spec, **options))
 
     def restart(self, spec: TrainerSpec) -> SimProcess:
-        """Start a trainer from ``spec`` (again: same identity and checkpoints, a new process and log)."""
+        """Start a trainer from ``spec`` (again: same identity and checkpoints, a new process and log). With a
+        Slurm job id, its node's GPUs are first mapped to the job as Slurm's prolog maps them: by running
+        deploy/slurm/hpc-job-mapping.sh; the mapping stays for the life of the cluster."""
+        if spec.slurm_job_id:
+            self.map_job(spec.slurm_job_id, spec.hostname, "prolog")
         runs = sum(1 for p in self.processes if isinstance(p.spec, TrainerSpec) and p.spec.name == spec.name)
         return self._start(f"{spec.name}-{runs}", spec, ready="training_step_total")
 
@@ -170,6 +181,18 @@ class SimCluster:
     def targets(self) -> list[str]:
         """Scrape targets of the exporters (trainers' targets are on their :class:`SimProcess`)."""
         return [process.target for process in self.exporters.values()]
+
+    def map_job(self, job: str, node: str, mode: str) -> None:
+        """Run the shipped prolog (``mode`` prolog) or epilog for ``job`` on ``node`` against this cluster's
+        mapping directory, with the environment slurmd would give it."""
+        env = {
+            "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+            "SLURM_JOB_ID": job,
+            "SLURMD_NODENAME": node,
+            "HPC_JOB_MAPPING_DIR": str(self.state_dir / "hpc-jobs" / "%n"),
+            "NODE_GPUS": f"0-{self.gpus - 1}",
+        }
+        subprocess.run([str(HPC_JOB_MAPPING), mode], env=env, check=True, capture_output=True, timeout=30)
 
     def close(self) -> None:
         for process in reversed(self.processes):

@@ -6,9 +6,10 @@ and GPU, the metrics of dcgm-exporter 3.3+/4.x with its exact names, types, help
 ``err_code``/``err_msg`` on the sticky Xid gauge; ``window_size_in_ms``/``xid`` on the Xid count; ``hpc_job``
 from the HPC job mapping; ``pod``/``namespace``/``container`` with ``--kubernetes``).
 
-Every scrape reads the state directory (:mod:`sim.statedir`): the faults (:mod:`sim.faults`), the job mapping
-``D/jobs/<node>`` and the trainers' status, which drives utilisation (busy while a job steps on the node, idle
-when it hangs). Nothing is kept in memory, so a restarted exporter reports the same faults.
+Every scrape reads the state directory (:mod:`sim.statedir`): the faults (:mod:`sim.faults`), the HPC job
+mapping ``D/hpc-jobs/<node>/<gpu>`` (dcgm-exporter's format, written by deploy/slurm/hpc-job-mapping.sh) and the
+trainers' status, which drives utilisation (busy while a job steps on the node, idle when it hangs). Nothing is
+kept in memory, so a restarted exporter reports the same faults.
 """
 
 from __future__ import annotations
@@ -167,13 +168,17 @@ class Exporter:
             ("Hostname", node),
             ("DCGM_FI_DRIVER_VERSION", gpus.DRIVER_VERSION),
         ]
-        job_file = statedir.job_mapping_path(self.state_dir, node)
-        hpc_job = job_file.read_text().strip() if job_file.exists() else ""
-        if hpc_job:
-            labels.append(("hpc_job", hpc_job))
         if self.kubernetes and load.pod:
             labels += [("pod", load.pod), ("namespace", load.namespace), ("container", "trainer")]
         return labels
+
+    def _job_labels(self, node: str, gpu: int, base: list[tuple[str, str]]) -> list[list[tuple[str, str]]]:
+        """``base`` once per job in the GPU's mapping file (``hpc_job`` added), or once as is without one."""
+        try:
+            jobs = (statedir.hpc_job_dir(self.state_dir, node) / str(gpu)).read_text().split()
+        except FileNotFoundError:
+            jobs = []
+        return [[*base, ("hpc_job", job)] for job in jobs] or [base]
 
     def samples(self, now: float | None = None) -> dict[str, list[str]]:
         """Sample lines per metric name for one scrape."""
@@ -189,13 +194,18 @@ class Exporter:
                     continue
                 events = fault_state.xid_events(node, gpu)
                 last_xid = events[-1].xid if events else 0
-                base = self._base_labels(node, gpu, load)
-                for name, value in gpu_values(load, gpu_faults, last_xid, now, self.rng).items():
-                    labels = base
-                    if name == "DCGM_FI_DEV_XID_ERRORS":
-                        labels = [*base, ("err_code", str(last_xid)), ("err_msg", gpus.xid_text(last_xid))]
-                    lines[name].append(f"{name}{{{_label_text(labels)}}} {_format_value(value)}")
-                lines[XID_COUNT[0]] += self._xid_count_lines(base, events, now)
+                # Like dcgm-exporter: one series per job mapped to the GPU (hpc_job), or one without the label.
+                for base in self._job_labels(node, gpu, self._base_labels(node, gpu, load)):
+                    for name, value in gpu_values(load, gpu_faults, last_xid, now, self.rng).items():
+                        labels = base
+                        if name == "DCGM_FI_DEV_XID_ERRORS":
+                            labels = [
+                                *base,
+                                ("err_code", str(last_xid)),
+                                ("err_msg", gpus.xid_text(last_xid)),
+                            ]
+                        lines[name].append(f"{name}{{{_label_text(labels)}}} {_format_value(value)}")
+                    lines[XID_COUNT[0]] += self._xid_count_lines(base, events, now)
         return lines
 
     def _xid_count_lines(

@@ -36,7 +36,7 @@ import yaml
 
 from app.config import CheckpointSettings, Settings, SlurmSettings
 from sim import faults
-from sim.cluster import REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
+from sim.cluster import HPC_JOB_MAPPING, REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
 from sim.procs import Daemon, free_port, wait_until
 from sim.webhook_sink import WebhookSink
 
@@ -79,16 +79,19 @@ def prometheus_config(
     rule_files: Sequence[str | Path] = (),
     alertmanager_url: str | None = None,
     self_address: str | None = None,
+    discovered: Sequence[Mapping[str, Any]] = (),
 ) -> dict[str, Any]:
     """A prometheus.yml as a dict: job ``targets`` scrapes ``host:port`` targets every second.
 
-    ``self_address`` adds job ``prometheus`` scraping the server itself (a series that always exists).
+    ``self_address`` adds job ``prometheus`` scraping the server itself (a series that always exists);
+    ``discovered`` adds scrape jobs as they are (e.g. ``http_sd_configs``).
     """
     scrape_configs: list[dict[str, Any]] = []
     if self_address:
         scrape_configs.append({"job_name": "prometheus", "static_configs": [{"targets": [self_address]}]})
     if targets:
         scrape_configs.append({"job_name": "targets", "static_configs": [{"targets": list(targets)}]})
+    scrape_configs += [dict(job) for job in discovered]
     config: dict[str, Any] = {
         "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
         "rule_files": [str(Path(path).resolve()) for path in rule_files],
@@ -156,6 +159,7 @@ def launch_prometheus(
     alertmanager_url: str | None = None,
     scrape_self: bool = True,
     find_binary: BinaryFinder = find_binary,
+    discovered: Sequence[Mapping[str, Any]] = (),
 ) -> PrometheusServer:
     """Start Prometheus under ``base_dir`` and wait until ``/-/ready``. The caller must ``stop()`` it.
 
@@ -166,7 +170,11 @@ def launch_prometheus(
     base_dir.mkdir(parents=True, exist_ok=True)
     address = f"127.0.0.1:{free_port()}"
     config = prometheus_config(
-        targets, rule_files, alertmanager_url, self_address=address if scrape_self else None
+        targets,
+        rule_files,
+        alertmanager_url,
+        self_address=address if scrape_self else None,
+        discovered=discovered,
     )
     config_path = base_dir / "prometheus.yml"
     config_path.write_text(yaml.safe_dump(config))
@@ -284,6 +292,9 @@ def launch_alertmanager(
 # --- Slurm + munge + sshd ----------------------------------------------------------------------------------------
 
 NODES = ("node1", "node2", "node3", "node4")
+# Each node's NodeAddr: a loopback address of its own (all of 127.0.0.0/8 reaches this host), so a job's progress
+# endpoint is <its node's address>:<the job's port> on every node, as on a real cluster, and a requeue moves it.
+NODE_ADDRESSES = {node: f"127.0.0.{index}" for index, node in enumerate(NODES, start=1)}
 
 SLURM_CONF = """\
 ClusterName=nightshift
@@ -316,11 +327,16 @@ ReturnToService=2
 JobRequeue=1
 SlurmctldTimeout=30
 SlurmdTimeout=30
+# dcgm-exporter's HPC job mapping, written on every node of a job at allocation (deploy/slurm/hpc-job-mapping.sh,
+# configured by the .conf beside it: SlurmCluster.attach_sim).
+Prolog={base}/slurm/hpc-job-mapping.sh
+Epilog={base}/slurm/hpc-job-mapping.sh
+PrologFlags=Alloc
 {node_lines}
 PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
 NODE_LINE = (
-    "NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} "
+    "NodeName={name} NodeHostname=localhost NodeAddr={addr} Port={port} "
     "CPUs=2 Sockets=1 CoresPerSocket=2 ThreadsPerCore=1 RealMemory=1000 State=UNKNOWN"
 )
 
@@ -376,11 +392,13 @@ class SlurmCluster:
 
     def attach_sim(self, state_dir: Path | None) -> None:
         """Point the node tools at the simulated cluster of ``state_dir`` (None: at none; dcgmi then cannot
-        reach a host engine)."""
+        reach a host engine), and the prolog/epilog's HPC job mapping at its ``hpc-jobs/<node>`` directories,
+        which its exporters read (None: at ``base/hpc-jobs``, read by nobody)."""
         link = self.sim_state
         link.unlink(missing_ok=True)
         if state_dir is not None:
             link.symlink_to(state_dir.resolve(), target_is_directory=True)
+        _write_mapping_conf(self.base, state_dir)
 
     def command(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """Run a Slurm client command here, against this cluster."""
@@ -500,6 +518,13 @@ def _write_node_tools(base: Path) -> Path:
     return bin_dir
 
 
+def _write_mapping_conf(base: Path, state_dir: Path | None) -> None:
+    """The configuration of deploy/slurm/hpc-job-mapping.sh, beside the link slurm.conf names as Prolog/Epilog."""
+    root = (state_dir.resolve() if state_dir is not None else base) / "hpc-jobs"
+    conf = f"HPC_JOB_MAPPING_DIR={root}/%n\nNODE_GPUS=0-7\nLOG_FILE={base}/slurm/log/hpc-job-mapping.log\n"
+    (base / "slurm" / "hpc-job-mapping.conf").write_text(conf)
+
+
 def _write_ssh_files(base: Path, port: int, slurm_conf: Path, keygen: str) -> tuple[Path, Path]:
     ssh_dir = base / "ssh"
     ssh_dir.mkdir()
@@ -539,7 +564,8 @@ def _ready(cluster: SlurmCluster, check: Callable[[], object], what: str) -> Non
 
 
 def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCluster:
-    """Start munged, slurmctld, slurmd node1..node4 (all on 127.0.0.1, told apart by their ``Port=``) and an
+    """Start munged, slurmctld, slurmd node1..node4 (each at its own loopback address, :data:`NODE_ADDRESSES`,
+    and told apart by its ``Port=``; Prolog/Epilog: deploy/slurm/hpc-job-mapping.sh) and an
     sshd whose ``SetEnv SLURM_CONF`` reaches commands run under ``bash -lc``, all state under ``base``. Those
     commands also find the simulator's node tools (``dcgmi``, :data:`NODE_TOOLS`) on their PATH, through the
     ``.profile`` of the home directory the sshd gives them; :meth:`SlurmCluster.attach_sim` points the tools at a
@@ -561,11 +587,16 @@ def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCl
 
     ctld_port, ssh_port, *node_ports = (free_port() for _ in range(2 + len(NODES)))
     slurm_conf = base / "slurm" / "slurm.conf"
-    node_lines = "\n".join(NODE_LINE.format(name=n, port=p) for n, p in zip(NODES, node_ports, strict=True))
+    node_lines = "\n".join(
+        NODE_LINE.format(name=n, port=p, addr=NODE_ADDRESSES[n])
+        for n, p in zip(NODES, node_ports, strict=True)
+    )
     slurm_conf.write_text(
         SLURM_CONF.format(base=base, ctld_port=ctld_port, node_lines=node_lines, nodes=",".join(NODES))
     )
     client_key, known_hosts = _write_ssh_files(base, ssh_port, slurm_conf, binaries["ssh-keygen"])
+    (base / "slurm" / "hpc-job-mapping.sh").symlink_to(HPC_JOB_MAPPING)  # the shipped script, run by slurmd
+    _write_mapping_conf(base, None)
     settings = Settings(
         data_dir=str(base / "data"),
         slurm=SlurmSettings(
@@ -798,8 +829,13 @@ def batch_argv(spec: TrainerSpec) -> list[str]:
 def submit_trainer_job(slurm: SlurmCluster, spec: TrainerSpec, nodes: Sequence[str]) -> str:
     """Submit ``spec`` as a requeueable batch job pinned to ``nodes``; the job id. One node: the batch script
     runs the trainer. Several: ``sbatch --nodes=N --ntasks-per-node=1 -w node1,node2`` and ``srun`` starts one
-    rank per node, which takes its rank, world size, node and job id from srun's environment."""
+    rank per node, which takes its rank, world size, node and job id from srun's environment. A spec with one
+    ``port`` for every node announces it in the job's comment (``nightshift.progress_port``, the convention
+    Nightshift's service discovery reads)."""
     launcher = "srun " if len(nodes) > 1 else ""
+    announce = (
+        [f"--comment=nightshift.progress_port={spec.port}"] if spec.port and not spec.node_ports else []
+    )
     wrap = f"cd {shlex.quote(str(REPO_ROOT))} && exec {launcher}{shlex.join(batch_argv(spec))}"
     placement = [f"--nodes={len(nodes)}", "--ntasks-per-node=1"] if len(nodes) > 1 else []
     # --open-mode=append: a requeued run adds to the log instead of replacing the first run's lines.
@@ -810,6 +846,7 @@ def submit_trainer_job(slurm: SlurmCluster, spec: TrainerSpec, nodes: Sequence[s
         f"--nodelist={','.join(nodes)}",
         f"--job-name={spec.name}",
         "--open-mode=append",
+        *announce,
     )
 
 
@@ -831,9 +868,6 @@ class Stack:
     alertmanager: AlertmanagerServer
     prometheus: PrometheusServer
     nightshift: NightshiftServer
-    trainer_ports: dict[
-        str, int
-    ]  # node → the port its training job serves metrics on (one scrape target each)
     playbooks: Path
     operator_token_file: Path
     notices: (
@@ -844,8 +878,10 @@ class Stack:
 
     def submit_trainer(self, name: str, nodes: str | Sequence[str], **options: Any) -> str:
         """Submit ``sim.trainer`` to ``nodes`` (a node name, or several for a multi-node job) with
-        :func:`submit_trainer_job`; the job id. Each rank serves metrics on its node's port of
-        :attr:`trainer_ports`, which Prometheus scrapes, and checkpoints under ``sim/checkpoints/<name>/``.
+        :func:`submit_trainer_job`; the job id. The job gets a port of its own, announced in its comment
+        (``nightshift.progress_port``); each rank serves metrics on that port at its node's address
+        (:data:`NODE_ADDRESSES`), where Prometheus finds it through Nightshift's service discovery, and
+        checkpoints under ``sim/checkpoints/<name>/``.
         ``options`` are :class:`TrainerSpec` fields (step_seconds, checkpoint_every...); ``exit_on_gpu_fault``
         defaults to True for a multi-node job (a fatal Xid on one of its nodes ends every rank with its NCCL
         error) and to False for one node (the job keeps stepping; the exporter shows the fault)."""
@@ -853,8 +889,8 @@ class Stack:
         options.setdefault("exit_on_gpu_fault", len(names) > 1)
         spec = TrainerSpec(
             name=name,
-            port=0,
-            node_ports=tuple(self.trainer_ports.items()),
+            port=free_port(),
+            node_hosts=tuple(NODE_ADDRESSES.items()),
             state_dir=self.sim.state_dir,
             checkpoint_dir=self.sim.base_dir / "checkpoints" / name,
             hostname="",
@@ -965,10 +1001,10 @@ def launch_stack(
     """Start, under ``base``: the simulated exporters of every node of :data:`NODES` (and ``slurm``'s node tools
     pointed at them: :meth:`SlurmCluster.attach_sim`), the Grafana stand-in, Alertmanager (the shipped
     alerts/alertmanager.yml pointed at Nightshift, 1 s group timers), Prometheus (rules/sim/, scraping the
-    exporters, each node's trainer port and Nightshift's /metrics) and ``nightshift serve`` acting on ``slurm``
-    over SSH with the fast playbooks (:func:`fast_playbooks`). ``permissions``: whitelist the Slurm actions
-    (examples/permissions.yaml: drain, requeue, resume; and :data:`REPAIR_GRANTS`: validate), else Nightshift is
-    advisory."""
+    exporters, Nightshift's /metrics and the training jobs Nightshift's ``/api/v1/sd/training`` lists) and
+    ``nightshift serve`` acting on ``slurm`` over SSH with the fast playbooks (:func:`fast_playbooks`).
+    ``permissions``: whitelist the Slurm actions (examples/permissions.yaml: drain, requeue, resume; and
+    :data:`REPAIR_GRANTS`: validate), else Nightshift is advisory."""
     base.mkdir(parents=True, exist_ok=True)
     closers = contextlib.ExitStack()
     with closers:
@@ -981,7 +1017,6 @@ def launch_stack(
         slurm.attach_sim(sim.state_dir)
         closers.callback(slurm.attach_sim, None)
         nightshift_port = free_port()
-        trainer_ports = {node: free_port() for node in NODES}
         nightshift_url = f"http://127.0.0.1:{nightshift_port}"
         grafana = launch_grafana_standin(base / "grafana", grafana_token)
         closers.callback(grafana.stop)
@@ -995,10 +1030,25 @@ def launch_stack(
             find_binary,
         )
         closers.callback(alertmanager.stop)
-        trainers = [f"127.0.0.1:{port}" for port in trainer_ports.values()]
-        targets = [*sim.targets, *trainers, f"127.0.0.1:{nightshift_port}"]
+        # Training jobs are found the way a real deployment finds them: Nightshift's Slurm service discovery.
+        training = {
+            "job_name": "training",
+            "http_sd_configs": [
+                {
+                    "url": f"{nightshift_url}/api/v1/sd/training",
+                    "refresh_interval": "1s",
+                    # type explicitly: Prometheus 2.42's http_sd omits the default "Bearer" (sends the bare token).
+                    "authorization": {"type": "Bearer", "credentials_file": str(viewer_token)},
+                }
+            ],
+        }
         prometheus = launch_prometheus(
-            base / "prometheus", targets, FAST_RULES, alertmanager.url, find_binary=find_binary
+            base / "prometheus",
+            [*sim.targets, f"127.0.0.1:{nightshift_port}"],
+            FAST_RULES,
+            alertmanager.url,
+            find_binary=find_binary,
+            discovered=[training],
         )
         closers.callback(prometheus.stop)
         playbooks = fast_playbooks(base / "playbooks")
@@ -1019,7 +1069,7 @@ def launch_stack(
             "prometheus": {"url": prometheus.url},
             "grafana": {"url": grafana.url, "token_file": str(grafana_token)},
             "notify": {"webhook_url": notices.url("/notify")},
-            "slurm": dataclasses.asdict(slurm.settings.slurm),
+            "slurm": {**dataclasses.asdict(slurm.settings.slurm), "discovery_cache_seconds": 1},
             "checkpoint": {"allowed_roots": [str(sim.base_dir / "checkpoints")]},
             "worker": {"poll_seconds": 0.5},
             # A repair looks again every second while a validation runs (default 15 s): the demo runs in minutes.
@@ -1035,7 +1085,6 @@ def launch_stack(
             alertmanager=alertmanager,
             prometheus=prometheus,
             nightshift=nightshift,
-            trainer_ports=trainer_ports,
             playbooks=playbooks,
             operator_token_file=operator_token,
             notices=notices,

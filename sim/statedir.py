@@ -3,7 +3,7 @@
 Layout (``D`` is ``--state-dir``)::
 
     D/faults.json              injected faults (sim.faults); written under D/.lock
-    D/jobs/<node>              Slurm job id running on <node> (dcgm-exporter's HPC job mapping)
+    D/hpc-jobs/<node>/<gpu>    Slurm job ids on that GPU, one a line (dcgm-exporter's HPC job mapping)
     D/trainers/<name>.json     each trainer's status: pid, node, phase (running|hung|failed|exited), step, ...
     D/trainers/<name>.rank<N>.json   the same for rank N > 0 of a multi-node job
     D/nodes/<node>/kern.log    dmesg-style kernel log lines (Xid events)
@@ -28,8 +28,10 @@ def faults_path(state_dir: Path) -> Path:
     return state_dir / "faults.json"
 
 
-def job_mapping_path(state_dir: Path, node: str) -> Path:
-    return state_dir / "jobs" / node
+def hpc_job_dir(state_dir: Path, node: str) -> Path:
+    """dcgm-exporter's ``--hpc-job-mapping-dir`` of ``node``: a file per GPU index holding job ids, one a line
+    (written by deploy/slurm/hpc-job-mapping.sh)."""
+    return state_dir / "hpc-jobs" / node
 
 
 def trainer_status_path(state_dir: Path, name: str, rank: int = 0) -> Path:

@@ -10,8 +10,7 @@ checkpoint (logging ``resuming from step N``; the ranks of a multi-node job each
 from the newest step all of them saved) after checking its sha256, and fails with PyTorch's
 ``PytorchStreamReader failed reading zip archive: failed finding central directory`` when it is corrupt. It
 serves the training metrics of rules/README.md on ``/metrics`` with ``nightshift_progress`` (progress/, the
-library real training scripts use), writes its Slurm job id to ``D/jobs/<Hostname>``
-(dcgm-exporter's job mapping) and its status to ``D/trainers/<name>[.rank<N>].json``.
+library real training scripts use) and writes its status to ``D/trainers/<name>[.rank<N>].json``.
 
 Identity: ``--slurm-job-id`` (default ``$SLURM_JOB_ID``), ``--hostname`` (default ``$SLURMD_NODENAME``, then
 the host name), ``--namespace``/``--pod`` (default ``$POD_NAMESPACE``/``$POD_NAME``).
@@ -33,7 +32,6 @@ training step of a lone process); without it the rank ignores GPU faults (the ex
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import random
@@ -177,9 +175,6 @@ class Trainer:
                 return str(peer.get("hostname", ""))
         return None
 
-    def _job_mapping(self) -> Path:
-        return statedir.job_mapping_path(self.state_dir, self.identity.hostname)
-
     def _context(self, gpu: int = 0) -> logtext.Context:
         ident = self.identity
         return logtext.Context(ident.hostname, os.getpid(), ident.name, self.step, gpu=gpu, rank=ident.rank)
@@ -283,8 +278,6 @@ class Trainer:
             f"{self.prefix} {ident.name} on {ident.hostname}, rank {ident.rank} of {ident.world_size}, slurm job "
             f"{ident.slurm_job_id or '-'}, :{self.port}"
         )
-        if ident.slurm_job_id:
-            statedir.write_atomic(self._job_mapping(), ident.slurm_job_id + "\n")
         try:
             self.set_phase("starting")
             self._rank_dir(ident.rank).mkdir(parents=True, exist_ok=True)
@@ -302,10 +295,6 @@ class Trainer:
         finally:
             # Serves until a scrape has seen the last change (the error counted above), at most --linger s.
             self.progress.close(self.settings.linger)
-            if ident.slurm_job_id:
-                with contextlib.suppress(FileNotFoundError):
-                    if self._job_mapping().read_text().strip() == ident.slurm_job_id:
-                        self._job_mapping().unlink()
             self.set_phase("exited")
 
 
@@ -317,6 +306,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     ports.add_argument("--port", type=int, help="metrics port")
     ports.add_argument(
         "--node-ports", type=_node_ports, help="node=port,...: serve on the port of the node it runs on"
+    )
+    parser.add_argument(
+        "--node-hosts",
+        type=_node_map,
+        help="node=address,...: serve on the address of the node it runs on (its Slurm NodeAddr)",
     )
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--checkpoint-dir", type=Path, required=True)
@@ -355,16 +349,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         if args.hostname not in args.node_ports:
             parser.error(f"--node-ports has no port for {args.hostname}")
         args.port = args.node_ports[args.hostname]
+    if args.node_hosts is not None:
+        if args.hostname not in args.node_hosts:
+            parser.error(f"--node-hosts has no address for {args.hostname}")
+        args.host = args.node_hosts[args.hostname]
     return args
 
 
 def _node_ports(text: str) -> dict[str, int]:
     """``node1=9101,node2=9102`` → {"node1": 9101, "node2": 9102}."""
     try:
-        pairs = [item.split("=", 1) for item in text.split(",") if item]
-        return {node: int(port) for node, port in pairs}
+        return {node: int(port) for node, port in _node_map(text).items()}
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected node=port,... , got {text!r}") from None
+
+
+def _node_map(text: str) -> dict[str, str]:
+    """``node1=a,node2=b`` → {"node1": "a", "node2": "b"}."""
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    if any(len(pair) != 2 for pair in pairs):
+        raise argparse.ArgumentTypeError(f"expected node=value,... , got {text!r}")
+    return dict(pairs)  # type: ignore[arg-type]  # every pair has two items (checked above)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -94,7 +94,7 @@ def newest_step(trainer: SimProcess) -> int:
 
 # -- exporter ---------------------------------------------------------------------------------------------
 def test_exporter_exposes_the_dcgm_contract(sim_cluster: SimCluster) -> None:
-    statedir.write_atomic(statedir.job_mapping_path(sim_cluster.state_dir, "node1"), "777\n")
+    sim_cluster.map_job("777", "node1", "prolog")  # deploy/slurm/hpc-job-mapping.sh, as Slurm's prolog
     target = sim_cluster.exporters["node1"].target
     text = scrape(target)
     families = {family.name: family for family in text_string_to_metric_families(text)}
@@ -223,7 +223,7 @@ def test_trainer_exports_the_training_contract_and_labels_its_gpus(sim_cluster: 
     assert classes == dict.fromkeys(
         ("nccl", "cuda", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan"), 0.0
     )
-    assert statedir.job_mapping_path(sim_cluster.state_dir, "node1").read_text().strip() == "4242"
+    assert (statedir.hpc_job_dir(sim_cluster.state_dir, "node1") / "0").read_text().split() == ["4242"]
     exporter = sim_cluster.exporters["node1"].target
     wait_until(lambda: value(exporter, "DCGM_FI_PROF_GR_ENGINE_ACTIVE", gpu="0") > 0.5, 10, "busy GPUs")
     assert value(exporter, "DCGM_FI_DEV_GPU_UTIL", gpu="0", hpc_job="4242") > 50
@@ -274,7 +274,8 @@ def test_crash_fault_logs_counts_and_exits(
     log = trainer.log()
     assert text in log and "ChildFailedError" in log
     assert diagnose({}, log).category == category
-    assert not statedir.job_mapping_path(sim_cluster.state_dir, "node2").exists()
+    sim_cluster.map_job("51", "node2", "epilog")
+    assert not (statedir.hpc_job_dir(sim_cluster.state_dir, "node2") / "0").exists()
     assert faults.load(sim_cluster.state_dir).job("job") == {}  # consumed: a restart runs clean
     assert sim_cluster.restart(trainer.spec).daemon.alive()
 

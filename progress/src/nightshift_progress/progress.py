@@ -8,23 +8,23 @@ Metrics (names, types and labels are Nightshift's contract; its rules and playbo
 class starts at 0, so the first error is an increase Prometheus can see.
 
 Serving: only the process :meth:`Identity.serves` picks opens the port (one endpoint per node by default);
-the others record into their registry and serve nothing. :meth:`Progress.close` keeps serving until a scrape
-has seen the last change, at most ``linger`` seconds, so an error counted just before the process exits is
-scraped.
+the others record into their registry and serve nothing. :meth:`Progress.close` keeps serving until ``linger``
+seconds have passed since the last change, so an error counted just before the process exits is scraped by
+every Prometheus (an HA pair scrapes independently: ending at the first scrape would starve the other). Choose
+``linger`` of at least two scrape intervals.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
-from prometheus_client.registry import Collector
 
 from nightshift_progress.classify import ERROR_CLASSES, Classifier, packaged_classifier
 from nightshift_progress.identity import LABELS, Identity, identity_from_env
@@ -32,22 +32,8 @@ from nightshift_progress.identity import LABELS, Identity, identity_from_env
 log = logging.getLogger("nightshift_progress")
 
 DEFAULT_PORT = 9464
-DEFAULT_LINGER_SECONDS = 10.0
-_POLL_SECONDS = 0.05
-
-
-class _ScrapeMarker(Collector):
-    """A collector that exports nothing and records, on each scrape, the change counter it saw."""
-
-    def __init__(self, progress: Progress):
-        self._progress = progress
-
-    def describe(self) -> list[Any]:
-        return []  # registering must not count as a scrape
-
-    def collect(self) -> Iterator[Any]:
-        self._progress._scraped(self._progress._changes)
-        return iter(())
+# Two scrapes at Prometheus's default 15 s interval.
+DEFAULT_LINGER_SECONDS = 30.0
 
 
 class Progress:
@@ -70,12 +56,8 @@ class Progress:
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.classifier = classifier or packaged_classifier()
         self._clock = clock
-        self._lock = threading.Lock()
-        self._changes = 0
-        self._seen = 0
+        self._last_change = -math.inf  # time.monotonic() of the last change
         self._server: Any = None
-        # First in the registry: a scrape records the changes made before it collects any metric.
-        self.registry.register(_ScrapeMarker(self))
         labels = identity.labels()
 
         def counter(name: str, doc: str) -> Counter:
@@ -206,23 +188,16 @@ class Progress:
         return self._server.server_port if self._server is not None else None
 
     def close(self, linger: float = DEFAULT_LINGER_SECONDS) -> None:
-        """Stop serving, once a scrape has seen the last change or after ``linger`` seconds."""
+        """Stop serving once ``linger`` seconds have passed since the last change (at once if they have)."""
         if self._server is None:
             return
-        deadline = time.monotonic() + linger
-        while self._seen < self._changes and time.monotonic() < deadline:
-            time.sleep(_POLL_SECONDS)
+        time.sleep(max(0.0, self._last_change + linger - time.monotonic()))
         self._server.shutdown()
         self._server.server_close()
         self._server = None
 
     def _changed(self) -> None:
-        with self._lock:
-            self._changes += 1
-
-    def _scraped(self, changes: int) -> None:
-        with self._lock:
-            self._seen = max(self._seen, changes)
+        self._last_change = time.monotonic()
 
     def __enter__(self) -> Progress:
         return self
