@@ -1,0 +1,155 @@
+"""A failure episode of a two-pod PyTorchJob on a real kube-apiserver (the test plays the kubelet and the training
+operator): both ranks report NCCL errors, the exporter of one node an Xid. One job incident, one restart of the job
+whose new pods are kept off the culprit node, that node cordoned, validated and uncordoned; the other node untouched."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from app.actions import default_registry
+from app.alertmanager import parse_notification
+from app.clients import Clients
+from app.clock import SystemClock
+from app.diagnosis import diagnose
+from app.engine import Engine, EngineDeps
+from app.metrics import Metrics
+from app.permissions import Grant, Permissions
+from app.playbooks import PlaybookSet, parse_playbooks
+from app.states import RepairState
+from app.store import Store, repairs
+from tests.fakes import FakePrometheus, FakeSample
+from tests.fixtures.fake_kubelet import FakeKubelet
+from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeCluster, SuspendController
+from tests.payloads import alert, payload
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+JOB_LABEL = "training.kubeflow.org/job-name"
+GRANTS = (
+    "kubernetes.restart_job",
+    "kubernetes.cordon_node",
+    "kubernetes.validate_node",
+    "kubernetes.uncordon_node",
+)
+NCCL_K8S = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: nccl-failure-k8s}
+match: ['alertname="TrainingJobError"', 'error_class="nccl"', 'namespace=~".+"']
+target: {scheduler: kubernetes, node: "{{ labels.Hostname }}", namespace: "{{ labels.namespace }}",
+         pod: "{{ labels.pod }}", job: "{{ labels.train_job }}"}
+priority: 50
+steps:
+  - action: kubernetes.restart_job
+    with: {namespace: "{{ target.namespace }}", name: "{{ target.job }}", kind: PyTorchJob,
+           exclude_nodes: "{{ incident.culprits }}"}
+"""
+
+
+@pytest.fixture
+def engine(
+    kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path
+) -> Iterator[tuple[Engine, FakePrometheus]]:
+    settings = kube_cluster.settings()
+    settings.data_dir = str(tmp_path / "var")
+    settings.repair.validation_namespace = kube_namespace
+    settings.repair.poll_seconds = 1
+    settings.repair.return_timeout_seconds = 60
+    settings.episodes.correlation_seconds = 2
+    settings.guards.defer_seconds = 1
+    store = Store.from_url(settings.resolved_store_url)
+    store.create_schema()
+    registry = default_registry()
+    # The shipped playbooks, polling the verification every 2 s instead of 90 s.
+    shipped = (ROOT / "playbooks" / "gpu-xid.yaml").read_text().replace("interval: 90s", "interval: 2s")
+    assert "interval: 2s" in shipped
+    prometheus = FakePrometheus()
+    prometheus.default = [FakeSample({"up": "1"}, 1.0)]  # the re-check holds and the job makes progress again
+    clients = Clients(settings, prometheus=prometheus)
+    deps = EngineDeps(
+        settings=settings,
+        store=store,
+        playbooks=PlaybookSet(
+            [
+                *parse_playbooks(shipped, "gpu-xid.yaml", registry),
+                *parse_playbooks(NCCL_K8S, "n.yaml", registry),
+            ]
+        ),
+        registry=registry,
+        permissions=Permissions(Grant(action=name) for name in GRANTS),
+        clients=clients,
+        clock=SystemClock(),
+        metrics=Metrics(),
+        diagnose=diagnose,
+    )
+    yield Engine(deps), prometheus
+    clients.close()
+    store.dispose()
+
+
+def labels(alertname: str, node: str, pod: str, namespace: str, **extra: str) -> dict[str, str]:
+    return {"alertname": alertname, "Hostname": node, "pod": pod, "namespace": namespace, "train_job": "llama",
+            **extra}  # fmt: skip
+
+
+def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_after_validation(
+    engine: tuple[Engine, FakePrometheus],
+    kube_admin: KubeAdmin,
+    fake_kubelet: FakeKubelet,
+    kube_namespace: str,
+) -> None:
+    nccl_engine, _ = engine
+    ns = kube_namespace
+    healthy, faulty = (kube_admin.create_node("gpu", kubelet_port=fake_kubelet.port) for _ in range(2))
+    kube_admin.create_training_job(ns, "PyTorchJob", "llama")
+    pods = {
+        node: kube_admin.create_pod(ns, "llama", node=node, labels={JOB_LABEL: "llama"})
+        for node in (healthy, faulty)
+    }
+    operator = SuspendController(kube_admin, "PyTorchJob", ns, "llama")
+    alerts = [
+        alert(labels("TrainingJobError", healthy, pods[healthy], ns, error_class="nccl", rank="0")),
+        alert(labels("TrainingJobError", faulty, pods[faulty], ns, error_class="nccl", rank="1")),
+        alert(labels("GpuXidError", faulty, pods[faulty], ns, xid="79", xid_class="reboot", gpu="3")),
+    ]
+    try:
+        result = nccl_engine.ingest(parse_notification(json.dumps(payload(*alerts))))
+        assert len(result.opened) == 1 and len(result.attached) == 2
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            nccl_engine.work_once("it")
+            fake_kubelet.finish_validation_pods(kube_admin, ns, {faulty: 0})
+            (incident,) = nccl_engine.incidents()
+            with nccl_engine.deps.store.read() as conn:
+                repair = repairs.list_repairs(conn, node=faulty, limit=1)
+            if incident["outcome"] and repair and repair[0]["state"] == RepairState.RETURNED:
+                break
+            time.sleep(0.2)
+    finally:
+        operator.stop()
+    detail = nccl_engine.incident(incident["id"])
+    ledger = "\n".join(f"{row['kind']}: {row['message']}" for row in detail["ledger"])
+    assert (incident["kind"], incident["outcome"], incident["node"]) == ("job", "recovered", faulty), ledger
+    restarts = [s for s in detail["steps"] if s["action"] == "kubernetes.restart_job"]
+    assert [(s["status"], s["params"]["exclude_nodes"]) for s in restarts] == [("ok", faulty)]
+    assert operator.observed == [False, True, False]  # suspended once (its pods deleted), then resumed
+    job = kube_admin.get(TRAINING_KINDS["PyTorchJob"][0], "PyTorchJob", "llama", ns)
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        terms = replica["template"]["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert terms == [
+            {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [faulty]}]}
+        ]
+    (repair,) = repair
+    assert [s["step"] for s in repair["steps"] if s["status"] == "ok"] == ["take_out", "validate", "return"]
+    assert not kube_admin.node(faulty)["spec"].get("unschedulable")  # uncordoned after validation
+    assert not kube_admin.node(healthy)["spec"].get("unschedulable")  # never touched
+    with nccl_engine.deps.store.read() as conn:
+        assert repairs.list_repairs(conn, node=healthy) == []
