@@ -38,7 +38,16 @@ _UPTIME = re.compile(r"\[\s*\d+\.\d+\]\s*")  # dmesg: [12345.678901]
 _GLOG = re.compile(  # glog / c10d: E0321 02:07:08.408271 12345 file.cpp:607]
     r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.\d+(?: +\d+)?(?: [\w./-]+:\d+)?\]\s*"
 )
-_RANK_TAG = re.compile(r"\[(?:rank|default|worker|trainer)(?P<rank>\d{1,6})\]:?\s*", re.IGNORECASE)
+# [rank3]: (torch), [default3]: (torchrun --tee), [rank: 3] (Lightning), [1,3]<stderr>: (Open MPI --tag-output),
+# [3]<stderr>: (horovodrun)
+_RANK_TAG = re.compile(
+    r"(?:\[(?:rank|default|worker|trainer):? ?(?P<rank>\d{1,6})\]:?"
+    r"|\[(?:\d{1,6},)?(?P<mpi>\d{1,6})\]<std(?:out|err)>:)\s*",
+    re.IGNORECASE,
+)
+_RAY = re.compile(
+    r"\((?:\w+) pid=\d+, ip=(?P<host>[\w.:-]+)\)\s*"
+)  # Ray: (RayTrainWorker pid=1, ip=10.0.0.3)
 _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
 _SRUN_LABEL = re.compile(r"(?P<rank>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
@@ -114,8 +123,8 @@ def parse_line(index: int, raw: str) -> LogLine:
         ):
             pass
         elif match := _RANK_TAG.match(rest):
-            rank = int(match["rank"]) if rank is None else rank
-        elif match := _POD.match(rest):
+            rank = int(match["rank"] or match["mpi"]) if rank is None else rank
+        elif (match := _RAY.match(rest)) or (match := _POD.match(rest)):
             host = host or match["host"]
         elif rank is None and (match := _SRUN_LABEL.match(rest)):
             rank = int(match["rank"])

@@ -43,6 +43,10 @@ from app.diagnosis.stacks import judge, parse_dumps
             "5",
         ),
         ("/job:jax_worker/replica:0/task:3", 3, None, None),
+        ("[rank: 2] Received SIGTERM: 15", 2, None, None),
+        ("[1,7]<stderr>:Traceback (most recent call last):", 7, None, None),
+        ("[4]<stderr>:RuntimeError: x", 4, None, None),
+        ("(RayTrainWorker pid=2211, ip=10.0.3.7) RuntimeError: x", None, "10.0.3.7", None),
         ("fp16: True", None, None, None),  # a config key is not a host
         ("RuntimeError: CUDA error", None, None, None),
     ],
