@@ -50,6 +50,7 @@ VALIDATE_ACTION = {"slurm": "slurm.validate_node", "kubernetes": "kubernetes.val
 RETURN_ACTION = {"slurm": "slurm.resume_node", "kubernetes": "kubernetes.uncordon_node"}
 _UNSAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=@+#%()\[\]-]")
 OUR_MARK = "nightshift"  # kubernetes.cordon_node's cordoned-by annotation value
+RETRY_LEDGER_EVERY = 20  # looks at one wait between two of its ledger rows
 
 
 def default_steps(scheduler: str) -> dict[str, Step]:
@@ -385,8 +386,15 @@ class NodeRepairs:
                 taken_out_at=deps.clock.now(),
                 deadline=deps.clock.now() + timedelta(seconds=deps.settings.repair.return_timeout_seconds),
             )
-        kind = "repair_retry" if result.status == StepStatus.RETRY else "repair_step"
-        self._transition(repair, following, kind=kind, data={"step": record}, **extra)
+        if result.status != StepStatus.RETRY:
+            self._transition(repair, following, kind="repair_step", data={"step": record}, **extra)
+        else:
+            # A wait (a reboot, a running validation) is ledgered when it starts and every RETRY_LEDGER_EVERY
+            # looks after: a 30-minute wait polled every 15 s leaves 6 rows, not 120.
+            quiet = repair["retries"] % RETRY_LEDGER_EVERY != 0 and following.state != RepairState.HELD
+            self._transition(
+                repair, following, kind="repair_retry", data={"step": record}, quiet=quiet, **extra
+            )
 
     # --- steps --------------------------------------------------------------------------------------------------
 
@@ -445,9 +453,11 @@ class NodeRepairs:
         *,
         kind: str,
         data: Mapping[str, Any] | None = None,
+        quiet: bool = False,
         **extra: Any,
     ) -> None:
-        """Write ``following`` (state, step, schedule, held reason) and its ledger row in one transaction."""
+        """Write ``following`` (state, step, schedule, held reason) and its ledger row in one transaction; ``quiet``:
+        one more look at the same wait, written without a ledger row."""
         deps = self.deps
         now = deps.clock.now()
         values: dict[str, Any] = {"state": following.state, "step": following.step, **extra}
@@ -456,9 +466,12 @@ class NodeRepairs:
         if following.held_reason is not None or following.state != RepairState.HELD:
             values["held_reason"] = following.held_reason
         with deps.store.transaction() as conn:
-            repairs.write_transition(
-                conn, repair, now, kind=kind, message=following.note, data=data, **values
-            )
+            if quiet:
+                repairs.update_repair(conn, repair["id"], now, **values)
+            else:
+                repairs.write_transition(
+                    conn, repair, now, kind=kind, message=following.note, data=data, **values
+                )
         if following.state in REPAIR_SETTLED and repair["state"] != following.state:
             deps.metrics.node_repairs.labels(following.state).inc()
 

@@ -173,6 +173,11 @@ def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
         seconds=620
     )
     assert w.shells["node2"].started == []
+    # Every look at the rebooting node is counted, one in 20 ledgered (and the last, which holds it).
+    retries = [r for r in w.ledger("repair_retry") if r["data"]["repair_id"] == repair_id]
+    looks = repair["retries"]
+    assert looks >= 30 and len(retries) == (looks - 1) // 20 + 2, (looks, len(retries))
+    assert "reboot_requested" in retries[0]["message"]
 
 
 def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
