@@ -724,19 +724,30 @@ def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str
 def _odd_rank_out(reading: Reading) -> Culprit | None:
     """In a collective timeout the stuck rank is the one that does not report it, or the one whose sequence
     number differs from everyone else's."""
+    if len(reading.barrier_failed) == 1:  # torch's monitored_barrier names the rank that did not arrive
+        ((rank, line),) = reading.barrier_failed.items()
+        return Culprit(reading.rank_hosts.get(rank), rank, reading.rank_gpus.get(rank), (line.raw.strip(),))
     timeouts = reading.timeouts
     if len(timeouts) < 2:
         return None
-    world = reading.world_size or (max(reading.ranks_seen | set(timeouts)) + 1)
-    silent = sorted(set(range(world)) - set(timeouts))
-    if len(silent) == 1 and len(timeouts) >= world - 1:
-        rank = silent[0]
-        return Culprit(
-            reading.rank_hosts.get(rank),
-            rank,
-            reading.rank_gpus.get(rank),
-            (f"ranks {_ranges(sorted(timeouts))} report the collective timeout; rank {rank} does not",),
-        )
+    highest = max(reading.ranks_seen | set(timeouts)) + 1
+    # Without the world size in the log, the job has at least highest ranks, and usually a multiple of 8 (or
+    # a power of two): the silent rank may be the last one.
+    worlds = (
+        [reading.world_size]
+        if reading.world_size
+        else [highest, -(-highest // 8) * 8, 1 << (highest - 1).bit_length()]
+    )
+    for world in dict.fromkeys(worlds):
+        silent = sorted(set(range(world)) - set(timeouts))
+        if len(silent) == 1 and len(timeouts) >= world - 1:
+            rank = silent[0]
+            return Culprit(
+                reading.rank_hosts.get(rank),
+                rank,
+                reading.rank_gpus.get(rank),
+                (f"ranks {_ranges(sorted(timeouts))} report the collective timeout; rank {rank} does not",),
+            )
     seqs = Counter((seq, op) for seq, op, _ in timeouts.values())
     if len(seqs) > 1:
         (common, _), *_ = seqs.most_common(1)

@@ -25,7 +25,7 @@ MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its 
 _CONTEXT = re.compile(
     r"\bnranks \d|\bnRanks \d|^\s*(?:\[[^\]]*\]:?\s*)*(?:host|rank|exitcode)\s*: |Root Cause \(first observed|"
     r"world[_ ]size|WORLD_SIZE|grad[_ ]norm|(?i:resum(?:ing|ed) (?:from|training)|loading checkpoint|"
-    r"restart(?:ing)? (?:attempt|worker))"
+    r"restart(?:ing)? (?:attempt|worker))|monitoredBarrier"
 )
 _NCCL_RANK = re.compile(
     r"\brank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)"
@@ -40,6 +40,7 @@ _RESTART = re.compile(
 )
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
+_BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")
 _SECTION = re.compile(r"==> (?P<title>.{1,200}) <==\s*$")  # tail's and our collect actions' section headers
 _HOSTNAME = re.compile(r"(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*")
 _ITERATION = re.compile(r"(?i)\b(?:iteration|iter|step)\b\s*[:=]?\s*(?P<n>\d+)")
@@ -88,6 +89,9 @@ class Reading:
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
     timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
+    barrier_failed: dict[int, LogLine] = field(
+        default_factory=dict
+    )  # ranks monitored_barrier names, with the line
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -160,6 +164,9 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             reading.grad_norms.append((float(norm["v"]), parsed))
         if _RESTART.search(body):
             reading.restarts.append(index)
+        if "monitoredBarrier" in body and (barrier := _BARRIER.search(body)):
+            for rank_text in barrier["ranks"].split(","):
+                reading.barrier_failed.setdefault(int(rank_text), parsed)
         if _WATCHDOG in body and parsed.rank is not None and (seq := _SEQ.search(body)):
             reading.timeouts.setdefault(parsed.rank, (int(seq["seq"]), seq["op"], parsed))
     return reading
