@@ -209,7 +209,7 @@ class NodeRepairs:
         flight right now)."""
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
-            repair = next((r for r in repairs.list_repairs(conn, node=node, open_only=True, limit=1)), None)
+            repair = repairs.open_repair_of(conn, node)
             following = policy.hold(RepairState(repair["state"]) if repair else None, by, note)
             if repair is None:
                 scheduler = scheduler or ("slurm" if self.deps.settings.slurm.host else "kubernetes")
@@ -229,7 +229,7 @@ class NodeRepairs:
         return self.node(node)
 
     def _open(self, conn: Any, node: str) -> Repair:
-        repair = next((r for r in repairs.list_repairs(conn, node=node, open_only=True, limit=1)), None)
+        repair = repairs.open_repair_of(conn, node)
         if repair is None:
             raise LookupError(f"node {node} has no open repair")
         return repair

@@ -54,6 +54,13 @@ def open_repair(conn: Connection, scheduler: str, node: str) -> Row | None:
     return _one(conn, select(node_repairs).where(node_repairs.c.open_key == open_key(scheduler, node)))
 
 
+def open_repair_of(conn: Connection, node: str) -> Row | None:
+    """The open repair of ``node`` whatever its scheduler, locked until the transaction ends (an operator's
+    change must not interleave with a worker claiming it; SQLite's writer lock does the same)."""
+    stmt = select(node_repairs).where(node_repairs.c.node == node, node_repairs.c.open_key.is_not(None))
+    return _one(conn, stmt.order_by(node_repairs.c.id.desc()).limit(1).with_for_update())
+
+
 def request_repair(
     conn: Connection,
     *,
@@ -125,7 +132,11 @@ def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now
         "created_at": now,
         "updated_at": now,
     }
-    repair_id = conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0]
+    try:
+        with conn.begin_nested():
+            repair_id = conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0]
+    except IntegrityError:  # a request opened a repair of the node meanwhile
+        raise ValueError(f"node {node} has an open repair now; try again") from None
     row = {**values, "id": repair_id, "incident_id": None}
     _ledger(conn, row, now, "repair_held", reason, state=RepairState.HELD)
     return row
