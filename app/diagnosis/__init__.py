@@ -276,10 +276,10 @@ def diagnose(
     lines = tail_lines(logs)
     reading = read(lines, catalogue)
     tallies = {category: _Tally() for category in CATEGORIES}
-    shutdown = reading.first("shutdown")
+    shutdown = reading.last("shutdown")
     explained: list[str] = []  # why errors were set aside, for a benign summary
 
-    votes = _shutdown_filtered(reading.votes, shutdown or reading.first("completed"), explained)
+    votes = _shutdown_filtered(reading, explained)
     survived = _survived_categories(votes, reading, explained)
     votes = [v for v in votes if v.category not in survived]
     for vote in votes:
@@ -290,7 +290,7 @@ def diagnose(
             continue
         tallies[signature.category].add_fact(fact, signature.weight, signature.description)
 
-    verdict = _xid_votes(labels, reading, shutdown, tallies, explained)
+    verdict = _xid_votes(labels, reading, tallies, explained)
     _pattern_votes(reading, votes, shutdown, tallies, lines)
 
     scores = _discounted({category: tally.raw for category, tally in tallies.items()}, tallies)
@@ -358,21 +358,20 @@ def tail_lines(logs: str) -> list[str]:
 # --- what a healthy run explains away ---------------------------------------------------------------------
 
 
-def _shutdown_filtered(votes: list[Vote], shutdown: Any, explained: list[str]) -> list[Vote]:
+def _shutdown_filtered(reading: Reading, explained: list[str]) -> list[Vote]:
     """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM, or the job's end (the
-    tracebacks of interpreter teardown after training finished)."""
-    if shutdown is None:
-        return votes
-    kept = [
-        v
-        for v in votes
-        if v.line.index < shutdown.index
-        or not (v.category in SHUTDOWN_NOISE or (v.category == "host_oom" and v.weight < 5))
-    ]
-    if len(kept) < len(votes):
-        explained.append(
-            f"{len(votes) - len(kept)} error line(s) after {shutdown.signature.description} are shutdown noise"
-        )
+    tracebacks of interpreter teardown after training finished), up to the job's next run (progress or a
+    restart)."""
+    kept, dropped = [], {}
+    for vote in reading.votes:
+        noise_kind = vote.category in SHUTDOWN_NOISE or (vote.category == "host_oom" and vote.weight < 5)
+        stop = reading.stopped_before(vote.line.index) if noise_kind else None
+        if stop is not None and not reading.restarted_between(stop.index, vote.line.index):
+            dropped[stop.signature.description] = dropped.get(stop.signature.description, 0) + 1
+        else:
+            kept.append(vote)
+    for description, count in dropped.items():
+        explained.append(f"{count} error line(s) after {description} are shutdown noise")
     return kept
 
 
@@ -414,7 +413,6 @@ def _survived_categories(votes: list[Vote], reading: Reading, explained: list[st
 def _xid_votes(
     labels: Mapping[str, str],
     reading: Reading,
-    shutdown: Any,
     tallies: dict[str, _Tally],
     explained: list[str],
 ) -> xids.XidVerdict | None:
@@ -422,7 +420,7 @@ def _xid_votes(
     events = xids.xids_from_labels(labels)
     located: list[tuple[LogLine, xids.XidEvent]] = []
     for line, event in reading.xid_lines:
-        if event.code == xids.PREEMPTIVE_CLEANUP_XID and shutdown is not None:
+        if event.code == xids.PREEMPTIVE_CLEANUP_XID and reading.stopped_before(line.index) is not None:
             explained.append("Xid 45 (preemptive cleanup) after the job was stopped")
             continue
         if event.xid_class not in _SEVERE_XID and _survived(reading, line.index):

@@ -96,6 +96,24 @@ class Reading:
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
 
+    def last(self, role: str) -> Marker | None:
+        return next((m for m in reversed(self.markers) if m.signature.role == role), None)
+
+    def stopped_before(self, index: int) -> Marker | None:
+        """The stop (shutdown or completion marker) that line ``index`` follows with no progress or restart in
+        between: the job was stopped or had finished when the line was written. None when it ran on."""
+        for marker in reversed(self.markers):  # markers are in line order
+            if marker.index >= index:
+                continue
+            if marker.signature.role in ("shutdown", "completed"):
+                return marker
+            if marker.signature.role == "progress":
+                return None
+        return None
+
+    def restarted_between(self, start: int, end: int) -> bool:
+        return any(start < r < end for r in self.restarts)
+
     def after(self, role: str, index: int) -> list[Marker]:
         return [m for m in self.markers if m.signature.role == role and m.index > index]
 

@@ -206,3 +206,12 @@ def test_an_xid_pci_address_maps_to_the_gpu_of_the_alert_labels():
         labels, "[ 1.0] NVRM: Xid (PCI:0000:87:00): 79, pid=1, name=python, GPU has fallen off the bus."
     )
     assert result.culprit is not None and (result.culprit.node, result.culprit.gpu) == ("n3", "5")
+
+
+def test_shutdown_noise_ends_where_the_job_runs_again():
+    stop = "[rank0]: received signal 15, exiting"
+    rerun = "[rank0]: resuming from step 50 (/ckpt/step_000050)"
+    crash = "[rank0]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1, remote process exited"
+    assert diagnose({}, f"{stop}\n{crash}").category == BENIGN
+    assert diagnose({}, f"{stop}\n{rerun}\n{crash}").category == "nccl_network"
+    assert diagnose({}, f"{stop}\nstep 60 loss 2.0\n{crash}").category == "nccl_network"
