@@ -466,15 +466,20 @@ class RepairView:
 
 
 def repair_view(row: Row) -> RepairView:
-    last = (row.get("steps") or [{}])[-1]
-    last_step = f"{last['step']}: {last['status']}" + (f" ({last['reason']})" if last.get("reason") else "")
+    steps = row.get("steps") or []
+    last = steps[-1] if steps else None
+    last_step = (
+        f"{last['step']}: {last['status']}" + (f" ({last['reason']})" if last["reason"] else "")
+        if last
+        else ""
+    )
     return RepairView(
         node=row["node"],
         scheduler=row["scheduler"],
         state=str(row["state"]),
         repair=int(row["repairs"] or 0),
         taken_out_at=utc(row["taken_out_at"]) if row.get("taken_out_at") else "",
-        why=row.get("held_reason") or (last_step if last else "") or row.get("reason") or "",
+        why=row.get("held_reason") or last_step or row.get("reason") or "",
         verdict=str((row.get("validation") or {}).get("verdict") or ""),
         updated_at=utc(row["updated_at"]),
     )

@@ -3,6 +3,7 @@ and node shell at our CommandRunner seam (tests/fakes.py)."""
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 from typing import Any
 
@@ -364,6 +365,25 @@ def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
         client.post("/api/v1/nodes/node4/hold", headers=operator, json={"scheduler": "pbs"}).status_code
         == 400
     )
+    # The UI's forms: a logged-in operator holds node5 and releases node3 from the nodes page.
+    ui = app.test_client()
+    token = re.compile(r'name="csrf_token" value="([^"]+)"')
+    form = token.search(ui.get("/login").text).group(1)  # type: ignore[union-attr]
+    assert (
+        ui.post("/login", data={"operator": "bob", "token": "op-token", "csrf_token": form}).status_code
+        == 303
+    )
+    page = ui.get("/nodes").text
+    csrf = token.search(page).group(1)  # type: ignore[union-attr]
+    assert 'action="/nodes/node3/release"' in page and 'id="hold-form"' in page
+    assert (
+        ui.post("/nodes/hold", data={"node": "node5", "note": "fan", "csrf_token": csrf}).status_code == 303
+    )
+    assert ui.post("/nodes/hold", data={"node": "node5;x", "csrf_token": csrf}).status_code == 400
+    assert ui.post("/nodes/node3/release", data={"csrf_token": "forged"}).status_code == 403
+    assert ui.post("/nodes/node3/release", data={"note": "ok", "csrf_token": csrf}).status_code == 303
+    states = {n["node"]: (n["state"], n["held_reason"]) for n in engine.repairs.nodes()["nodes"]}
+    assert states["node5"] == ("held", "held by bob: fan") and states["node3"] == ("released", None)
 
 
 @pytest.mark.parametrize("node", ["ALL", "all", "node[1-4]", "node1,node2", "node1 node2", "-x"])
