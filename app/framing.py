@@ -28,6 +28,7 @@ class Framing:
     state: str  # complete | incomplete | refuse
     status: int = 0  # refuse: the HTTP status
     message: str = ""  # refuse: why, for the JSON error
+    expect_continue: bool = False  # incomplete: the head is here and asks for "100 Continue" before the body
 
 
 def request_state(data: bytes, max_header: int, max_body: int) -> Framing:
@@ -43,21 +44,28 @@ def request_state(data: bytes, max_header: int, max_body: int) -> Framing:
     if at > max_header:
         return Framing(REFUSE, 431, f"request line and headers exceed {max_header} bytes")
     body = at + size
-    length, chunked = _body_framing(data[:at])
+    length, chunked, expect = _body_framing(data[:at])
     if chunked:
-        return _chunked_state(data, body, max_body)
-    if length is None:
+        framing = _chunked_state(data, body, max_body)
+    elif length is None:
         return Framing(COMPLETE)
-    if length > max_body:
+    elif length > max_body:
         return Framing(REFUSE, 413, f"request body of {length} bytes exceeds the limit of {max_body}")
-    return Framing(COMPLETE if len(data) - body >= length else INCOMPLETE)
+    else:
+        framing = Framing(COMPLETE if len(data) - body >= length else INCOMPLETE)
+    if framing.state == INCOMPLETE and expect:
+        return Framing(INCOMPLETE, expect_continue=True)
+    return framing
 
 
-def _body_framing(head: bytes) -> tuple[int | None, bool]:
-    """(Content-Length if one valid value is given, whether Transfer-Encoding names chunked)."""
+def _body_framing(head: bytes) -> tuple[int | None, bool, bool]:
+    """(Content-Length if one valid value is given, whether Transfer-Encoding names chunked, whether an HTTP/1.1
+    request says ``Expect: 100-continue``)."""
     length: int | None = None
     chunked = False
-    for line in head.split(b"\n")[1:]:
+    lines = head.split(b"\n")
+    expect = False
+    for line in lines[1:]:
         name, colon, value = line.partition(b":")
         if not colon:
             continue
@@ -66,7 +74,9 @@ def _body_framing(head: bytes) -> tuple[int | None, bool]:
             chunked = True
         elif name == b"content-length" and value.strip().isdigit() and len(value.strip()) <= 19:
             length = int(value.strip())
-    return length, chunked
+        elif name == b"expect" and value.strip().lower() == b"100-continue":
+            expect = lines[0].rstrip().endswith(b"HTTP/1.1")
+    return length, chunked, expect
 
 
 def _chunked_state(data: bytes, pos: int, max_body: int) -> Framing:

@@ -11,7 +11,9 @@ worker's event loop instead (non-blocking, in the one thread that accepts connec
   ``http.max_header_bytes`` (431) and its body within ``webhook.max_body_bytes`` (413, by Content-Length before
   reading it, or chunked as it comes); these answers, and gunicorn's own 400/414/431 for a malformed request, carry
   the JSON error shape ``{"status": "error", "message": ...}`` like every other error;
-- at most ``worker_connections`` (gunicorn's, default 1000) connections per worker, buffers included.
+- at most ``worker_connections`` (gunicorn's, default 1000) connections per worker, buffers included;
+- a client that asks ``Expect: 100-continue`` gets its ``100 Continue`` from the front once the head is in (gunicorn
+  sends another when a thread takes the request; clients read any number of 1xx answers).
 
 Kept-alive connections go through the same buffer for each request. TLS is not terminated here (put a proxy in
 front); with ``certfile`` set, the worker behaves as plain gthread. Written against gunicorn 27's gthread worker
@@ -73,6 +75,7 @@ class BufferingWorker(ThreadWorker):
             super().enqueue_req(conn)
             return
         conn.front = bytearray()
+        conn.continued = False
         if conn.parser is not None:  # kept alive: bytes already read past the previous request belong here
             conn.front += conn.parser.unreader.take_buffered()
         conn.sock.setblocking(False)
@@ -108,6 +111,10 @@ class BufferingWorker(ThreadWorker):
             return False
         framing = request_state(bytes(conn.front), self.max_header, self.max_body)
         if framing.state == INCOMPLETE:
+            if framing.expect_continue and not conn.continued:
+                conn.continued = True
+                with contextlib.suppress(OSError):  # a client gone away is noticed at the next read
+                    conn.sock.send(b"HTTP/1.1 100 Continue\r\n\r\n")
             return False
         self._forget(conn)
         if framing.state == COMPLETE:

@@ -179,3 +179,22 @@ def test_keepalive_and_pipelined_requests_are_each_buffered_and_answered(slow_se
         while chunk := sock.recv(65536):
             answer += chunk
     assert answer.count(b"HTTP/1.1 200") == 2, answer[:500]
+
+
+def test_expect_100_continue_is_answered_before_the_body_is_sent(slow_server):
+    payload = body(alert(xid(node="node9", job="909")))
+    head = (
+        f"POST /api/v1/alerts HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(payload)}\r\nExpect: 100-continue\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode()
+    with socket.create_connection(address(slow_server), timeout=5) as sock:
+        sock.sendall(head)
+        started = time.monotonic()
+        assert sock.recv(1024).startswith(b"HTTP/1.1 100 Continue\r\n\r\n")
+        assert time.monotonic() - started < 1.0  # curl waits 1 s for it before sending anyway
+        sock.sendall(payload)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert b"HTTP/1.1 200" in answer, answer[:300]

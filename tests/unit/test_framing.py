@@ -58,3 +58,11 @@ def test_json_error_response_is_a_whole_http_answer_in_the_error_shape():
     assert b"Content-Type: application/json" in head and b"Connection: close" in head
     assert f"Content-Length: {len(body)}".encode() in head
     assert json.loads(body) == {"status": "error", "message": "too big"}
+
+
+def test_a_head_asking_for_100_continue_is_flagged_until_its_body_is_in():
+    head = HEAD + b"Expect: 100-continue\r\nContent-Length: 5\r\n\r\n"
+    assert request_state(head, 1024, 100).expect_continue
+    assert not request_state(head + b"hello", 1024, 100).expect_continue  # complete: nothing to ask for
+    old = head.replace(b"HTTP/1.1", b"HTTP/1.0")
+    assert not request_state(old, 1024, 100).expect_continue  # HTTP/1.0 ignores the expectation
