@@ -234,16 +234,12 @@ def earlier_repairs(conn: Connection, node: str, since: datetime, exclude_id: in
 
 
 def nodes_taken_out_since(conn: Connection, since: datetime, take_out_actions: Collection[str]) -> set[str]:
-    """Nodes taken out of service since ``since``: by repairs, and by incidents' steps of the ``take_out_actions``
-    (drain, cordon, reboot) that ran ok. What the blast-radius guard counts; job restarts are not among them."""
-    nodes = {
-        row.node
-        for row in conn.execute(
-            select(node_repairs.c.node).where(
-                node_repairs.c.taken_out_by_us.is_(True), node_repairs.c.taken_out_at >= since
-            )
-        )
-    }
+    """Nodes taken out of service since ``since`` by repairs, or still out by an open repair of ours (a node held
+    for weeks still counts), and by incidents' steps of the ``take_out_actions`` (drain, cordon, reboot) that ran
+    ok. What the blast-radius guard counts; job restarts are not among them."""
+    ours = node_repairs.c.taken_out_by_us.is_(True)
+    recent_or_out = or_(node_repairs.c.taken_out_at >= since, node_repairs.c.open_key.is_not(None))
+    nodes = {row.node for row in conn.execute(select(node_repairs.c.node).where(ours, recent_or_out))}
     if take_out_actions:
         stmt = select(steps.c.params).where(
             steps.c.action.in_(sorted(take_out_actions)),

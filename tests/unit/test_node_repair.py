@@ -254,6 +254,20 @@ def test_blast_radius_counts_nodes_and_the_partition_share(tmp_path):
     assert w.row(third)["state"] == RepairState.RETURNED
 
 
+def test_a_held_node_counts_for_the_blast_radius_past_the_window(tmp_path):
+    w = make_world(tmp_path, guards__blast_radius_max_share=0.25, guards__blast_radius_max_nodes=3)
+    w.shells["node1"].exit_codes = [226]
+    held = w.request("node1")
+    w.run()
+    assert w.row(held)["state"] == RepairState.HELD
+    w.clock.advance(hours=2)  # the take-out is outside the window, the node still out
+    first, second = w.request("node2"), w.request("node3")
+    w.spin(10)
+    assert w.row(first)["state"] == RepairState.RETURNED
+    assert w.row(second)["state"] == RepairState.REQUESTED  # node1 (held) + node2: 2 of 8 at 25 %
+    assert "node1" in w.row(second)["held_reason"]
+
+
 def test_operator_hold_and_release(tmp_path):
     w = make_world(tmp_path, validate=(1,))
     # A node with no repair: held, so a later request is absorbed and nothing is done to it.
