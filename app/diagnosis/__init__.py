@@ -149,7 +149,6 @@ _WORDING = {
     ),
 }
 
-_NODE_FAULTS = frozenset({"gpu_hardware", "nvlink"})  # an alert about these is raised on the faulty node
 _NODE_LABELS = ("Hostname", "node", "nodename", "host", "instance_hostname")
 
 
@@ -566,8 +565,9 @@ def _progress_gap(reading: Reading, shutdown: Any, lines: Sequence[str]) -> floa
     if not before:
         return None
     last = parse_line(before[-1].index, lines[before[-1].index][:MAX_LINE_CHARS]).time
-    stop = parse_line(shutdown.index, lines[shutdown.index][:MAX_LINE_CHARS])
-    stop_time = stop.time if stop.time is not None else _cancel_time(stop.body)
+    # The stop that ended this run: the first of the stop lines after its last progress that tells the time.
+    stops = [m for m in reading.markers if m.signature.role == "shutdown" and m.index > before[-1].index]
+    stop_time = next((t for m in stops if (t := _stop_time(lines[m.index])) is not None), None)
     if last is None or stop_time is None:
         return None
     last, stop_time = _comparable(last, stop_time)
@@ -592,6 +592,12 @@ def _comparable(a: float, b: float) -> tuple[float, float]:
         return moment.replace(year=2000).timestamp() if t >= _YEAR_2001 else t
 
     return to_2000(a), to_2000(b)
+
+
+def _stop_time(line: str) -> float | None:
+    """When a stop line was written: its timestamp prefix, else Slurm's ``CANCELLED AT <time>``."""
+    parsed = parse_line(0, line[:MAX_LINE_CHARS])
+    return parsed.time if parsed.time is not None else _cancel_time(parsed.body)
 
 
 def _cancel_time(body: str) -> float | None:
@@ -697,11 +703,14 @@ def _no_fault(
 
 def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str, str]) -> Culprit | None:
     """The rank, node and GPU the evidence for ``category`` points at (None when it points nowhere)."""
-    if tally.culprit is not None and (tally.culprit.node or tally.culprit.rank is not None):
-        return _completed(tally.culprit, reading, labels)
+    named = tally.culprit  # from the Xid verdict or a pattern across lines
+    if named is not None and (named.node or named.rank is not None):
+        return _completed(named, reading, labels)
+    hosts = {vote.line.host for vote in tally.votes if vote.line.host}
+    if named is not None and named.gpu is not None:  # a kernel line without its host: the evidence's one host
+        return Culprit(next(iter(hosts)) if len(hosts) == 1 else None, None, named.gpu, named.evidence)
     if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
         return _completed(odd, reading, labels)
-    hosts = {vote.line.host for vote in tally.votes if vote.line.host}
     for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
         line = vote.line
         if line.rank is not None or line.host or line.pci:
@@ -710,9 +719,6 @@ def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str
             return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
     if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
         return _completed(odd, reading, labels)
-    if category in _NODE_FAULTS and (node := _node(labels)):  # a node-scoped alert (DCGM) names its node
-        gpu = labels.get("gpu") or None
-        return Culprit(node, None, gpu, (f"the alert's labels: {node}" + (f" GPU {gpu}" if gpu else ""),))
     if reading.root_cause is not None and category not in ("nccl_network", "hang"):
         rank, host, text = reading.root_cause
         return _completed(Culprit(host, rank, None, (text,)), reading, labels)

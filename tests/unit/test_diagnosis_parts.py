@@ -205,7 +205,10 @@ def test_an_xid_pci_address_maps_to_the_gpu_of_the_alert_labels():
     result = diagnose(
         labels, "[ 1.0] NVRM: Xid (PCI:0000:87:00): 79, pid=1, name=python, GPU has fallen off the bus."
     )
-    assert result.culprit is not None and (result.culprit.node, result.culprit.gpu) == ("n3", "5")
+    assert result.culprit is not None and (result.culprit.node, result.culprit.gpu) == (None, "5")
+    assert result.summary.startswith(
+        "Xid 79 (ROBUST_CHANNEL_GPU_HAS_FALLEN_OFF_THE_BUS) on n3 GPU 5 (PCI 0000:87:00)"
+    )
 
 
 def test_shutdown_noise_ends_where_the_job_runs_again():
