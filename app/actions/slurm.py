@@ -23,6 +23,7 @@ from app.clients.slurm import (
     cancel_command,
     drain_command,
     exclude_command,
+    node_jobs_command,
     reboot_command,
     requeue_command,
     resume_command,
@@ -440,6 +441,50 @@ class RequeueJob(SlurmAction):
         )
 
 
+class RequeueNodeJobs(SlurmAction):
+    """Requeue every job running on a node and keep each off it: for a node fault whose alert names no job (the
+    GPUs carried no ``hpc_job`` label: the HPC job mapping was missing). The scheduler is asked which jobs run
+    there (one ``squeue``), then each is requeued as :class:`RequeueJob` does."""
+
+    name = "slurm.requeue_node_jobs"
+    description = "Requeue the jobs running on a Slurm node (found with squeue), keeping them off it"
+    params = {"node": _NODE}
+    scope_keys = ("node", "partition")
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        node = params["node"]
+        return Plan(
+            f"requeue every job running on {node} and keep it off {node}",
+            f"{shlex.join(node_jobs_command(node))}\n"
+            f"then, for each job J it lists: scontrol requeue J; scontrol update JobId=J ExcNodeList={node} "
+            "(merged with the job's lists)",
+        )
+
+    def execute(
+        self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
+    ) -> Outcome:
+        node = params["node"]
+        jobs = slurm.node_jobs(node)
+        if not jobs:
+            return Ok(output=f"no job runs on {node}", data={"node": node, "jobs": []})
+        outcomes = [
+            RequeueJob().execute(slurm, {"job": job, "exclude_nodes": node}, executed, ctx) for job in jobs
+        ]
+        failed = [(job, o) for job, o in zip(jobs, outcomes, strict=True) if not isinstance(o, Ok)]
+        if failed:
+            return Failed(
+                reason="; ".join(f"job {job}: {getattr(o, 'reason', o.status)}" for job, o in failed),
+                command=executed_commands(executed),
+                data={"node": node, "jobs": jobs},
+            )
+        return Ok(
+            command=executed_commands(executed),
+            output=tail("\n".join(o.output for o in outcomes)),
+            exit_code=0,
+            data={"node": node, "jobs": jobs},
+        )
+
+
 class CancelJob(SlurmAction):
     """Cancel a job (``scancel``)."""
 
@@ -551,6 +596,7 @@ ACTIONS = (
     RebootNode(),
     ValidateNode(),
     RequeueJob(),
+    RequeueNodeJobs(),
     CancelJob(),
     JobInfoAction(),
     JobLog(),

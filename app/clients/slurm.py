@@ -246,6 +246,11 @@ def job_owner_command(job_id: str) -> list[str]:
     ]
 
 
+def node_jobs_command(node: str) -> list[str]:
+    """The ids of the jobs running on ``node`` (``%i``: no user-controlled text)."""
+    return ["squeue", "--noheader", "--states=RUNNING", f"--nodelist={_checked_node(node)}", "--format=%i"]
+
+
 def requeue_command(job_id: str) -> list[str]:
     return ["scontrol", "requeue", _checked(job_id, SLURM_JOB_ID, "job")]
 
@@ -347,6 +352,10 @@ class SlurmClient:
         if not match:
             raise NotFound(f"job {job_id}: squeue did not report its owner", output=tail(result.output))
         return int(match.group(1)), int(match.group(2))
+
+    def node_jobs(self, node: str) -> list[str]:
+        """The ids of the jobs running on ``node`` (the scheduler's view, whatever the GPUs' job labels say)."""
+        return [j for j in self.run(node_jobs_command(node)).stdout.split() if re.fullmatch(SLURM_JOB_ID, j)]
 
     def requeue(self, job_id: str) -> CommandResult:
         return self.run(requeue_command(job_id))

@@ -13,7 +13,15 @@ from collections.abc import Iterator
 import pytest
 
 from app.actions.base import ActionContext
-from app.actions.slurm import CancelJob, DrainNode, JobLog, RequeueJob, ResumeNode, prefixed_reason
+from app.actions.slurm import (
+    CancelJob,
+    DrainNode,
+    JobLog,
+    RequeueJob,
+    RequeueNodeJobs,
+    ResumeNode,
+    prefixed_reason,
+)
 from app.clients import Clients
 from app.clients.slurm import (
     cancel_command,
@@ -160,3 +168,19 @@ def test_without_the_rule_sudo_refuses_and_that_is_a_credential_error(
 
     assert outcome.status == "credential_error", outcome
     assert "sudo refused" in outcome.reason and "deploy/slurm/sudoers" in outcome.reason
+
+
+def test_the_jobs_of_a_node_are_found_with_squeue_and_requeued_off_it(
+    clean_slurm: SlurmCluster, ctx: ActionContext
+) -> None:
+    job = clean_slurm.sbatch("sleep 300", "--requeue", "--nodelist=node3")
+    wait_until(lambda: clean_slurm.squeue_state(job) == "RUNNING", 20, f"job {job} running")
+    assert RequeueNodeJobs().run({"node": "node4"}, ctx).output == "no job runs on node4"
+
+    outcome = RequeueNodeJobs().run({"node": "node3"}, ctx)
+
+    assert isinstance(outcome, Ok), outcome
+    assert outcome.data["jobs"] == [job]
+    assert outcome.command.splitlines()[0].endswith("sudo -n -- scontrol requeue " + job + "'")
+    wait_until(lambda: clean_slurm.squeue_state(job) == "RUNNING", 30, f"job {job} running again")
+    assert clean_slurm.job_nodes(job) != "node3"
