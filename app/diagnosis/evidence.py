@@ -41,6 +41,7 @@ _RESTART = re.compile(
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
 _BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")
+_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _SECTION = re.compile(r"==> (?P<title>.{1,200}) <==\s*$")  # tail's and our collect actions' section headers
 _HOSTNAME = re.compile(r"(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*")
 _ITERATION = re.compile(r"(?i)\b(?:iteration|iter|step)\b\s*[:=]?\s*(?P<n>\d+)")
@@ -131,6 +132,8 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
 
     for index, raw in enumerate(lines):
         probe = raw[:MAX_LINE_CHARS]
+        if "\x1b[" in probe:  # terminal colours (rich, Lightning, coloredlogs) are not part of the text
+            probe = raw = _ANSI.sub("", probe)
         parsed: LogLine | None = None
         if raw.startswith("==> ") and (header := _SECTION.match(raw)):
             section_host = next((word for word in header["title"].split() if _HOSTNAME.fullmatch(word)), None)

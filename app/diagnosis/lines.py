@@ -66,6 +66,8 @@ _PID_TAG = re.compile(r"\[\d{1,8}\]\s+(?=\[)")  # "[80746] [rank0]:" from some l
 
 # Facts named inside the body.
 _NCCL_SOURCE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<gpu>\d+)\] ")
+_JSON_RANK = re.compile(r'"(?:rank|global_rank|RANK|process_index)"\s*:\s*"?(?P<rank>\d{1,6})\b')
+_JSON_HOST = re.compile(r'"(?:host|hostname|node|nodename|HOSTNAME)"\s*:\s*"(?P<host>[\w.-]{1,253})"')
 _JAX_TASK = re.compile(r"/job:[\w-]+/replica:\d+/task:(?P<rank>\d+)")
 _C10D_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d{1,6})\]")
 _SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d{1,6})(?:[-,]\d+)*: ")
@@ -139,6 +141,11 @@ def parse_line(index: int, raw: str) -> LogLine:
         host, gpu = host or match["host"], match["gpu"]
     if rank is None and "/task:" in body and (match := _JAX_TASK.search(body)):
         rank = int(match["rank"])
+    if body.startswith("{"):  # a JSON log record: its own rank and host fields
+        if rank is None and (match := _JSON_RANK.search(body)):
+            rank = int(match["rank"])
+        if host is None and (match := _JSON_HOST.search(body)):
+            host = match["host"]
     if rank is None and (match := _C10D_RANK.search(body) or _DS_RANK.search(body)):
         rank = int(next(g for g in match.groups() if g is not None))
     if match := _SRUN_TASK.search(body):

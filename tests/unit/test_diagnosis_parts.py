@@ -47,6 +47,12 @@ from app.diagnosis.stacks import judge, parse_dumps
         ("[1,7]<stderr>:Traceback (most recent call last):", 7, None, None),
         ("[4]<stderr>:RuntimeError: x", 4, None, None),
         ("(RayTrainWorker pid=2211, ip=10.0.3.7) RuntimeError: x", None, "10.0.3.7", None),
+        (
+            '{"time": "2025-01-01T00:00:00Z", "rank": 6, "host": "gpu-9", "msg": "OSError: x"}',
+            6,
+            "gpu-9",
+            None,
+        ),
         ("fp16: True", None, None, None),  # a config key is not a host
         ("RuntimeError: CUDA error", None, None, None),
     ],
@@ -54,6 +60,16 @@ from app.diagnosis.stacks import judge, parse_dumps
 def test_parse_line_reads_rank_host_and_gpu(raw, rank, host, gpu):
     line = parse_line(0, raw)
     assert (line.rank, line.host, line.gpu) == (rank, host, gpu)
+
+
+def test_terminal_colours_do_not_hide_an_error():
+    coloured = (
+        "\x1b[31m[rank2]: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB\x1b[0m"
+    )
+    result = diagnose({}, coloured)
+    assert result.category == "cuda_oom"
+    assert result.culprit is not None and result.culprit.rank == 2
+    assert "\x1b" not in "".join(result.evidence)
 
 
 def test_parse_line_reads_timestamps_with_and_without_a_year():
