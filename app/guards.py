@@ -53,7 +53,6 @@ class GuardFacts:
     pause_reason: str = ""
     granted_mutating: int = 0  # whitelisted steps that change something
     would_run: int = 0  # steps not whitelisted, recorded only
-    destructive: bool = False  # a granted step takes capacity away (not read-only, not return-to-service)
     ahead: str | None = None  # description of an earlier open incident on the same node/job
     attempts: Sequence[PastAttempt] = field(default_factory=tuple)  # on this target, within the budget window
     budget_attempts: int = 3
@@ -61,16 +60,14 @@ class GuardFacts:
     backoff: timedelta = timedelta(minutes=10)
     cooldown: timedelta = timedelta(minutes=30)
     last_recovery: PastAttempt | None = None
-    disrupted_nodes: frozenset[str] = frozenset()  # nodes disrupted fleet-wide within the blast window
     blast_max_nodes: int = 3
     blast_window: timedelta = timedelta(hours=1)
     # Blast radius on nodes (see :func:`blast_radius`). ``takes_out``: the nodes the granted steps take out of
-    # service (drain, cordon, reboot; :func:`app.planning.nodes_taken_out`); None when the caller predates node
-    # counting, then derived from ``destructive`` and ``node``. ``taken_out``: nodes taken out fleet-wide within the
-    # window (:func:`app.store.repairs.nodes_taken_out_since`), else ``disrupted_nodes``. ``pool_nodes``: every node of
-    # the partition / node pool of the node taken out (empty: unknown, no share limit), named ``pool``.
-    takes_out: frozenset[str] | None = None
-    taken_out: frozenset[str] | None = None
+    # service (drain, cordon, reboot; :func:`app.planning.nodes_taken_out`). ``taken_out``: nodes taken out
+    # fleet-wide within the window or still out (:func:`app.engine.guard_facts.taken_out_nodes`). ``pool_nodes``:
+    # every node of the partition / node pool of the node taken out (empty: unknown, no share limit), named ``pool``.
+    takes_out: frozenset[str] = frozenset()
+    taken_out: frozenset[str] = frozenset()
     pool: str = ""
     pool_nodes: frozenset[str] = frozenset()
     blast_max_share: float = 1.0
@@ -112,10 +109,7 @@ def blast_radius(f: GuardFacts) -> Verdict:
     """Nodes taken out of service (drain, cordon, reboot) within the window, fleet-wide and per partition/pool.
 
     Job restarts never count, and returning a node to service is never held (it takes nothing out)."""
-    adding = (
-        f.takes_out if f.takes_out is not None else frozenset({f.node} if f.destructive and f.node else ())
-    )
-    out = f.taken_out if f.taken_out is not None else f.disrupted_nodes
+    adding, out = f.takes_out, f.taken_out
     if not adding:
         return Verdict("blast_radius", PASS, "takes no node out of service")
     new = adding - out

@@ -106,7 +106,6 @@ def build(
         pause_reason=pause_reason,
         granted_mutating=sum(1 for p in runs if p.mutating),
         would_run=sum(1 for p in planned if p.status == StepStatus.WOULD_RUN),
-        destructive=any(p.destructive for p in runs),
         takes_out=nodes_taken_out(planned),
         taken_out=history.taken_out,
         ahead=history.ahead,

@@ -16,7 +16,7 @@ BASE = GuardFacts(
     node="node1",
     alert_starts_at=NOW - timedelta(minutes=1),
     granted_mutating=2,
-    destructive=True,
+    takes_out=frozenset({"node1"}),
 )
 
 
@@ -54,7 +54,9 @@ def test_kill_switch_holds_acting_incidents_and_ends_the_chain():
 
 
 def test_kill_switch_does_not_hold_an_advisory_plan():
-    verdicts = guards.evaluate(replace(BASE, paused=True, granted_mutating=0, destructive=False, would_run=3))
+    verdicts = guards.evaluate(
+        replace(BASE, paused=True, granted_mutating=0, takes_out=frozenset(), would_run=3)
+    )
     assert [(v.guard, v.decision, v.outcome) for v in verdicts] == [
         ("kill_switch", PASS, None),
         ("permission", STOP, "advisory"),
@@ -63,16 +65,16 @@ def test_kill_switch_does_not_hold_an_advisory_plan():
 
 
 def test_blast_radius_waits_when_the_limit_of_other_nodes_is_reached():
-    full = replace(BASE, disrupted_nodes=frozenset({"n2", "n3", "n4"}), blast_max_nodes=3)
+    full = replace(BASE, taken_out=frozenset({"n2", "n3", "n4"}), blast_max_nodes=3)
     last = guards.evaluate(full)[-1]
     assert (last.guard, last.decision) == ("blast_radius", WAIT)
     assert "3 node(s) taken out in the last 1h (limit 3): n2, n3, n4" in last.reason
 
 
 def test_blast_radius_counts_a_node_once_and_never_blocks_return_to_service():
-    already = replace(BASE, disrupted_nodes=frozenset({"node1", "n2", "n3"}), blast_max_nodes=3)
+    already = replace(BASE, taken_out=frozenset({"node1", "n2", "n3"}), blast_max_nodes=3)
     assert guards.blast_radius(already).decision == PASS
-    resume_only = replace(BASE, destructive=False, disrupted_nodes=frozenset({"n2", "n3", "n4"}))
+    resume_only = replace(BASE, takes_out=frozenset(), taken_out=frozenset({"n2", "n3", "n4"}))
     assert guards.blast_radius(resume_only).decision == PASS
 
 
@@ -83,9 +85,6 @@ def test_blast_radius_counts_nodes_taken_out_never_job_restarts():
     assert (verdict.decision, verdict.reason) == (PASS, "takes no node out of service")
     drain = replace(restart, takes_out=frozenset({"node1"}))
     assert guards.blast_radius(drain).decision == WAIT
-    # The node counts are the ones taken out, not the legacy ``disrupted_nodes`` (job restarts included).
-    legacy = replace(drain, taken_out=frozenset(), disrupted_nodes=frozenset({"n2", "n3", "n4"}))
-    assert guards.blast_radius(legacy).decision == PASS
 
 
 def test_blast_radius_share_of_the_partition_at_least_one_node():
