@@ -176,12 +176,11 @@ class NodeRepairs:
         return int(repair["id"])
 
     def _lease(self) -> timedelta:
-        """Longer than any one step may take: the validation's timeout plus a command's and the worker's lease."""
+        """Longer than any one step may take: a step is a few bounded backend calls (a validation is started and
+        probed, never awaited), so the worker's lease plus four of the longest call timeout."""
         s = self.deps.settings
-        seconds = (
-            s.worker.lease_seconds + s.repair.validation_timeout_seconds + s.slurm.command_timeout_seconds * 4
-        )
-        return timedelta(seconds=seconds)
+        call = max(s.slurm.command_timeout_seconds, s.kubernetes.request_timeout_seconds)
+        return timedelta(seconds=s.worker.lease_seconds + 4 * call)
 
     # --- operator controls and views ------------------------------------------------------------------------------
 
