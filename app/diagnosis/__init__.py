@@ -30,6 +30,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import re
 import statistics
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -79,6 +80,7 @@ CONFIDENCE_SCALE = 5.0  # score at which strength reaches 1 - 1/e
 SERIOUS = 3.0  # a vote at least this heavy is an error that sustained progress must follow to be survived
 PROGRESS_TO_RESOLVE = 3  # progress lines after an error that show the run survived it
 HANG_GAP_SECONDS = 1800.0  # no progress this long before a time limit or cancel is a hang
+_NAN_VALUE = re.compile(r"(?i)\b(?:nan|inf)\b")
 _YEAR_2001 = 978307200.0  # times before this were parsed from formats without a year
 SHUTDOWN_NOISE = frozenset({"application_error", "nccl_network", "hang"})
 
@@ -419,11 +421,15 @@ def _xid_votes(
     events = xids.xids_from_labels(labels)
     located: list[tuple[LogLine, xids.XidEvent]] = []
     for line, event in reading.xid_lines:
-        if event.code == xids.PREEMPTIVE_CLEANUP_XID and reading.stopped_before(line.index) is not None:
+        # Xid 45 is the driver cleaning up after processes that were killed; with a stop in the log (kernel
+        # lines and job lines are often collected in separate sections, in either order), that is the stop.
+        if event.code == xids.PREEMPTIVE_CLEANUP_XID and reading.first("shutdown") is not None:
             explained.append("Xid 45 (preemptive cleanup) after the job was stopped")
             continue
-        if event.xid_class not in _SEVERE_XID and _survived(reading, line.index):
-            explained.append(f"Xid {event.code} ({event.xid_class}) and the job kept training")
+        if event.xid_class not in _SEVERE_XID and (
+            _survived(reading, line.index) or reading.first("completed")
+        ):
+            explained.append(f"Xid {event.code} ({event.xid_class}) and the job kept training or finished")
             continue
         events.append(event)
         located.append((line, event))
@@ -488,40 +494,14 @@ def _pattern_votes(
     lines: Sequence[str],
 ) -> None:
     """Votes from patterns across lines: SDC, exploding gradients, a gap before a time limit, stacks."""
-    nan_votes = [v for v in votes if v.category == "numerical_divergence" and v.weight >= 5]
-    sources = {
-        (v.line.rank, v.line.host, v.line.gpu) for v in nan_votes if v.line.rank is not None or v.line.host
-    }
-    iterations = {iteration_of(v.line) for v in nan_votes} - {None}
-    if nan_votes and len(sources) == 1 and len(nan_votes) >= 2:
-        restarts = [r for r in reading.restarts if nan_votes[0].line.index < r < nan_votes[-1].line.index]
-        rank, host, gpu = next(iter(sources))
-        others = reading.ranks_seen - {rank}
-        # rank > 0: there are at least rank + 1 ranks, so NaN on this one alone is not the reduced loss's
-        hosts = set(reading.rank_hosts.values()) | {v.line.host for v in votes if v.line.host}
-        several = bool(others or rank or (reading.world_size or 1) > 1 or len(hosts) > 1)
-        if (
-            len(sources) == len({(s[0], s[1]) for s in sources})
-            and (restarts or len(iterations) >= 2)
-            and several
-        ):
-            culprit = Culprit(
-                host or reading.rank_hosts.get(rank),
-                rank,
-                gpu or reading.rank_gpus.get(rank),
-                tuple(v.line.raw.strip() for v in nan_votes[:3]),
-            )
-            tallies["gpu_hardware"].add_fact(
-                f"NaN only on rank {rank}, {len(nan_votes)} times"
-                + (
-                    f" across {len(restarts)} restarts"
-                    if restarts
-                    else f" at iterations {sorted(iterations)}"
-                ),
-                XID_WEIGHT["contact_support"],
-                "NaN on the same GPU at different iterations: suspect silent data corruption",
-                culprit,
-            )
+    if sdc := _silent_corruption(reading, votes):
+        culprit, fact = sdc
+        tallies["gpu_hardware"].add_fact(
+            fact,
+            XID_WEIGHT["contact_support"],
+            "NaN on the same GPU at different iterations: suspect silent data corruption",
+            culprit,
+        )
     if boom := exploding(reading.grad_norms):
         baseline, peak, line = boom
         tallies["numerical_divergence"].add_fact(
@@ -556,6 +536,40 @@ def _pattern_votes(
             )
             for item in stack_verdict.evidence:
                 tallies[stack_verdict.category].facts.append("py-spy: " + item)
+
+
+def _silent_corruption(reading: Reading, votes: list[Vote]) -> tuple[Culprit, str] | None:
+    """NaN values from one rank (or one GPU) only, at two or more iterations or across a restart, in a job of
+    several ranks: the same numbers on the other GPUs stayed finite, so suspect that GPU (silent data
+    corruption), not the model. Rank 0 alone does not count unless the check is per rank (Megatron's "found
+    NaN"): it is often the only rank that logs the loss, which is the same on every rank."""
+    nan_votes = [
+        v
+        for v in votes
+        if v.category == "numerical_divergence" and v.weight >= 5 and _NAN_VALUE.search(v.line.body)
+    ]
+    sources = {(v.line.rank, v.line.host) for v in nan_votes if v.line.rank is not None or v.line.host}
+    if len(nan_votes) < 2 or len(sources) != 1:
+        return None
+    rank, host = next(iter(sources))
+    if rank == 0 and not all("found NaN" in v.line.body or "found Inf" in v.line.body for v in nan_votes):
+        return None
+    hosts = set(reading.rank_hosts.values()) | {v.line.host for v in votes if v.line.host}
+    several = bool(reading.ranks_seen - {rank} or rank or (reading.world_size or 1) > 1 or len(hosts) > 1)
+    restarts = [r for r in reading.restarts if nan_votes[0].line.index < r < nan_votes[-1].line.index]
+    iterations = sorted({iteration_of(v.line) for v in nan_votes} - {None})
+    if not several or not (restarts or len(iterations) >= 2):
+        return None
+    gpu = next((v.line.gpu for v in nan_votes if v.line.gpu), None)
+    culprit = Culprit(
+        host or (reading.rank_hosts.get(rank) if rank is not None else None),
+        rank,
+        gpu or (reading.rank_gpus.get(rank) if rank is not None else None),
+        tuple(v.line.raw.strip() for v in nan_votes[:3]),
+    )
+    who = f"rank {rank}" if rank is not None else f"{host}"
+    when = f"across {len(restarts)} restarts" if restarts else f"at iterations {iterations}"
+    return culprit, f"NaN only on {who}, {len(nan_votes)} times {when}"
 
 
 def _progress_gap(reading: Reading, shutdown: Any, lines: Sequence[str]) -> float | None:
@@ -671,15 +685,20 @@ def _no_fault(
     if scores[winner] > 0:
         seen = f" Weak evidence only: {tallies[winner].top} ({winner}, confidence {confidence:.2f})."
     evidence = [*tallies[winner].facts, *tallies[winner].lines] if scores[winner] > 0 else []
-    if shutdown is not None or completed is not None or explained or (progress and not scores[winner]):
+    quiet = not scores[winner]
+    if shutdown is not None or completed is not None or explained or ((progress or reading.noise) and quiet):
         reasons = []
         if completed is not None:
             reasons.append("the job finished")
         if shutdown is not None:
             reasons.append(shutdown.signature.description)
         reasons.extend(explained)
-        if not reasons:
+        if not reasons and progress:
             reasons.append(f"training progressed ({progress} progress lines) with no failure signature")
+        if not reasons:
+            reasons.append(
+                f"only known harmless messages ({reading.noise} lines: warnings, NCCL information)"
+            )
         markers = [m.raw for m in (shutdown, completed) if m is not None]
         return Diagnosis(
             category=BENIGN,

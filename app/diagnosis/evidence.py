@@ -24,8 +24,8 @@ MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its 
 # world size, gradient norms, restarts.
 _CONTEXT = re.compile(
     r"\bnranks \d|\bnRanks \d|^\s*(?:\[[^\]]*\]:?\s*)*(?:host|rank|exitcode)\s*: |Root Cause \(first observed|"
-    r"world[_ ]size|WORLD_SIZE|grad[_ ]norm|(?i:resum(?:ing|ed) (?:from|training)|loading checkpoint|"
-    r"restart(?:ing)? (?:attempt|worker))|monitoredBarrier"
+    r"world[_ ]size|WORLD_SIZE|grad[_ ]norm|(?i:resum(?:ing|ed)|load(?:ing|ed) (?:the )?checkpoint|restart)|"
+    r"monitoredBarrier"
 )
 _NCCL_RANK = re.compile(
     r"\brank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)"
@@ -35,9 +35,7 @@ _WORLD = re.compile(r"(?i)world[_ ]size['\"]?\s*[:=]\s*(?P<n>\d+)")
 _BLOCK_HOST = re.compile(r"^\s*host\s*: (?P<host>[\w.-]+)")
 _BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+)")
 _GRAD_NORM = re.compile(r"(?i)grad[_ ]norm['\"]?\s*[:=]\s*(?P<v>[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))")
-_RESTART = re.compile(
-    r"(?i)resum(?:ing|ed) (?:from|training)|loading checkpoint|restart(?:ing)? (?:attempt|worker)"
-)
+_RESTART = re.compile(r"(?i)\bresum(?:ing|ed)\b|\bload(?:ing|ed) (?:the )?checkpoint|\brestart(?:ing|ed)?\b")
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
 _BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")

@@ -247,7 +247,7 @@ def test_full_disk_before_a_truncated_checkpoint_is_storage():
 def test_fp16_overflow_skips_are_noise_but_an_exhausted_loss_scale_is_divergence():
     overflow = "[deepspeed] OVERFLOW! Rank 0 Skipping step. Attempted loss scale: {0}, reducing to {1}"
     burst = "\n".join(overflow.format(2**k, 2 ** (k - 1)) for k in range(16, 8, -1))
-    assert diagnose({}, burst).category == "unknown"
+    assert diagnose({}, burst).category == "benign"
     exhausted = f"{burst}\nException: Current loss scale already at minimum - cannot decrease scale anymore."
     assert diagnose({}, exhausted).category == "numerical_divergence"
 
