@@ -49,17 +49,6 @@ from prometheus_client import disable_created_metrics
 
 from sim import checkpoints, faults, gpus, logtext, statedir
 
-# The contract's classes (nightshift_progress.ERROR_CLASSES) and "cuda", a CUDA error ending a lone process.
-ERROR_CLASSES = (
-    "nccl",
-    "cuda",
-    "cuda_oom",
-    "storage_io",
-    "object_store_timeout",
-    "checkpoint_corrupt",
-    "nan",
-)
-
 # Crash fault → the error text the job logs before it exits.
 CRASH_TEXT: dict[str, Callable[[logtext.Context, float], str]] = {
     "nccl": logtext.nccl,
@@ -87,7 +76,7 @@ class Identity:
         identity = nightshift_progress.Identity(
             self.name, self.slurm_job_id, self.namespace, self.pod, self.hostname
         )
-        return nightshift_progress.Progress(identity, error_classes=ERROR_CLASSES)
+        return nightshift_progress.Progress(identity)
 
 
 @dataclass(frozen=True)
@@ -98,7 +87,9 @@ class Settings:
     keep: int = 3
     linger: float = 3.0
     log_every: int = 25
-    nccl_timeout: float = 3.0
+    # NCCL's watchdog gives up after 10 minutes by default; the simulator's after half a second, so that every rank
+    # has logged and counted its error before a remediation that acts within seconds stops the job.
+    nccl_timeout: float = 0.5
     exit_on_gpu_fault: bool = False
 
 
