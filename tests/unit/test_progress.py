@@ -81,7 +81,7 @@ def test_label_values_are_bounded():
 
 def test_every_error_class_starts_at_zero_and_counts():
     progress = Progress(identity_from_env(SLURM_ENV))
-    assert [value(progress, "training_errors_total", error_class=c) for c in ERROR_CLASSES] == [0.0] * 6
+    assert [value(progress, "training_errors_total", error_class=c) for c in ERROR_CLASSES] == [0.0] * 7
     progress.error("nccl")
     assert value(progress, "training_errors_total", error_class="nccl") == 1.0
     with pytest.raises(ValueError, match="unknown error class"):
