@@ -3,11 +3,12 @@
 ``python -m sim.demo [--keep]`` starts, under a fresh ``var/demo/`` and on loopback with free ports, a real Slurm
 (munged, slurmctld, slurmd node1..node4, sshd) and :func:`sim.stack.launch_stack` around it (simulated DCGM
 exporters, Prometheus with the fast rules, Alertmanager, a Grafana stand-in, ``nightshift serve`` acting on Slurm
-over SSH with the Slurm actions whitelisted). It submits a training job to node1 as a real batch job, then plays:
-
-1. Xid 79 on node1 GPU 3 → GpuXidError → incident → drain node1, requeue the job excluding node1 → the job runs
-   on node2 from its last checkpoint → progress verified → the Grafana annotation region.
-2. A silent hang of the job → TrainingHang → incident → requeue → running again → verified → annotation.
+over SSH with the Slurm actions whitelisted). It submits a two-node training job to node1 + node2 as a real batch
+job (srun, one rank per node, each checkpointing), then plays one failure of it: Xid 79 on node2 GPU 3 → every
+rank dies with its NCCL error and node2's exporter reports the Xid (several alerts) → one job incident naming node2
+its culprit → one requeue excluding node2 → the job runs on two other nodes from the ranks' common checkpoint →
+progress verified → the Grafana annotation region; and node2 apart from the job: drained, validated with
+``dcgmi diag -r 2`` (the simulator's look-alike, failing while the Xid is there) → held for a person.
 
 Then it prints where to look. Without ``--keep`` it stops every process by PID and exits 0; with ``--keep`` it
 stays up until Ctrl-C. A stage that does not happen in time ends the demo with exit status 1, naming the stage
@@ -32,7 +33,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from sim import faults
+import requests
+
 from sim.cluster import REPO_ROOT
 from sim.procs import wait_until
 from sim.stack import (
@@ -47,11 +49,12 @@ from sim.stack import (
 
 DEMO_DIR = REPO_ROOT / "var" / "demo"
 MARKER = ".nightshift-demo"
-JOB_NAME = "llama-7b"
-FIRST_NODE = "node1"
+JOB_NAME = "llama-70b"
+JOB_NODES = ("node1", "node2")
+CULPRIT = "node2"
 XID, XID_GPU = 79, 3
-XID_PLAYBOOK = "gpu-xid-node-fault-slurm"
-HANG_PLAYBOOK = "training-hang-slurm"
+# Repair states after which the demo's node stays as it is until a person acts (held) or it is in service.
+REPAIR_END = ("held", "returned", "advisory", "not_ours")
 # Step statuses after which a step will not change again by itself.
 FINISHED_STEPS = ("ok", "would_run", "skipped", "invalid", "failed", "ambiguous", "credential_error")
 
@@ -143,109 +146,185 @@ def _relative(path: Path) -> str:
 
 
 def submit_job(stack: Stack, say: Narrator) -> str:
-    """Submit the training job to node1 and wait until it trains, watched by Prometheus."""
-    job = stack.submit_trainer(JOB_NAME, FIRST_NODE)
+    """Submit the two-node training job and wait until both ranks train and have checkpointed."""
+    job = stack.submit_trainer(JOB_NAME, JOB_NODES)
+    nodes = ",".join(JOB_NODES)
     say.say(
-        f"training job {job} ({JOB_NAME}) submitted: sbatch --requeue -w {FIRST_NODE} --wrap 'python -m sim.trainer'"
+        f"training job {job} ({JOB_NAME}) submitted: sbatch --requeue --nodes=2 -w {nodes} --wrap "
+        "'srun python -m sim.trainer' (one rank per node)"
     )
     with explained_by(_logs(stack)["slurm"]):
-        step = stack.wait_training(job, FIRST_NODE)
-    say.say(f"job {job} RUNNING on {FIRST_NODE}, training: step {step}")
+        step = stack.wait_training(job, JOB_NODES)
+    say.say(f"job {job} RUNNING on {' + '.join(JOB_NODES)}, training: step {step}")
+    query = f'min(training_last_checkpoint_timestamp_seconds{{slurm_job_id="{job}"}}) > 0'
+    wait_for(
+        f"a checkpoint on both ranks of job {job}",
+        lambda: stack.prometheus.query(query),
+        60,
+        _logs(stack)["prometheus"],
+    )
+    say.say(f"both ranks checkpointed (every 25 steps, into checkpoints/{JOB_NAME}/rank0 and rank1)")
     return job
 
 
-def alert_firing(stack: Stack, say: Narrator, alertname: str, **labels: str) -> None:
-    def firing() -> list[dict[str, Any]]:
-        return [
-            alert for alert in stack.prometheus.alerts(alertname) if labels.items() <= alert["labels"].items()
-        ]
+def alerts_firing(stack: Stack, say: Narrator, expected: set[tuple[str, str]]) -> int:
+    """Tell each alert as Prometheus fires it until every (alertname, Hostname) of ``expected`` has; how many
+    distinct alerts fired."""
+    told: set[tuple[str, ...]] = set()
+    keys = ("Hostname", "gpu", "xid", "xid_class", "error_class", "slurm_job_id")
 
-    (alert, *_) = wait_for(f"{alertname} firing", firing, 60, _logs(stack)["prometheus"])
-    keys = ("Hostname", "gpu", "xid", "xid_class", "train_job", "slurm_job_id")
-    say.say(f"alert firing in Prometheus: {alertname}{{{_labels(alert['labels'], keys)}}}")
+    def all_fired() -> bool:
+        for alert in stack.prometheus.alerts():
+            labels = alert["labels"]
+            key = tuple(labels.get(k, "") for k in ("alertname", *keys))
+            if key not in told:
+                told.add(key)
+                say.say(f"alert firing in Prometheus: {labels['alertname']}{{{_labels(labels, keys)}}}")
+        return expected <= {(key[0], key[1]) for key in told}
+
+    wait_for(
+        ", ".join(f"{name} on {node}" for name, node in sorted(expected)),
+        all_fired,
+        60,
+        _logs(stack)["prometheus"],
+    )
+    return len(told)
 
 
-def remediation(
-    stack: Stack, say: Narrator, playbook: str, job: str, after_incident: int, leaves: str | None
-) -> int:
-    """Narrate one incident of ``playbook`` from the webhook to its Grafana region; returns its id.
-
-    ``leaves``: the node the job must leave (requeue excluding it), None when any node will do."""
+def job_incident(stack: Stack, say: Narrator, job: str) -> dict[str, Any]:
+    """Narrate the job's one incident from the webhook to its closing; the incident once closed."""
     logs = _logs(stack)
     nightshift = stack.nightshift
-    restarts = stack.slurm.job_restarts(job)
 
-    with explained_by(logs["nightshift"]):
-        incident = stack.wait_incident(playbook, after=after_incident)
+    def opened() -> dict[str, Any] | None:
+        return next((i for i in nightshift.incidents(job=job) if i.get("kind") == "job"), None)
+
+    incident = wait_for(f"the incident of job {job}", opened, 60, logs["nightshift"])
     number = incident["id"]
-    say.say(
-        f"webhook received: incident #{number} opened (playbook {playbook}, node {incident['node']},"
-        f" job {incident['job']})"
-    )
+    told: set[tuple[str, Any]] = set()
 
-    told: set[tuple[str, int]] = set()
-
-    def steps_finished() -> dict[str, Any] | None:
-        """The incident once its steps are finished or it closed; tells each new diagnosis and finished step."""
-        detail = nightshift.incident(number)
+    def tell(detail: dict[str, Any]) -> None:
+        """Each new joined alert, culprit, diagnosis and finished step, once."""
+        for alert in detail["alerts"]:
+            labels = alert["labels"]
+            if ("alert", alert["fingerprint"]) not in told:
+                told.add(("alert", alert["fingerprint"]))
+                say.say(f"incident #{number} ← {labels['alertname']} from {labels.get('Hostname', '?')}")
+        for culprit in detail["incident"].get("culprits") or []:
+            if ("culprit", culprit["node"]) not in told:
+                told.add(("culprit", culprit["node"]))
+                say.say(f"culprit: {culprit['node']} ({culprit['source']}: {culprit['reason']})")
         for row in detail["ledger"]:
             if row["kind"] == "diagnosis" and ("ledger", row["id"]) not in told:
                 told.add(("ledger", row["id"]))
                 say.say(f"diagnosis: {row['message']}")
-        steps = [s for s in detail["steps"] if s["phase"] == "steps"]
-        for step in steps:
-            if step["status"] in FINISHED_STEPS and ("step", step["id"]) not in told:
+        for step in detail["steps"]:
+            if (
+                step["phase"] == "steps"
+                and step["status"] in FINISHED_STEPS
+                and ("step", step["id"]) not in told
+            ):
                 told.add(("step", step["id"]))
                 command = " ; ".join(_remote(line) for line in (step["command"] or "").splitlines() if line)
                 say.say(f"step {step['name']}: {step['status']} ({command})")
-        finished = steps and all(s["status"] in FINISHED_STEPS for s in steps)
-        return detail if finished or detail["incident"]["outcome"] else None
 
-    detail = wait_for(f"the steps of incident #{number}", steps_finished, 60, logs["nightshift"])
+    say.say(f"webhook received: one job incident #{number} (job {job}, playbook {incident['playbook']})")
+
+    def acted() -> dict[str, Any] | None:
+        detail = nightshift.incident(number)
+        tell(detail)
+        steps = [s for s in detail["steps"] if s["phase"] == "steps"]
+        done = steps and all(s["status"] in FINISHED_STEPS for s in steps)
+        return detail if done or detail["incident"]["outcome"] else None
+
+    detail = wait_for(f"the recovery of incident #{number}", acted, 90, logs["nightshift"])
     steps = [s for s in detail["steps"] if s["phase"] == "steps"]
-    failed = [s for s in steps if s["status"] != "ok"]
-    if not steps or failed:
+    if not steps or any(s["status"] != "ok" for s in steps):
         row = detail["incident"]
-        why = f"step {failed[0]['name']} {failed[0]['status']}" if failed else "no step ran"
-        raise StageFailed(f"incident #{number}: {why} ({row['state']}: {row['reason']})", logs["nightshift"])
+        raise StageFailed(
+            f"incident #{number}: no recovery ran ({row['state']}: {row['reason']})", logs["nightshift"]
+        )
 
-    def running_again() -> str | None:
-        node = stack.slurm.job_nodes(job)
-        moved = node and node != leaves
-        back = stack.slurm.squeue_state(job) == "RUNNING" and stack.slurm.job_restarts(job) > restarts
-        return node if moved and back and len(stack.resumes(job)) > restarts else None
+    with explained_by(logs["slurm"]):
+        nodes = stack.wait_running(job, avoid=[CULPRIT])
+    wait_for(f"job {job} resumed", lambda: stack.resumes(job), 30, logs["slurm"])
+    say.say(
+        f"job {job} RUNNING on {' + '.join(nodes)}, both ranks resumed from checkpoint step {stack.resumes(job)[-1]}"
+    )
 
-    node = wait_for(f"job {job} RUNNING again", running_again, 60, logs["slurm"])
-    say.say(f"job {job} RUNNING on {node} (resumed from checkpoint step {stack.resumes(job)[-1]})")
+    def closed() -> dict[str, Any] | None:
+        detail = nightshift.incident(number)
+        tell(detail)
+        return detail if detail["incident"]["outcome"] else None
 
-    with explained_by(logs["nightshift"]):
-        row = stack.wait_closed(number)["incident"]
+    detail = wait_for(f"incident #{number} to close", closed, 90, logs["nightshift"])
+    row = detail["incident"]
     if row["outcome"] != "recovered":
         raise StageFailed(f"incident #{number} ended {row['outcome']}: {row['reason']}", logs["nightshift"])
     say.say(f"progress verified: incident #{number} recovered ({row['reason']})")
+    return detail
+
+
+def node_repair(stack: Stack, say: Narrator, node: str) -> dict[str, Any]:
+    """Narrate ``node``'s repair, step by step, until it is held or back in service; its repair row."""
+
+    def settled() -> dict[str, Any] | None:
+        try:
+            current = stack.nightshift.get(f"/api/v1/nodes/{node}")["current"]
+        except requests.HTTPError:  # 404 until a repair of the node exists
+            return None
+        return current if current["state"] in REPAIR_END else None
+
+    current = wait_for(f"{node}'s repair to settle", settled, 120, _logs(stack)["nightshift"])
+    say.say(f"{node} repair #{current['id']}, apart from the job: {current['reason']}")
+    for step in current["steps"] or []:
+        command = " ; ".join(_remote(line) for line in (step["command"] or "").splitlines() if line)
+        finding = next((line for line in (step["output"] or "").splitlines() if "Warning:" in line), "")
+        detail = f", {' '.join(finding.strip('| ').split())}" if finding else ""
+        exit_code = f", exit {step['exit_code']}" if step["exit_code"] is not None else ""
+        say.say(f"{node} repair step {step['name']}: {step['status']} ({command}{exit_code}{detail})")
+    if current["state"] == "held":
+        say.say(
+            f"{node} held for a person, still drained ({stack.slurm.node_reason(node)}): {current['held_reason']}"
+        )
+    else:
+        say.say(f"{node} {current['state']}: {stack.slurm.node_state(node)}")
+    return current
+
+
+def episode(stack: Stack, say: Narrator, job: str) -> None:
+    say.section(
+        f"Xid {XID} (GPU fell off the bus) on {CULPRIT} GPU {XID_GPU}, under a job on {' + '.join(JOB_NODES)}"
+    )
+    stack.inject_xid(CULPRIT, XID, XID_GPU)
+    say.say(f"fault injected: Xid {XID} on {CULPRIT} GPU {XID_GPU}")
+    expected = {("GpuXidError", CULPRIT), *(("TrainingJobError", node) for node in JOB_NODES)}
+    fired = alerts_firing(stack, say, expected)
+    detail = job_incident(stack, say, job)
+    repair = node_repair(stack, say, CULPRIT)
+    number = detail["incident"]["id"]
+    others = [i for i in stack.nightshift.incidents() if i["id"] != number]
+    for other in others:  # what else the episode's alerts opened, said as it is
+        say.say(
+            f"also incident #{other['id']} ({other.get('kind')}, {other['playbook']}, node {other['node']}): "
+            f"{other['state']}, {other['reason']}"
+        )
+    requeues = sum(1 for s in detail["steps"] if s["action"] == "slurm.requeue_job" and s["status"] == "ok")
+    say.say(
+        f"one failure: {fired} alerts from {len(JOB_NODES)} ranks and {CULPRIT}'s exporter → one job incident "
+        f"(+{len(others)} other), {requeues} requeue, the job running again; {CULPRIT} {repair['state']}"
+    )
 
     def region() -> dict[str, Any] | None:
-        tags = ("nightshift", f"playbook:{playbook}", f"job:{job}", "outcome:recovered")
-        return next(iter(stack.grafana.annotations(*tags)), None)
+        return next(iter(stack.grafana.annotations("nightshift", f"job:{job}", "outcome:recovered")), None)
 
-    annotation = wait_for(f"the Grafana region of incident #{number}", region, 30, logs["grafana"])
+    annotation = wait_for(f"the Grafana region of incident #{number}", region, 30, _logs(stack)["grafana"])
     seconds = (annotation["timeEnd"] - annotation["time"]) / 1000
     say.say(
         f"Grafana annotation {annotation['id']}: region {_clock(annotation['time'])} → "
         f"{_clock(annotation['timeEnd'])} UTC ({seconds:.1f} s), tags {', '.join(annotation['tags'])}"
     )
-    return number
-
-
-def xid_scenario(stack: Stack, say: Narrator, job: str) -> int:
-    say.section(f"1. Xid {XID} (GPU fell off the bus) on {FIRST_NODE} GPU {XID_GPU}")
-    faults.inject_xid(stack.sim.state_dir, FIRST_NODE, XID_GPU, XID)
-    say.say(f"fault injected: Xid {XID} on {FIRST_NODE} GPU {XID_GPU}")
-    alert_firing(stack, say, "GpuXidError", Hostname=FIRST_NODE, xid=str(XID))
-    number = remediation(stack, say, XID_PLAYBOOK, job, after_incident=0, leaves=FIRST_NODE)
-    say.say(f"{FIRST_NODE} stays drained ({stack.slurm.node_reason(FIRST_NODE)}) until a person resumes it")
     people_heard(stack, say, number)
-    return number
 
 
 def people_heard(stack: Stack, say: Narrator, number: int) -> None:
@@ -268,17 +347,6 @@ def people_heard(stack: Stack, say: Narrator, number: int) -> None:
         _logs(stack)["nightshift"],
     )
     say.say(f"notification (local sink /notify): {notice['text'].splitlines()[0]}")
-
-
-def hang_scenario(stack: Stack, say: Narrator, job: str, after_incident: int) -> None:
-    say.section(f"2. silent hang of {JOB_NAME} (job {job})")
-    node = stack.slurm.job_nodes(job)
-    with explained_by(_logs(stack)["prometheus"]):
-        stack.wait_window(job, node)
-    faults.inject_job_fault(stack.sim.state_dir, JOB_NAME, "hang")
-    say.say(f"fault injected: {JOB_NAME} hangs on {node} (stops stepping, stays alive, logs nothing)")
-    alert_firing(stack, say, "TrainingHang", slurm_job_id=job)
-    remediation(stack, say, HANG_PLAYBOOK, job, after_incident=after_incident, leaves=None)
 
 
 def where_to_look(stack: Stack, say: Narrator, keep: bool) -> None:
@@ -343,8 +411,7 @@ def run(args: argparse.Namespace, say: Narrator, stop: contextlib.ExitStack) -> 
         f"{FAST_WINDOW}, polled every {FAST_VERIFY_INTERVAL} (the fast rules of rules/sim/ judge 10 s windows)"
     )
     job = submit_job(stack, say)
-    incident = xid_scenario(stack, say, job)
-    hang_scenario(stack, say, job, after_incident=incident)
+    episode(stack, say, job)
     say.section(f"done in {say.clock() - say.start:.0f} s")
     where_to_look(stack, say, args.keep)
     if args.keep:
