@@ -143,14 +143,7 @@ class SshRunner:
         """Run ``argv`` remotely; wait up to ``timeout`` seconds (default: the configured command timeout)."""
         command = self.command_line(argv)
         stdout, stderr, exit_code, duration = self._exec(command, timeout)
-        return CommandResult(
-            argv=tuple(argv),
-            command=command,
-            exit_code=exit_code,
-            stdout=_decode(stdout),
-            stderr=_decode(stderr),
-            duration=duration,
-        )
+        return _result(argv, command, (stdout, stderr, exit_code), duration)
 
     def _exec(self, command: str, timeout: float | None) -> tuple[bytes, bytes, int, float]:
         """Run the remote ``command`` line on a new channel: (stdout, stderr, exit code, seconds)."""
@@ -206,15 +199,8 @@ class SshRunner:
             raise failure
         duration = time.monotonic() - started
         return [
-            CommandResult(
-                argv=tuple(argv),
-                command=command,
-                exit_code=exit_code,
-                stdout=_decode(stdout),
-                stderr=_decode(stderr),
-                duration=duration,
-            )
-            for argv, command, (stdout, stderr, exit_code) in zip(argvs, commands, outputs, strict=True)
+            _result(argv, command, output, duration)
+            for argv, command, output in zip(argvs, commands, outputs, strict=True)
         ]
 
     def check(self) -> None:
@@ -363,6 +349,20 @@ class SshRunner:
                 output=_decode(out) + _decode(err),
             )
         return bytes(out), bytes(err), exit_code
+
+
+def _result(
+    argv: Sequence[str], command: str, output: tuple[bytes, bytes, int], duration: float
+) -> CommandResult:
+    stdout, stderr, exit_code = output
+    return CommandResult(
+        argv=tuple(argv),
+        command=command,
+        exit_code=exit_code,
+        stdout=_decode(stdout),
+        stderr=_decode(stderr),
+        duration=duration,
+    )
 
 
 def _append_bounded(buffer: bytearray, data: bytes) -> None:

@@ -5,7 +5,6 @@ cannot be written never fails the job."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,15 +15,6 @@ from tests.fixtures.procs import wait_until
 from tests.fixtures.slurm import SlurmCluster
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def attached(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Path]:
-    state = tmp_path / "state"
-    state.mkdir()
-    clean_slurm.attach_sim(state)
-    yield state
-    clean_slurm.attach_sim(None)
 
 
 def _jobs_on(state: Path, node: str, gpu: int) -> list[str]:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,16 +19,6 @@ from tests.fixtures.slurm import SlurmCluster
 pytestmark = pytest.mark.integration
 
 JOB = "llama-70b"
-
-
-@pytest.fixture
-def attached(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Path]:
-    """A simulator state directory that the Slurm cluster's node tools (dcgmi) read; detached at teardown."""
-    state = tmp_path / "state"
-    state.mkdir()
-    clean_slurm.attach_sim(state)
-    yield state
-    clean_slurm.attach_sim(None)
 
 
 def test_the_cluster_has_four_idle_nodes(clean_slurm: SlurmCluster) -> None:
