@@ -750,6 +750,18 @@ def _odd_rank_out(reading: Reading) -> Culprit | None:
     if len(reading.barrier_failed) == 1:  # torch's monitored_barrier names the rank that did not arrive
         ((rank, line),) = reading.barrier_failed.items()
         return Culprit(reading.rank_hosts.get(rank), rank, reading.rank_gpus.get(rank), (line.raw.strip(),))
+    if len(reading.enqueued) >= 3:  # the rank that never enqueued the collective the others wait in
+        (low, (count, line)), *rest = sorted(reading.enqueued.items(), key=lambda item: item[1][0])
+        if count < min(other for _, (other, _) in rest):
+            return Culprit(
+                reading.rank_hosts.get(low),
+                low,
+                reading.rank_gpus.get(low),
+                (
+                    f"rank {low} last enqueued NCCL work {count}; every other rank got further",
+                    line.raw.strip(),
+                ),
+            )
     timeouts = reading.timeouts
     if len(timeouts) < 2:
         return None

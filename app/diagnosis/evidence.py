@@ -25,7 +25,7 @@ MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its 
 _CONTEXT = re.compile(
     r"\bnranks \d|\bnRanks \d|^\s*(?:\[[^\]]*\]:?\s*)*(?:host|rank|exitcode)\s*: |Root Cause \(first observed|"
     r"world[_ ]size|WORLD_SIZE|grad[_ ]norm|(?i:resum(?:ing|ed)|load(?:ing|ed) (?:the )?checkpoint|restart)|"
-    r"monitoredBarrier"
+    r"monitoredBarrier|last enqueued NCCL work"
 )
 _NCCL_RANK = re.compile(
     r"\brank (?P<rank>\d+) nranks (?P<n>\d+) cudaDev (?P<dev>\d+)(?: nvmlDev \d+)? busId (?P<bus>[0-9a-fA-F]+)"
@@ -38,6 +38,7 @@ _GRAD_NORM = re.compile(r"(?i)grad[_ ]norm['\"]?\s*[:=]\s*(?P<v>[-+]?(?:\d+\.?\d
 _RESTART = re.compile(r"(?i)\bresum(?:ing|ed)\b|\bload(?:ing|ed) (?:the )?checkpoint|\brestart(?:ing|ed)?\b")
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
+_ENQUEUED = re.compile(r"last enqueued NCCL work: (?P<n>-?\d+)")
 _BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _SECTION = re.compile(r"==> (?P<title>.{1,200}) <==\s*$")  # tail's and our collect actions' section headers
@@ -88,9 +89,9 @@ class Reading:
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
     timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
-    barrier_failed: dict[int, LogLine] = field(
-        default_factory=dict
-    )  # ranks monitored_barrier names, with the line
+    # the ranks monitored_barrier names as not arriving, with the line naming them
+    barrier_failed: dict[int, LogLine] = field(default_factory=dict)
+    enqueued: dict[int, tuple[int, LogLine]] = field(default_factory=dict)  # rank -> last enqueued NCCL work
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -186,6 +187,8 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         if "monitoredBarrier" in body and (barrier := _BARRIER.search(body)):
             for rank_text in barrier["ranks"].split(","):
                 reading.barrier_failed.setdefault(int(rank_text), parsed)
+        if parsed.rank is not None and "last enqueued" in body and (enqueued := _ENQUEUED.search(body)):
+            reading.enqueued.setdefault(parsed.rank, (int(enqueued["n"]), parsed))
         if _WATCHDOG in body and parsed.rank is not None and (seq := _SEQ.search(body)):
             reading.timeouts.setdefault(parsed.rank, (int(seq["seq"]), seq["op"], parsed))
     return reading

@@ -234,3 +234,13 @@ def test_shutdown_noise_ends_where_the_job_runs_again():
     assert diagnose({}, f"{stop}\n{crash}").category == BENIGN
     assert diagnose({}, f"{stop}\n{rerun}\n{crash}").category == "nccl_network"
     assert diagnose({}, f"{stop}\nstep 60 loss 2.0\n{crash}").category == "nccl_network"
+
+
+def test_the_rank_that_enqueued_least_is_the_culprit():
+    line = (
+        "[rank{0}]:[E321 02:07:08.4 ProcessGroupNCCL.cpp:1664] [PG 1 Rank {0}] Exception (either an error or "
+        "timeout) detected by watchdog at work: 1580, last enqueued NCCL work: {1}, last completed NCCL work: 1579."
+    )
+    text = "\n".join(line.format(rank, 1579 if rank == 5 else 1582) for rank in range(8))
+    result = diagnose({}, text)
+    assert result.culprit is not None and result.culprit.rank == 5
