@@ -55,13 +55,20 @@ def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -
 
 
 def add_culprit(
-    culprits: Sequence[Mapping[str, Any]] | None, node: str, source: str, reason: str
+    culprits: Sequence[Mapping[str, Any]] | None,
+    node: str,
+    source: str,
+    reason: str,
+    playbook: str | None = None,
 ) -> list[dict[str, Any]] | None:
-    """``culprits`` with ``node`` named by ``source``; None when it is already there (nothing to write)."""
+    """``culprits`` with ``node`` named by ``source``; None when it is already there (nothing to write).
+    ``playbook``: the node-scoped playbook that named it, whose ``node_repair`` says how to repair it (None:
+    named by the diagnosis, repaired with the scheduler's defaults)."""
     current = [dict(c) for c in culprits or ()]
     if any(c["node"] == node for c in current) or len(current) >= MAX_CULPRITS_KEPT:
         return None
-    return [*current, {"node": node, "source": source, "reason": reason, "confirmed": None}]
+    entry = {"node": node, "source": source, "reason": reason, "playbook": playbook, "confirmed": None}
+    return [*current, entry]
 
 
 def confirm(culprits: Iterable[Mapping[str, Any]], allocation: Iterable[str]) -> list[dict[str, Any]]:

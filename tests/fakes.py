@@ -349,3 +349,31 @@ class RepairBench:
 
     def close(self) -> None:
         self.store.dispose()
+
+
+class FakeSlurm:
+    """What the engine asks Slurm about a job (``job_info``, ``expand_hostlist``), from ``jobs``: id → (state,
+    comma-separated nodes). An unknown job raises NotFound, as ``scontrol show job`` does."""
+
+    name: ClassVar[str] = "slurm"
+
+    def __init__(
+        self, jobs: Mapping[str, tuple[str, str]] | None = None, default: tuple[str, str] | None = None
+    ) -> None:
+        """``default``: what any other job is (None: an unknown job is not found)."""
+        self.jobs: dict[str, tuple[str, str]] = dict(jobs or {})
+        self.default = default
+        self.lookups = 0
+
+    def job_info(self, job_id: str) -> Any:
+        from app.clients.slurm import JobInfo
+        from app.errors import NotFound
+
+        self.lookups += 1
+        if job_id not in self.jobs and self.default is None:
+            raise NotFound(f"scontrol show job {job_id}: Invalid job id specified")
+        state, nodes = self.jobs.get(job_id) or self.default or ("", "")
+        return JobInfo(job_id, state, nodes, "None", 0, "", "", True, "")
+
+    def expand_hostlist(self, hostlist: str) -> list[str]:
+        return [node for node in hostlist.split(",") if node]

@@ -73,10 +73,9 @@ def explain(deps: EngineDeps, notification: Notification) -> dict[str, Any]:
                 draft.alerts.append(name)
             draft.matched.append((playbook, alert, target.values))
             if episode.culprit:
-                named = episodes.add_culprit(draft.culprits, episode.culprit, playbook.name, name)
+                named = episodes.add_culprit(draft.culprits, episode.culprit, name, "", playbook.name)
                 if named is not None:
                     draft.culprits = named
-                    draft.repairers[episode.culprit] = playbook.name
             entry["episodes"].append(episode.open_key)
     now = deps.clock.now()
     return {"alerts": alerts, "episodes": [_episode(deps, draft, now) for draft in drafts.values()]}
@@ -111,9 +110,8 @@ def _episode(deps: EngineDeps, draft: _Draft, now: datetime) -> dict[str, Any]:
     else:
         report["job_plan"] = _job_plan(deps, leading, inc, draft, alert.starts_at, now)
     report["node_plans"] = [
-        _node_plan(deps, node, target.get("scheduler", "slurm"), draft.repairers[node], inc)
-        for node in report["culprits"]
-        if node in draft.repairers
+        _node_plan(deps, c["node"], target.get("scheduler", "slurm"), c["playbook"], inc)
+        for c in draft.culprits
     ]
     return report
 
@@ -182,7 +180,7 @@ def _job_plan(
 
 
 def _node_plan(
-    deps: EngineDeps, node: str, scheduler: str, playbook: str, inc: Mapping[str, Any]
+    deps: EngineDeps, node: str, scheduler: str, playbook: str | None, inc: Mapping[str, Any]
 ) -> dict[str, Any]:
     repair = {
         "id": 0,
@@ -190,7 +188,7 @@ def _node_plan(
         "scheduler": scheduler,
         "playbook": playbook,
         "incident_id": None,
-        "reason": f"culprit named by {playbook}",
+        "reason": f"culprit named by {playbook or 'the diagnosis'}",
         "repairs": 1,
     }
     planned = plan_repair(deps, repair, inc)

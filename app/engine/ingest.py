@@ -186,7 +186,9 @@ def _join(
     changes: dict[str, Any] = {}
     notes = []
     if episode.culprit:
-        named = episodes.add_culprit(incident["culprits"], episode.culprit, name, _culprit_reason(alert))
+        named = episodes.add_culprit(
+            incident["culprits"], episode.culprit, name, _culprit_reason(alert), playbook.name
+        )
         if named is not None:
             changes["culprits"] = named
             notes.append(f"culprit {episode.culprit}")
@@ -226,7 +228,7 @@ def _incident_values(
         "open_key": episode.open_key,
         "state": State.OPEN,
         "culprits": episodes.add_culprit(
-            (), episode.culprit, alert.labels.get("alertname", ""), _culprit_reason(alert)
+            (), episode.culprit, alert.labels.get("alertname", ""), _culprit_reason(alert), playbook.name
         )
         if episode.culprit
         else [],

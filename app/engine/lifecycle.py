@@ -43,6 +43,7 @@ from app.templates import render_promql
 log = logging.getLogger(__name__)
 
 Incident = dict[str, Any]
+ALLOCATION_TRIES = 3  # looks at a job's allocation before its recovery goes ahead without exclusions
 BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"
 
 # A repaired node incident closes with the repair's verdict.
@@ -157,7 +158,19 @@ class Lifecycle:
         try:
             status = job_status(self.deps.clients, inc["target"])
         except (BackendError, ConfigError) as exc:
-            self._ledger(inc, "culprits_unconfirmed", f"cannot read job {inc['job']}'s allocation: {exc}")
+            # Bounded: the job's recovery never waits long on the scheduler's view (not at all when no access
+            # to it is configured). Unconfirmed culprits are neither excluded nor drained.
+            with self.deps.store.read() as conn:
+                tries = 1 + sum(
+                    1 for r in records.ledger_for(conn, inc["id"]) if r["kind"] == "culprits_unconfirmed"
+                )
+            last = tries >= ALLOCATION_TRIES or isinstance(exc, ConfigError)
+            then = "recovering the job without excluding any node" if last else "will ask again"
+            self._ledger(
+                inc, "culprits_unconfirmed", f"cannot read job {inc['job']}'s allocation ({exc}): {then}"
+            )
+            if last:
+                return episodes.Exclusion(), 0
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
         confirmed = episodes.confirm(culprits, status.nodes)
         outside = [c["node"] for c in confirmed if not c["confirmed"]]
@@ -361,7 +374,7 @@ class Lifecycle:
                     conn,
                     node=node,
                     scheduler=inc["target"].get("scheduler", "slurm"),
-                    playbook=self._repair_playbook(inc, node, playbook),
+                    playbook=_culprit(inc, node).get("playbook"),
                     incident_id=inc["id"],
                     reason=f"culprit of job {inc['job']}: {_culprit_reason(inc, node)}"[:500],
                     now=now,
@@ -370,22 +383,6 @@ class Lifecycle:
         self._transition(start)
         self._count_unrun(planned)
         return self._act(inc, playbook)
-
-    def _repair_playbook(self, inc: Incident, node: str, fallback: Playbook) -> str:
-        """The node-scoped playbook that named ``node`` (its ``node_repair`` says how to repair it)."""
-        with self.deps.store.read() as conn:
-            alerts = records.get_alerts_for_incident(conn, inc["id"])
-        for alert in alerts:
-            for playbook in self.deps.playbooks.match(alert["labels"]):
-                if playbook.node_repair is None:
-                    continue
-                try:
-                    target = playbook.render_target(alert["labels"], alert["annotations"])
-                except ParamError:
-                    continue
-                if target.get("node") == node:
-                    return playbook.name
-        return fallback.name
 
     def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
@@ -704,6 +701,10 @@ def _benign(diagnosis: Mapping[str, Any] | None) -> bool:
     return bool(diagnosis) and diagnosis.get("category") in BENIGN_CATEGORIES
 
 
+def _culprit(inc: Incident, node: str) -> Mapping[str, Any]:
+    return next((c for c in inc["culprits"] or () if c["node"] == node), {})
+
+
 def _culprit_reason(inc: Incident, node: str) -> str:
-    named = next((c for c in inc["culprits"] or () if c["node"] == node), None)
+    named = _culprit(inc, node)
     return f"{named['source']}: {named['reason']}" if named else "named by the diagnosis"

@@ -21,7 +21,7 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records
-from tests.fakes import FakeClock, FakePrometheus, FakeSample, fake_actions
+from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.payloads import alert, payload, xid
 
 PLAYBOOK = """
@@ -101,7 +101,8 @@ def make_world(
     correlation_seconds: int = 0,
     **guard_settings: Any,
 ) -> World:
-    """``correlation_seconds`` 0: a job incident acts at once (the window has its own tests, test_episodes.py)."""
+    """``correlation_seconds`` 0: a job incident acts at once (the window has its own tests, test_episodes.py).
+    Every job runs, on no node the alerts name: culprits stay evidence (test_episodes.py covers exclusion)."""
     clock = FakeClock()
     actions = fake_actions()
     registry = ActionRegistry(actions.values())
@@ -129,7 +130,9 @@ def make_world(
         playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
         registry=registry,
         permissions=Permissions(Grant(action=name) for name in grants),
-        clients=Clients(settings, prometheus=prometheus, http=Notifier()),
+        clients=Clients(
+            settings, prometheus=prometheus, http=Notifier(), slurm=FakeSlurm(default=("RUNNING", ""))
+        ),
         clock=clock,
         metrics=Metrics(),
         diagnose=diagnose,
@@ -443,6 +446,7 @@ def test_grafana_region_opens_with_the_incident_and_closes_with_its_outcome(tmp_
         prometheus=w.prometheus,
         grafana=GrafanaClient(settings.grafana.url, token="glsa_test"),
         http=w.engine.deps.clients.http,
+        slurm=w.engine.deps.clients.slurm,
     )
     with grafana_contract(settings.grafana.url, "glsa_test") as grafana:
         incident_id = w.send(alert(xid())).opened[0]
@@ -473,6 +477,7 @@ def test_grafana_down_never_fails_the_remediation(tmp_path):
         prometheus=w.prometheus,
         http=w.engine.deps.clients.http,
         grafana=GrafanaClient(settings.grafana.url, token="t", timeout=0.5),
+        slurm=w.engine.deps.clients.slurm,
     )
     incident_id = w.send(alert(xid())).opened[0]
     w.run()

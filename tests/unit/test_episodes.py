@@ -395,3 +395,23 @@ def test_the_correlation_rules_are_pure():
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).refused  # the whole job
     assert episodes.exclusion([{"node": "a", "confirmed": True}], None, 2, 0.5).nodes == ("a",)
     assert episodes.add_culprit([{"node": "a"}], "a", "x", "y") is None
+
+
+def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_excluding_none(tmp_path):
+    class Unreachable(FakeSlurm):
+        def job_info(self, job_id: str) -> Any:
+            from app.errors import Unavailable
+
+            self.lookups += 1
+            raise Unavailable("ssh: connection refused")
+
+    w = make_world(tmp_path, slurm=Unreachable())
+    w.send(alert(xid(node="node2", job="4242")))
+    for _ in range(3):
+        w.run()
+        w.clock.advance(30)
+    w.run()
+    ledger = w.engine.incident(w.only()["id"])["ledger"]
+    assert [r["kind"] for r in ledger].count("culprits_unconfirmed") == 3
+    assert w.requeue.script.calls == [{"job": "4242"}]  # job first; the unconfirmed node is not excluded
+    assert w.repair("node2") is None  # nor taken out
