@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -74,7 +75,8 @@ def _run(stack: Stack, verdict: str) -> Episode:
         return repairs if repairs["current"]["state"] in SETTLED else None
 
     repair = wait_until(settled, 180, f"{CULPRIT}'s repair to settle")
-    node_settled = time.time() - fault
+    # When the repair reached held/returned, by its own record (it may settle before the job runs again).
+    node_settled = datetime.fromisoformat(repair["current"]["updated_at"]).timestamp() - fault
     (incident,) = [i for i in stack.nightshift.incidents(job=job) if i.get("kind") == "job"]
     detail = stack.wait_closed(incident["id"], timeout=180)
     return Episode(stack, verdict, job, checkpoint, detail, repair, running_again, node_settled)  # type: ignore[arg-type]
