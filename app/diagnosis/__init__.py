@@ -80,6 +80,13 @@ CONFIDENCE_SCALE = 5.0  # score at which strength reaches 1 - 1/e
 SERIOUS = 3.0  # a vote at least this heavy is an error that sustained progress must follow to be survived
 PROGRESS_TO_RESOLVE = 3  # progress lines after an error that show the run survived it
 HANG_GAP_SECONDS = 1800.0  # no progress this long before a time limit or cancel is a hang
+# The launcher reporting that a worker failed, not what failed in it.
+_LAUNCHER_ERROR = re.compile(r"ChildFailedError|SignalException|ProcessExitedException|ProcessRaisedException")
+# NCCL errors that only report a peer gone: a consequence when the log shows why it went.
+_PEER_GONE = re.compile(
+    r"remote process exited|ncclRemoteError|Connection closed by remote peer|socket progress error|"
+    r"exiting prematurely|Connection reset by peer"
+)
 _NAN_VALUE = re.compile(r"(?i)\b(?:nan|inf)\b")
 _YEAR_2001 = 978307200.0  # times before this were parsed from formats without a year
 SHUTDOWN_NOISE = frozenset({"application_error", "nccl_network", "hang"})
@@ -645,18 +652,22 @@ def _discounted(raw: Mapping[str, float], tallies: Mapping[str, _Tally]) -> dict
     """Scores with consequences of a decisive cause discounted (causes judged on raw scores).
 
     An application exception that precedes the first NCCL error is that error's cause: one rank's bug makes
-    every peer's collective fail."""
+    every peer's collective fail. NCCL errors that only say a peer went away ("remote process exited") are the
+    consequence of whatever made it go (a crash, the OOM killer) whenever the log shows one."""
     scores = dict(raw)
     first_app = _first_specific(tallies["application_error"])
     first_nccl = min((v.line.index for v in tallies["nccl_network"].votes), default=None)
     app_first = first_app is not None and (first_nccl is None or first_app < first_nccl)
+    nccl_votes = tallies["nccl_network"].votes
+    peer_gone = bool(nccl_votes) and all(_PEER_GONE.search(v.line.body) for v in nccl_votes)
+    crash_seen = first_app is not None or raw["host_oom"] >= SERIOUS  # a named crash, not just a traceback
     for consequence, causes in _CAUSES.items():
         decisive = [cause for cause in causes if raw[cause] >= CAUSE_MIN]
-        if consequence == "application_error" and decisive == ["nccl_network"] and app_first:
+        if consequence == "application_error" and decisive == ["nccl_network"] and (app_first or peer_gone):
             continue
         if decisive:
             scores[consequence] *= CONSEQUENCE_FACTOR
-    if app_first and raw["application_error"] >= CAUSE_MIN:
+    if (app_first and raw["application_error"] >= CAUSE_MIN) or (peer_gone and crash_seen):
         scores["nccl_network"] *= CONSEQUENCE_FACTOR
     return scores
 
@@ -664,7 +675,10 @@ def _discounted(raw: Mapping[str, float], tallies: Mapping[str, _Tally]) -> dict
 def _first_specific(tally: _Tally) -> int | None:
     """The line index of the first application error that names what went wrong (an exception type or a
     crash), not just that something did (a traceback header, an exit code)."""
-    return min((v.line.index for v in tally.votes if v.weight >= 3), default=None)
+    return min(
+        (v.line.index for v in tally.votes if v.weight >= 3 and not _LAUNCHER_ERROR.search(v.line.body)),
+        default=None,
+    )
 
 
 def _no_fault(

@@ -244,3 +244,25 @@ def test_the_rank_that_enqueued_least_is_the_culprit():
     text = "\n".join(line.format(rank, 1579 if rank == 5 else 1582) for rank in range(8))
     result = diagnose({}, text)
     assert result.culprit is not None and result.culprit.rank == 5
+
+
+PEER_GONE = "\n".join(
+    f"[rank{r}]: torch.distributed.DistBackendError: NCCL error in: x.cpp:1970, remote process exited or there "
+    "was a network error, NCCL version 2.21.5"
+    for r in (1, 2)
+)
+
+
+def test_peers_reporting_a_dead_rank_are_the_consequence_of_its_crash():
+    summary = (
+        "Root Cause (first observed failure):\n[0]:\n  host      : gpu-n2\n  rank      : 4 (local_rank: 0)\n"
+    )
+    crash = f"{PEER_GONE}\n{summary}  exitcode  : -11 (pid: 55121)\n  traceback : Signal 11 (SIGSEGV) received by PID 55121"
+    result = diagnose({}, crash)
+    assert result.category == "application_error"
+    assert result.culprit is not None and (result.culprit.rank, result.culprit.node) == (4, "gpu-n2")
+    # Without a named crash, a peer gone is all there is: the NCCL failure stands.
+    launcher_only = (
+        f"{PEER_GONE}\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n  exitcode  : 1"
+    )
+    assert diagnose({}, launcher_only).category == "nccl_network"
