@@ -257,7 +257,8 @@ def test_peers_reporting_a_dead_rank_are_the_consequence_of_its_crash():
     summary = (
         "Root Cause (first observed failure):\n[0]:\n  host      : gpu-n2\n  rank      : 4 (local_rank: 0)\n"
     )
-    crash = f"{PEER_GONE}\n{summary}  exitcode  : -11 (pid: 55121)\n  traceback : Signal 11 (SIGSEGV) received by PID 55121"
+    signal = "  exitcode  : -11 (pid: 55121)\n  traceback : Signal 11 (SIGSEGV) received by PID 55121"
+    crash = f"{PEER_GONE}\n{summary}{signal}"
     result = diagnose({}, crash)
     assert result.category == "application_error"
     assert result.culprit is not None and (result.culprit.rank, result.culprit.node) == (4, "gpu-n2")
