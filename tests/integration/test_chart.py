@@ -77,9 +77,9 @@ def test_helm_lint_is_clean(helm: str, values: Path | None) -> None:
 def test_the_values_sets_cover_every_template(helm: str) -> None:
     rendered = {kind for values in ALL_VALUES for kind in kinds(render(helm, *values_args(values)))}
     assert rendered == {
-        "ConfigMap", "Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding",
-        "PersistentVolumeClaim", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule", "PodMonitor",
-        "AlertmanagerConfig",
+        "ConfigMap", "Deployment", "Service", "ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role",
+        "RoleBinding", "PersistentVolumeClaim", "PodDisruptionBudget", "ServiceMonitor", "PrometheusRule",
+        "PodMonitor", "AlertmanagerConfig",
     }  # fmt: skip
 
 
@@ -92,7 +92,7 @@ def test_the_defaults_are_one_advisory_replica_on_sqlite(helm: str) -> None:
 
     assert kinds(docs) == [
         "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PersistentVolumeClaim",
-        "PodDisruptionBudget", "Service", "ServiceAccount",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
     ]  # fmt: skip
     assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (1, "Recreate")
     assert container["image"] == "nightshift:0.1.0"

@@ -21,7 +21,7 @@ from app.actions.base import ActionContext
 from app.actions.kubernetes import ACTIONS
 from app.clients.kube import KubeClient
 from app.config import load_settings
-from app.outcome import Ok
+from app.outcome import Ok, Retry
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (
     IDENTITIES,
@@ -120,10 +120,19 @@ def test_every_action_succeeds_with_only_the_deploy_role(
         ("kubernetes.restart_job", {"namespace": ns, "name": "ptj", "kind": "PyTorchJob"}),
         ("kubernetes.restart_job", {"namespace": ns, "name": "js", "kind": "JobSet"}),
     ]
+    validation = {
+        "node": node,
+        "run": "1",
+    }  # a node repair's validation pod, in the chart's release namespace
     try:
         outcomes = {
             f"{name}:{params.get('kind', '')}": run_action(name, ctx, **params) for name, params in steps
         }
+        started = run_action("kubernetes.validate_node", ctx, **validation)
+        assert isinstance(started, Retry), started
+        namespace = ctx.settings.repair.validation_namespace
+        assert fake_kubelet.finish_validation_pods(kube_admin, namespace, {node: 0})
+        outcomes["kubernetes.validate_node:"] = run_action("kubernetes.validate_node", ctx, **validation)
     finally:
         for operator in operators:
             operator.stop()
@@ -131,9 +140,9 @@ def test_every_action_succeeds_with_only_the_deploy_role(
     failed = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, Ok)}
     assert failed == {}
     assert outcomes["kubernetes.pod_logs:"].data["log"] == "NCCL WARN timeout\n"
-    assert {name for name, _ in steps} == {action.name for action in ACTIONS}, (
-        "an action is missing from this test"
-    )
+    assert {name for name, _ in steps} | {"kubernetes.validate_node"} == {
+        action.name for action in ACTIONS
+    }, "an action is missing from this test"
 
 
 def test_the_role_grants_its_rules_and_nothing_else(remediator: KubeCluster, kube_admin: KubeAdmin) -> None:

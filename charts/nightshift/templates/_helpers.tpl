@@ -94,6 +94,10 @@ slurmKnownHosts: slurm.known_hosts_file
 {{- $_ := set $s "external_url" (printf "http://%s.%s.svc:%v" (include "nightshift.fullname" .) .Release.Namespace .Values.service.port) -}}
 {{- end -}}
 {{- $_ := set $s "data_dir" "/var/lib/nightshift" -}}
+{{- /* Node validation pods run in the release namespace, where the chart's Role lets them be created. */ -}}
+{{- $repair := get $s "repair" | default dict -}}
+{{- $_ := set $repair "validation_namespace" .Release.Namespace -}}
+{{- $_ := set $s "repair" $repair -}}
 {{- $_ := set $s "playbook_paths" (list (include "nightshift.playbookDir" .)) -}}
 {{- $_ := set $s "permissions_file" (ternary "/etc/nightshift/config/permissions.yaml" nil (not (empty .Values.permissions))) -}}
 {{- $targets := fromYaml (include "nightshift.secretSettings" .) -}}
