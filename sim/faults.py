@@ -113,8 +113,15 @@ def inject_xid(state_dir: Path, node: str, gpu: int, xid: int, now: float | None
     """Record an Xid on ``node``/``gpu`` and log it to the node's kern.log the way the driver does."""
     event = XidEvent(node=node, gpu=gpu, xid=xid, at=time.time() if now is None else now)
     _update(state_dir, lambda data: data.setdefault("xids", []).append(asdict(event)))
+    trainers = statedir.read_trainers(
+        state_dir
+    )  # the live process on the node owns the GPU, not an exited one
     pid = next(
-        (t["pid"] for t in statedir.read_trainers(state_dir) if t.get("hostname") == node and t.get("pid")),
+        (
+            t["pid"]
+            for t in trainers
+            if t.get("hostname") == node and t.get("pid") and statedir.pid_alive(int(t["pid"]))
+        ),
         None,
     )
     owner = f"pid={pid}, name=python" if pid else "pid='<unknown>', name=<unknown>"
