@@ -23,7 +23,10 @@ from app.clients.slurm import (
     cancel_command,
     drain_command,
     exclude_command,
+    job_owner_command,
     node_jobs_command,
+    parse_job,
+    parse_owner,
     reboot_command,
     requeue_command,
     resume_command,
@@ -566,15 +569,19 @@ class JobLog(SlurmAction):
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
         job_id, lines = params["job"], params["lines"]
-        job = slurm.job_info(job_id)
+        # The job's record and its owner's ids are independent: one round trip for both.
+        record, owned = slurm.run_all([show_job_command(job_id), job_owner_command(job_id)])
+        job = parse_job(slurm.checked(record).stdout)
         paths = list(dict.fromkeys(p for p in (job.stdout_path, job.stderr_path) if p))
         if not paths:
             return Failed(reason=f"job {job_id} has no StdOut/StdErr path (not a batch job?)")
-        owner = slurm.job_owner(job_id)
+        owner = parse_owner(job_id, slurm.checked(owned))
         sections, errors = [], []
-        for path in paths:
+        for path, result in zip(
+            paths, slurm.run_all([tail_command(p, lines, owner) for p in paths]), strict=True
+        ):
             try:
-                text = slurm.tail_file(path, lines, run_as=owner)
+                text = slurm.checked(result).stdout
             except CommandFailed as exc:
                 errors.append(f"{path}: {exc}")
                 continue

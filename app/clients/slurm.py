@@ -10,8 +10,8 @@ Parsing: ``scontrol show node|job -o`` prints one ``Key=value`` line whose value
 (``Reason=nightshift: Xid 79 [root@2026-...]``, ``JobName=my job``, paths). A value runs up to the next
 *known* key of the record type (the 22.05 field sets below), and the first occurrence of a key wins. Job
 owners choose JobName and Comment, so text inside them can shadow later job fields: nothing that grants
-access is decided from a job record alone (see :meth:`SlurmClient.job_owner` and ``run_as`` of
-:meth:`SlurmClient.tail_file`).
+access is decided from a job record alone (see :func:`parse_owner`, from ``squeue``'s numeric ids, and
+``run_as`` of :func:`tail_command`).
 """
 
 from __future__ import annotations
@@ -171,6 +171,14 @@ def parse_job(text: str) -> JobInfo:
         req_nodes=_value(record.get("ReqNodeList", "")),
         user=record.get("UserId", ""),
     )
+
+
+def parse_owner(job_id: str, result: CommandResult) -> tuple[int, int]:
+    """The (uid, gid) of ``job_owner_command`` output; :class:`NotFound` when squeue did not report them."""
+    match = re.fullmatch(r"\s*([0-9]+) ([0-9]+)\s*", result.stdout)
+    if not match:
+        raise NotFound(f"job {job_id}: squeue did not report its owner", output=tail(result.output))
+    return int(match.group(1)), int(match.group(2))
 
 
 def _value(text: str) -> str:
@@ -345,14 +353,6 @@ class SlurmClient:
     def job_info(self, job_id: str) -> JobInfo:
         return parse_job(self.run(show_job_command(job_id)).stdout)
 
-    def job_owner(self, job_id: str) -> tuple[int, int]:
-        """The (uid, gid) the job runs as."""
-        result = self.run(job_owner_command(job_id))
-        match = re.fullmatch(r"\s*([0-9]+) ([0-9]+)\s*", result.stdout)
-        if not match:
-            raise NotFound(f"job {job_id}: squeue did not report its owner", output=tail(result.output))
-        return int(match.group(1)), int(match.group(2))
-
     def node_jobs(self, node: str) -> list[str]:
         """The ids of the jobs running on ``node`` (the scheduler's view, whatever the GPUs' job labels say)."""
         return [j for j in self.run(node_jobs_command(node)).stdout.split() if re.fullmatch(SLURM_JOB_ID, j)]
@@ -374,10 +374,6 @@ class SlurmClient:
     def expand_hostlist(self, hostlist: str) -> list[str]:
         """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3)."""
         return self.run(hostnames_command(hostlist)).stdout.split()
-
-    def tail_file(self, path: str, lines: int, *, run_as: tuple[int, int] | None = None) -> str:
-        """The last ``lines`` lines of the remote file ``path``, read as (uid, gid) ``run_as`` when given."""
-        return self.run(tail_command(path, lines, run_as)).stdout
 
     def run(self, argv: list[str]) -> CommandResult:
         """Run ``argv`` on the Slurm host; a non-zero exit raises :class:`CommandFailed` or :class:`NotFound`."""

@@ -216,7 +216,7 @@ def test_client_validates_before_running_anything() -> None:
         lambda: slurm.drain("node1", "reason `id`"),
         lambda: slurm.job_info("$(id)"),
         lambda: slurm.cancel("1\n2"),
-        lambda: slurm.tail_file("/tmp/../etc/shadow", 5),
+        lambda: slurm.run(tail_command("/tmp/../etc/shadow", 5)),
     ):
         with pytest.raises(ParamError):
             call()
