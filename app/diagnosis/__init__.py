@@ -81,7 +81,9 @@ SERIOUS = 3.0  # a vote at least this heavy is an error that sustained progress 
 PROGRESS_TO_RESOLVE = 3  # progress lines after an error that show the run survived it
 HANG_GAP_SECONDS = 1800.0  # no progress this long before a time limit or cancel is a hang
 # The launcher reporting that a worker failed, not what failed in it.
-_LAUNCHER_ERROR = re.compile(r"ChildFailedError|SignalException|ProcessExitedException|ProcessRaisedException")
+_LAUNCHER_ERROR = re.compile(
+    r"ChildFailedError|SignalException|ProcessExitedException|ProcessRaisedException"
+)
 # NCCL errors that only report a peer gone: a consequence when the log shows why it went.
 _PEER_GONE = re.compile(
     r"remote process exited|ncclRemoteError|Connection closed by remote peer|socket progress error|"

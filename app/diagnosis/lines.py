@@ -39,10 +39,10 @@ _GLOG = re.compile(  # glog / c10d: E0321 02:07:08.408271 12345 file.cpp:607]
     r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.\d+(?: +\d+)?(?: [\w./-]+:\d+)?\]\s*"
 )
 # [rank3]: (torch), [default3]: (torchrun --tee), [rank: 3] (Lightning), [1,3]<stderr>: (Open MPI --tag-output),
-# [3]<stderr>: (horovodrun)
+# [3]<stderr>: (horovodrun), "[3] " (per-process output tags)
 _RANK_TAG = re.compile(
     r"(?:\[(?:rank|default|worker|trainer):? ?(?P<rank>\d{1,6})\]:?"
-    r"|\[(?:\d{1,6},)?(?P<mpi>\d{1,6})\]<std(?:out|err)>:)\s*",
+    r"|\[(?:\d{1,6},)?(?P<mpi>\d{1,6})\]<std(?:out|err)>:|\[(?P<bare>\d{1,5})\](?= ))\s*",
     re.IGNORECASE,
 )
 _RAY = re.compile(
@@ -125,7 +125,7 @@ def parse_line(index: int, raw: str) -> LogLine:
         ):
             pass
         elif match := _RANK_TAG.match(rest):
-            rank = int(match["rank"] or match["mpi"]) if rank is None else rank
+            rank = int(match["rank"] or match["mpi"] or match["bare"]) if rank is None else rank
         elif (match := _RAY.match(rest)) or (match := _POD.match(rest)):
             host = host or match["host"]
         elif rank is None and (match := _SRUN_LABEL.match(rest)):

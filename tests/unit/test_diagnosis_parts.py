@@ -46,6 +46,8 @@ from app.diagnosis.stacks import judge, parse_dumps
         ("[rank: 2] Received SIGTERM: 15", 2, None, None),
         ("[1,7]<stderr>:Traceback (most recent call last):", 7, None, None),
         ("[4]<stderr>:RuntimeError: x", 4, None, None),
+        ("[2] jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED", 2, None, None),
+        ("[    2.123] NVRM: x", None, None, None),
         ("(RayTrainWorker pid=2211, ip=10.0.3.7) RuntimeError: x", None, "10.0.3.7", None),
         (
             '{"time": "2025-01-01T00:00:00Z", "rank": 6, "host": "gpu-9", "msg": "OSError: x"}',
