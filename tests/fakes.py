@@ -377,3 +377,9 @@ class FakeSlurm:
 
     def expand_hostlist(self, hostlist: str) -> list[str]:
         return [node for node in hostlist.split(",") if node]
+
+    def node_info(self, node: str) -> Any:
+        """No node is known here: the blast radius's share of a partition is unknown (absolute limit only)."""
+        from app.errors import NotFound
+
+        raise NotFound(f"scontrol show node {node}: Node {node} not found")

@@ -92,7 +92,10 @@ def build(
     planned: Sequence[PlannedStep],
     history: History,
     now: datetime,
+    pool: Mapping[str, Any] | None = None,
 ) -> guards.GuardFacts:
+    """``pool``: the partition/pool facts of the node the plan takes out (:func:`app.engine.repair.pool_facts`),
+    so the share limit holds for incidents' take-outs as for repairs'; None: only the absolute limit."""
     g = settings.guards
     runs = [p for p in planned if p.runs]
     paused = history.paused or g.kill_switch
@@ -122,6 +125,7 @@ def build(
         job_recoveries=history.job_recoveries,
         job_recoveries_max=g.job_recoveries_max,
         job_recoveries_window=timedelta(seconds=g.job_recoveries_window_seconds),
+        **(pool or {}),
     )
 
 

@@ -30,9 +30,10 @@ from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
 from app.engine.jobs import JobPhase, job_status
+from app.engine.repair import pool_facts
 from app.errors import BackendError, ConfigError, ParamError, StoreUnavailable
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Outcome, Retry, tail
-from app.planning import INVALID, PlannedStep, plan_steps, when_context
+from app.planning import INVALID, PlannedStep, nodes_taken_out, plan_steps, when_context
 from app.playbooks import Playbook, Step
 from app.promql_window import clamp_ranges
 from app.states import DONE_STEP_STATUSES, REPAIR_SETTLED, IncidentKind, RepairState, State, StepStatus
@@ -289,9 +290,16 @@ class Lifecycle:
             history = guard_facts.read_history(
                 conn, deps.settings, deps.registry, playbook, inc, now, deps.pause_state(conn)
             )
+        taking_out = sorted(nodes_taken_out(planned))
+        pool = (
+            pool_facts(deps, inc["target"].get("scheduler", "slurm"), taking_out[0])[0]
+            if taking_out
+            else None
+        )
         facts = guard_facts.build(
             deps.settings,
             playbook,
+            pool=pool,
             job=inc["job"] if inc["kind"] == IncidentKind.JOB else None,
             node=inc["node"],
             alert_starts_at=inc["alert_starts_at"],

@@ -570,3 +570,29 @@ def test_a_step_longer_than_the_lease_keeps_its_claim(tmp_path):
     w.send(alert(xid()))
     w.run()
     assert seen == {"stolen": None}
+
+
+def test_an_incidents_take_out_is_held_to_the_share_of_the_nodes_partition(tmp_path):
+    """Blast radius on nodes for incidents' own steps too: at most half of a two-node partition out at once."""
+    from app.clients.slurm import NodeInfo
+
+    class Partitioned(FakeSlurm):
+        def node_info(self, node: str) -> NodeInfo:
+            return NodeInfo(node, "idle", (), "", ("gpu",))
+
+        def partition_nodes(self, partition: str) -> list[str]:
+            return ["node1", "node2"]
+
+    w = make_world(tmp_path, GRANTS, playbooks=NODE_PLAYBOOK, blast_radius_max_nodes=10)
+    settings = w.engine.deps.settings
+    settings.guards.blast_radius_max_share = 0.5
+    w.engine.deps.clients = Clients(settings, prometheus=w.prometheus, http=w.engine.deps.clients.http,
+                                    slurm=Partitioned())  # fmt: skip
+    w.prometheus.answers[RECHECK.replace("node1", "node2")] = [FakeSample({}, 1)]
+    no_job = [{k: v for k, v in xid(node=n).items() if k != "slurm_job_id"} for n in ("node1", "node2")]
+    first, second = (w.send(alert(labels)).opened[0] for labels in no_job)
+    w.run()
+    assert w.incident(first)["state"] == "verifying"
+    held = w.incident(second)
+    assert held["state"] == "waiting" and "of the 2 nodes of partition gpu taken out" in held["reason"]
+    assert [c["node"] for c in w.calls("fake.drain")] == ["node1"]
