@@ -316,7 +316,7 @@ def diagnose(
         return _no_fault(reading, tallies, scores, winner, confidence, explained, labels)
 
     tally = tallies[winner]
-    culprit = _culprit(winner, tally, reading, labels)
+    culprit = _culprit(winner, tally, reading)
     xid_evidence = [event.evidence for event in verdict.events] if verdict else []
     return Diagnosis(
         category=winner,
@@ -736,27 +736,27 @@ def _no_fault(
 # --- the culprit ------------------------------------------------------------------------------------------
 
 
-def _culprit(category: str, tally: _Tally, reading: Reading, labels: Mapping[str, str]) -> Culprit | None:
+def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     """The rank, node and GPU the evidence for ``category`` points at (None when it points nowhere)."""
     named = tally.culprit  # from the Xid verdict or a pattern across lines
     if named is not None and (named.node or named.rank is not None):
-        return _completed(named, reading, labels)
+        return _completed(named, reading)
     hosts = {vote.line.host for vote in tally.votes if vote.line.host}
     if named is not None and named.gpu is not None:  # a kernel line without its host: the evidence's one host
         return Culprit(next(iter(hosts)) if len(hosts) == 1 else None, None, named.gpu, named.evidence)
     if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
-        return _completed(odd, reading, labels)
+        return _completed(odd, reading)
     for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
         line = vote.line
         if line.rank is not None or line.host or line.pci:
             # Evidence of one category from a single host: that host, even on the lines naming only a rank.
             host = line.host or (next(iter(hosts)) if len(hosts) == 1 else None)
-            return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading, labels)
+            return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading)
     if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
-        return _completed(odd, reading, labels)
+        return _completed(odd, reading)
     if reading.root_cause is not None and category not in ("nccl_network", "hang"):
         rank, host, text = reading.root_cause
-        return _completed(Culprit(host, rank, None, (text,)), reading, labels)
+        return _completed(Culprit(host, rank, None, (text,)), reading)
     return None
 
 
@@ -817,7 +817,7 @@ def _odd_rank_out(reading: Reading) -> Culprit | None:
     return None
 
 
-def _completed(culprit: Culprit, reading: Reading, labels: Mapping[str, str]) -> Culprit:
+def _completed(culprit: Culprit, reading: Reading) -> Culprit:
     """Fill in the node and GPU of a culprit rank from what the log says about that rank."""
     node, gpu = culprit.node, culprit.gpu
     if culprit.rank is not None:
