@@ -6,6 +6,7 @@ Log fixtures in tests/unit/data/logs are excerpts written from the exact upstrea
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -486,3 +487,11 @@ def test_the_diagnosis_package_stays_pure():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_playbook_docs_list_every_diagnosis_category():
+    docs = (Path(__file__).parents[2] / "docs" / "playbooks.md").read_text(encoding="utf-8")
+    start = docs.index("The diagnosis category is one of")
+    sentence = docs[start : docs.index("confidence_floor", start)]
+    listed = set(re.findall(r"`([a-z_]+)`", sentence))
+    assert listed == {*CATEGORIES, "benign", "unknown"}
