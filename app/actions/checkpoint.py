@@ -93,7 +93,19 @@ def quarantine_name(name: str, ctx: ActionContext) -> str:
     return f"{name}{QUARANTINE_MARK}{ctx.clock.now().strftime('%Y%m%dT%H%M%SZ')}"
 
 
-class QuarantineLatest(SlurmAction):
+class CheckpointDirAction(SlurmAction):
+    """An action on one job's checkpoint directory, the ``dir`` parameter: a value with an empty, ``.`` or ``..``
+    component (it would name a root) is refused before anything runs (:func:`path_problem`)."""
+
+    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
+        params = super().validate(raw)
+        problem = path_problem(params["dir"])
+        if problem:
+            raise ParamError(self.name, "dir", f"{params['dir']!r} {problem}")
+        return params
+
+
+class QuarantineLatest(CheckpointDirAction):
     """Rename the newest checkpoint under an allowed root to ``<name>.quarantined-<UTC timestamp>``.
 
     ``dir`` is resolved on the remote host (``realpath -e``) and must lie strictly below one of
@@ -111,13 +123,6 @@ class QuarantineLatest(SlurmAction):
             pattern=NAME_PATTERN, required=False, default="*", description="checkpoint name glob"
         ),
     }
-
-    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        params = super().validate(raw)
-        problem = path_problem(params["dir"])
-        if problem:
-            raise ParamError(self.name, "dir", f"{params['dir']!r} {problem}")
-        return params
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         listing = _list_command(params["dir"], params["pattern"])

@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.actions.base import ActionContext, Plan
-from app.actions.checkpoint import path_problem, resolve_below_root
-from app.actions.slurm import SlurmAction, executed_commands
+from app.actions.checkpoint import CheckpointDirAction, resolve_below_root
+from app.actions.slurm import executed_commands
 from app.checkpoint_layouts import (
     DCP_METADATA,
     MAX_TRACKER_BYTES,
@@ -28,7 +28,6 @@ from app.checkpoint_layouts import (
     parse_entries,
     plan_rollback,
 )
-from app.errors import ParamError
 from app.outcome import Failed, Ok, Outcome, tail
 from app.params import ABS_PATH, Param
 
@@ -40,7 +39,7 @@ if TYPE_CHECKING:
 _WRITE_THEN_RENAME = 'printf %s "$1" > "$2" && mv -f -T -- "$2" "$3"'
 
 
-class CheckpointRollback(SlurmAction):
+class CheckpointRollback(CheckpointDirAction):
     """Make the framework resume from the checkpoint before the current one; the current one is kept aside."""
 
     name = "checkpoint.rollback"
@@ -52,13 +51,6 @@ class CheckpointRollback(SlurmAction):
             description="the job's checkpoint directory (absolute, below a root)",
         ),
     }
-
-    def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        params = super().validate(raw)
-        problem = path_problem(params["dir"])
-        if problem:
-            raise ParamError(self.name, "dir", f"{params['dir']!r} {problem}")
-        return params
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         directory = params["dir"]
