@@ -79,31 +79,38 @@ class BufferingWorker(ThreadWorker):
         if conn.parser is not None:  # kept alive: bytes already read past the previous request belong here
             conn.front += conn.parser.unreader.take_buffered()
         conn.sock.setblocking(False)
-        if self._advance(conn):
+        # Read what is there already (a kept-alive connection is readable when this is called): a request that
+        # arrived whole is dispatched now, without another turn of the event loop.
+        if not self._read_available(conn) or self._advance(conn):
             return
         self.reading[conn] = time.monotonic() + self.read_timeout
         self.poller.register(conn.sock, selectors.EVENT_READ, self._on_readable(conn))
 
     def _on_readable(self, conn: Any) -> Callable[[Any], None]:
         def readable(_sock: Any) -> None:
-            try:
-                while True:
-                    chunk = conn.sock.recv(READ_SIZE)
-                    if not chunk:  # the client went away before its request was complete
-                        self._drop(conn)
-                        return
-                    conn.front += chunk
-                    if len(chunk) < READ_SIZE or len(conn.front) > self.max_header + self.max_body:
-                        break  # drained, or enough to judge: framing refuses what is over the limits
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EWOULDBLOCK):
-                    self._drop(conn)
-                    return
-            self._advance(conn)
+            if self._read_available(conn):
+                self._advance(conn)
 
         return readable
+
+    def _read_available(self, conn: Any) -> bool:
+        """Append what the socket holds to the buffer, without blocking; False when the client went away."""
+        try:
+            while True:
+                chunk = conn.sock.recv(READ_SIZE)
+                if not chunk:  # the client went away before its request was complete
+                    self._drop(conn)
+                    return False
+                conn.front += chunk
+                if len(chunk) < READ_SIZE or len(conn.front) > self.max_header + self.max_body:
+                    return True  # drained, or enough to judge: framing refuses what is over the limits
+        except BlockingIOError:
+            return True
+        except OSError as exc:
+            if exc.errno in (errno.EAGAIN, errno.EWOULDBLOCK):
+                return True
+            self._drop(conn)
+            return False
 
     def _advance(self, conn: Any) -> bool:
         """Dispatch a complete request or refuse a bad one; False while more bytes may come."""
