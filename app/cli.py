@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from app.errors import ConfigError, NightshiftError, PayloadError
+from app.states import StepStatus
 
 config_option = click.option(
     "--config",
@@ -284,7 +285,7 @@ def _print_steps(indent: str, steps: list[dict[str, Any]]) -> None:
         click.echo(f"{indent}step {step['name']} [{step['status']}] {step['summary']}")
         for line in detail.splitlines():
             click.echo(f"{indent}  {line}")
-        if step["status"] == "would_run" and step["reason"]:
+        if step["status"] == StepStatus.WOULD_RUN and step["reason"]:
             click.echo(f"{indent}  not run: {step['reason']}")
 
 

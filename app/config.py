@@ -289,8 +289,8 @@ class Settings:
     diagnosis: DiagnosisSettings = field(default_factory=DiagnosisSettings)
     repair: RepairSettings = field(default_factory=RepairSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
-    episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
 
     @property
     def resolved_store_url(self) -> str:

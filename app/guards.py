@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from app.states import Outcome
+
 PASS, WAIT, STOP = "pass", "wait", "stop"
 
 
@@ -98,7 +100,7 @@ def permission(f: GuardFacts) -> Verdict:
             "permission",
             STOP,
             f"no remediation step is whitelisted ({f.would_run} would run): advisory",
-            outcome="advisory",
+            outcome=Outcome.ADVISORY,
         )
     return Verdict(
         "permission", PASS, f"{f.granted_mutating} step(s) whitelisted, {f.would_run} would run only"
@@ -160,7 +162,7 @@ def budget(f: GuardFacts) -> Verdict:
             "budget",
             STOP,
             f"{used} attempt(s) in the last {human_duration(f.budget_window)} (budget {f.budget_attempts})",
-            outcome="needs_human",
+            outcome=Outcome.NEEDS_HUMAN,
         )
     if f.attempts:
         last = f.attempts[-1]
@@ -193,7 +195,7 @@ def stale_signal(f: GuardFacts) -> Verdict:
             STOP,
             f"alert started {f.alert_starts_at.isoformat()}, before our last successful remediation "
             f"({f.last_recovery.started_at.isoformat()})",
-            outcome="ignored",
+            outcome=Outcome.IGNORED,
         )
     return Verdict("stale_signal", PASS, "alert is newer than our last action")
 
@@ -219,7 +221,7 @@ def recheck(
                 "invalid character (a lone UTF-16 surrogate, replaced on receipt), so it matches no real series; "
                 "not acting"
             )
-        return Verdict("recheck", STOP, reason, outcome="resolved")
+        return Verdict("recheck", STOP, reason, outcome=Outcome.RESOLVED)
     return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
 
 
@@ -235,7 +237,10 @@ def job_budget(
         return Verdict("job_budget", PASS, "not a training job's incident")
     if limit < 1:
         return Verdict(
-            "job_budget", STOP, f"job {job}: job recoveries disabled (limit {limit})", outcome="needs_human"
+            "job_budget",
+            STOP,
+            f"job {job}: job recoveries disabled (limit {limit})",
+            outcome=Outcome.NEEDS_HUMAN,
         )
     used = sum(1 for started in recoveries if now - window < started <= now)
     if used >= limit:
@@ -244,7 +249,7 @@ def job_budget(
             STOP,
             f"job {job}: {used} recoveries in the last {human_duration(window)}, whatever the fault "
             f"(job budget {limit}): a person looks before another",
-            outcome="needs_human",
+            outcome=Outcome.NEEDS_HUMAN,
         )
     return Verdict(
         "job_budget", PASS, f"job {job}: recovery {used + 1} of {limit} in {human_duration(window)}"

@@ -16,9 +16,15 @@ from app.errors import ParamError
 from app.matchers import matches_all
 from app.permissions import Permissions
 from app.playbooks import Step
+from app.states import StepStatus
 from app.templates import TemplateError, render_promql, render_value
 
-RUN, WOULD_RUN, SKIPPED, INVALID = "pending", "would_run", "skipped", "invalid"
+RUN, WOULD_RUN, SKIPPED, INVALID = (
+    StepStatus.PENDING,
+    StepStatus.WOULD_RUN,
+    StepStatus.SKIPPED,
+    StepStatus.INVALID,
+)
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,13 @@ class Outcome(StrEnum):
     BENIGN = "benign"  # the diagnosis found no fault to act on
 
 
+class UndoState(StrEnum):
+    """A closed incident's ``on_resolved`` steps: owed once its alert resolves after it acted, then done."""
+
+    PENDING = "pending"
+    DONE = "done"
+
+
 # States in which nothing has been done to the target yet: a resolved alert may still close the incident.
 NOT_ACTED = frozenset({State.OPEN, State.DIAGNOSING, State.WAITING})
 

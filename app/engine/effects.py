@@ -11,18 +11,12 @@ from typing import Any
 from app.actions.notify import send_notification
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
+from app.states import Outcome
 from app.store import records
 
-# Outcomes worth a message to humans; "resolved" and "ignored" incidents did nothing and say nothing.
-NOTIFY_OUTCOMES = {
-    "advisory",
-    "recovered",
-    "needs_human",
-    "failed",
-    "credential_error",
-    "unverified",
-    "blocked",
-}
+# Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign) or that a person took
+# over (handled) say nothing.
+NOTIFY_OUTCOMES = frozenset(Outcome) - {Outcome.RESOLVED, Outcome.IGNORED, Outcome.HANDLED, Outcome.BENIGN}
 FINALIZE_TRIES = 5
 
 

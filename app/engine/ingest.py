@@ -21,7 +21,7 @@ from app.engine import transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.errors import ParamError
 from app.playbooks import Playbook
-from app.states import NOT_ACTED, IncidentKind, Outcome, State
+from app.states import NOT_ACTED, IncidentKind, Outcome, State, UndoState
 from app.store import records
 
 
@@ -283,7 +283,7 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
                 and _has_on_resolved(deps, incident)
             ):
                 records.update_incident(
-                    conn, incident["id"], on_resolved_state="pending", next_run_at=now, updated_at=now
+                    conn, incident["id"], on_resolved_state=UndoState.PENDING, next_run_at=now, updated_at=now
                 )
                 records.record(
                     conn,

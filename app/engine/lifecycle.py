@@ -36,7 +36,15 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok, Outcome, Retry, 
 from app.planning import INVALID, PlannedStep, nodes_taken_out, plan_steps, when_context
 from app.playbooks import Playbook, Step
 from app.promql_window import clamp_ranges
-from app.states import DONE_STEP_STATUSES, REPAIR_SETTLED, IncidentKind, RepairState, State, StepStatus
+from app.states import (
+    DONE_STEP_STATUSES,
+    REPAIR_SETTLED,
+    IncidentKind,
+    RepairState,
+    State,
+    StepStatus,
+    UndoState,
+)
 from app.states import Outcome as Closed
 from app.store import records, repairs
 from app.templates import render_promql
@@ -133,7 +141,7 @@ class Lifecycle:
         return self._close(inc, Closed.NEEDS_HUMAN, f"unexpected state {state!r}")
 
     def _closed_tick(self, inc: Incident) -> datetime | None:
-        if inc["on_resolved_state"] == "pending":
+        if inc["on_resolved_state"] == UndoState.PENDING:
             wait = self._run_on_resolved(inc)
             if wait is not None:
                 return wait
@@ -524,7 +532,9 @@ class Lifecycle:
             ):
                 if step["status"] == StepStatus.PENDING:
                     self._execute(inc, step)
-        self._transition(lambda conn, now: transitions.update(conn, now, inc, on_resolved_state="done"))
+        self._transition(
+            lambda conn, now: transitions.update(conn, now, inc, on_resolved_state=UndoState.DONE)
+        )
         return None
 
     # --- steps ------------------------------------------------------------------------------------------------

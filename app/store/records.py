@@ -10,6 +10,7 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, u
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
+from app.states import AttemptOutcome
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -23,8 +24,6 @@ from app.store.schema import (
 )
 
 Row = dict[str, Any]
-
-OPEN_STATES = ("open", "diagnosing", "waiting", "acting", "verifying")
 
 
 def _one(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Row | None:
@@ -154,7 +153,7 @@ _LAST_RECOVERY = {
     .where(
         *([attempts.c.playbook == bindparam("playbook_")] if by_playbook else []),
         attempts.c.target_key == bindparam("target_key_"),
-        attempts.c.outcome == "recovered",
+        attempts.c.outcome == AttemptOutcome.RECOVERED,
     )
     .order_by(attempts.c.finished_at.desc())
     .limit(1)

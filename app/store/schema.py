@@ -115,8 +115,12 @@ incidents = Table(
     # Job incidents: the nodes named as culprits, each {node, source, reason, confirmed}; confirmed = in the
     # job's allocation (only confirmed culprits are excluded and repaired).
     Column("culprits", JSON),
-    Column("act_after", UtcDateTime),  # end of the correlation window: no action before, unless a culprit is known
-    Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),  # consecutive failed ticks; at the limit, needs_human
+    Column(
+        "act_after", UtcDateTime
+    ),  # end of the correlation window: no action before, unless a culprit is known
+    Column(
+        "tick_errors", Integer, nullable=False, default=0, server_default="0"
+    ),  # consecutive failed ticks; at the limit, needs_human
     Column("verify_from", UtcDateTime),  # verification counts only samples after this (the job running again)
     # Set while the incident is open, NULL once closed: the unique constraint makes (playbook, target) idempotent
     # across workers and replicas (NULLs never collide on SQLite or PostgreSQL).

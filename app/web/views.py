@@ -13,40 +13,19 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from app.states import Outcome, StepStatus
+
 Row = Mapping[str, Any]
 
-# Outcomes after which a job is healthy again: fixed, gone before we acted, deliberately ignored, or taken over.
-GOOD_OUTCOMES = frozenset({"recovered", "resolved", "ignored", "handled"})
+# Outcomes after which a job is healthy again: fixed, gone before we acted, deliberately ignored, taken over, or
+# nothing to fix.
+GOOD_OUTCOMES = frozenset(
+    {Outcome.RECOVERED, Outcome.RESOLVED, Outcome.IGNORED, Outcome.HANDLED, Outcome.BENIGN}
+)
 # Every outcome an incident closes with (the history filter offers these).
-OUTCOMES = (
-    "advisory",
-    "blocked",
-    "credential_error",
-    "failed",
-    "handled",
-    "ignored",
-    "needs_human",
-    "recovered",
-    "resolved",
-    "unverified",
-)
+OUTCOMES = tuple(sorted(Outcome))
 # Step statuses the UI styles; any other value (a newer engine) is shown as text with a neutral style.
-STEP_STATUSES = frozenset(
-    {
-        "pending",
-        "running",
-        "would_run",
-        "ok",
-        "failed",
-        "retry",
-        "awaiting_approval",
-        "ambiguous",
-        "skipped",
-        "invalid",
-        "blocked",
-        "credential_error",
-    }
-)
+STEP_STATUSES = frozenset(StepStatus)
 GRAFANA_PAD = timedelta(minutes=15)  # context either side of the incident's region on the dashboard
 
 
@@ -124,7 +103,7 @@ def job_state(
     if outcome == "credential_error":
         return "credential_error", latest.get("reason") or outcome, latest
     reason = latest.get("reason") or ""
-    return "needs_human", f"{outcome}: {reason}" if reason else outcome, latest
+    return Outcome.NEEDS_HUMAN, f"{outcome}: {reason}" if reason else outcome, latest
 
 
 def job_views(
@@ -261,7 +240,7 @@ class StepView:
 
     @property
     def awaiting_approval(self) -> bool:
-        return self.status == "awaiting_approval"
+        return self.status == StepStatus.AWAITING_APPROVAL
 
 
 @dataclass(frozen=True)
