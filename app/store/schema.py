@@ -112,16 +112,15 @@ incidents = Table(
     Column("job", String(255)),
     # app.states.IncidentKind: a job's failure episode, a node's fault, or one (playbook, target).
     Column("kind", String(16), nullable=False, default="target", server_default="target"),
-    # Job incidents: the nodes named as culprits, each {node, source, reason, confirmed}; confirmed = in the
-    # job's allocation (only confirmed culprits are excluded and repaired).
+    # Job incidents: the nodes named as culprits, each {node, source, reason, playbook, confirmed}; confirmed = in
+    # the job's allocation (only confirmed culprits are excluded and repaired).
     Column("culprits", JSON),
-    Column(
-        "act_after", UtcDateTime
-    ),  # end of the correlation window: no action before, unless a culprit is known
-    Column(
-        "tick_errors", Integer, nullable=False, default=0, server_default="0"
-    ),  # consecutive failed ticks; at the limit, needs_human
-    Column("verify_from", UtcDateTime),  # verification counts only samples after this (the job running again)
+    # End of the correlation window: no action before it, unless a culprit is known.
+    Column("act_after", UtcDateTime),
+    # Consecutive failed ticks; at worker.max_tick_errors the incident goes to a person.
+    Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),
+    # Verification counts only samples after this (the action, or the job running again).
+    Column("verify_from", UtcDateTime),
     # Set while the incident is open, NULL once closed: the unique constraint makes (playbook, target) idempotent
     # across workers and replicas (NULLs never collide on SQLite or PostgreSQL).
     Column("open_key", Text, unique=True),
