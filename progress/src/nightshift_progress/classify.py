@@ -20,7 +20,15 @@ from importlib import resources
 
 # The error classes of the contract (Nightshift's rules/README.md), in the order they are exported. "cuda" (a CUDA
 # error outside a process group, e.g. after an Xid) has no log signature of its own: count it with error("cuda").
-ERROR_CLASSES = ("nccl", "cuda", "cuda_oom", "storage_io", "object_store_timeout", "checkpoint_corrupt", "nan")
+ERROR_CLASSES = (
+    "nccl",
+    "cuda",
+    "cuda_oom",
+    "storage_io",
+    "object_store_timeout",
+    "checkpoint_corrupt",
+    "nan",
+)
 # Longest line examined; the rest of a huge line is ignored (a classifier must not cost more than the log).
 MAX_LINE_CHARS = 4096
 # Lines of one event examined (a traceback longer than this is cut).
