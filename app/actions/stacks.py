@@ -30,14 +30,17 @@ if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
 
 MAX_NODES = 256
-DUMP_TIMEOUT_SECONDS = 20  # per process; py-spy attaches, walks and detaches in well under a second
+MAX_PROCESSES_PER_NODE = 16  # ranks per node are 8 on most GPU nodes; the rest are launchers and helpers
+DUMP_TIMEOUT_SECONDS = 10  # per process; py-spy attaches, walks and detaches in well under a second
 MAX_DUMP_LINES = 200  # per process: the innermost frames are what matters
 STEP_START_SECONDS = 30  # srun --immediate: the dump step starts now or not at all
+# The whole command's bound: the step's start, then each node's processes one after the other (nodes in parallel).
+COMMAND_TIMEOUT_SECONDS = STEP_START_SECONDS + MAX_PROCESSES_PER_NODE * DUMP_TIMEOUT_SECONDS
 
-# Run on each node as: bash -c NODE_SCRIPT nightshift-stacks JOB PY_SPY TIMEOUT MAX_LINES. Constant text: every
-# value reaches it as a positional argument, never as code.
+# Run on each node as: bash -c NODE_SCRIPT nightshift-stacks JOB PY_SPY TIMEOUT MAX_LINES MAX_PROCESSES. Constant
+# text: every value reaches it as a positional argument, never as code.
 NODE_SCRIPT = r"""
-job=$1 spy=$2 seconds=$3 lines=$4 own=${SLURM_STEP_ID:-none} node=${SLURMD_NODENAME:-$(hostname)}
+job=$1 spy=$2 seconds=$3 lines=$4 most=$5 own=${SLURM_STEP_ID:-none} node=${SLURMD_NODENAME:-$(hostname)} n=0
 # The node name argument picks this node's slurmd where several run on one host (a test cluster).
 scontrol listpids "$job" ${SLURMD_NODENAME:+"$SLURMD_NODENAME"} 2>/dev/null | while read -r pid _ step _ global; do
   case "$pid" in ''|*[!0-9]*) continue ;; esac
@@ -47,6 +50,7 @@ scontrol listpids "$job" ${SLURMD_NODENAME:+"$SLURMD_NODENAME"} 2>/dev/null | wh
   rank=$(printf '%s\n' "$env" | sed -n 's/^RANK=//p' | head -n 1)
   [ -n "$rank" ] || rank=$(printf '%s\n' "$env" | sed -n 's/^SLURM_PROCID=//p' | head -n 1)
   [ -n "$rank" ] || rank=$global
+  n=$((n + 1)); [ "$n" -gt "$most" ] && break
   echo "==> py-spy node=$node rank=$rank pid=$pid <=="
   timeout "$seconds" "$spy" dump --pid "$pid" 2>&1 | head -n "$lines"
 done
@@ -62,7 +66,7 @@ def stacks_command(job_id: str, nodes: list[str], py_spy: str) -> list[str]:
         "srun", f"--jobid={job_id}", "--overlap", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
         "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0", f"--immediate={STEP_START_SECONDS}",
         "bash", "-c", NODE_SCRIPT, "nightshift-stacks", job_id, py_spy, str(DUMP_TIMEOUT_SECONDS),
-        str(MAX_DUMP_LINES),
+        str(MAX_DUMP_LINES), str(MAX_PROCESSES_PER_NODE),
     ]  # fmt: skip
 
 
@@ -109,7 +113,8 @@ class JobStacks(SlurmAction):
             return Failed(reason=f"job {job_id} is {job.state} on {job.nodes or 'no nodes'}: nothing to dump")
         nodes = slurm.expand_hostlist(job.nodes)[:MAX_NODES]
         argv = stacks_command(job_id, nodes, params["py_spy"])
-        result = slurm.runner.run(argv)  # a node without py-spy must not hide the others' dumps: no check
+        # No exit-status check: a node without py-spy must not hide the other nodes' dumps.
+        result = slurm.runner.run(argv, timeout=COMMAND_TIMEOUT_SECONDS)
         executed.append(result)
         log = by_node(result.stdout)
         dumped = log.count("\nProcess ") + log.startswith("Process ")
