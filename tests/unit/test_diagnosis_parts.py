@@ -269,3 +269,9 @@ def test_peers_reporting_a_dead_rank_are_the_consequence_of_its_crash():
         f"{PEER_GONE}\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n  exitcode  : 1"
     )
     assert diagnose({}, launcher_only).category == "nccl_network"
+
+
+def test_slurm_accounting_out_of_memory_is_host_oom():
+    sacct = "4412.0       python     gpu        acct          8 OUT_OF_ME+    0:125"
+    assert diagnose({}, sacct).category == "host_oom"
+    assert diagnose({}, "State: OUT_OF_MEMORY (exit code 0)").category == "host_oom"
