@@ -25,6 +25,7 @@ MAX_PROCESSES = 4096
 
 _HEADER = re.compile(r"^==> py-spy node=(?P<node>\S*) rank=(?P<rank>\S*) pid=(?P<pid>\d+) <==")
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)")
+_CMD_RANK = re.compile(r"--(?:local[_-])?rank[= ](?P<rank>\d{1,6})\b")  # launchers pass it (--local_rank=3)
 _THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?P<state>[\w ]+)\)(?:: "(?P<name>[^"]*)")?')
 _FRAME = re.compile(r"^\s{2,}(?P<func>\S.*?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 
@@ -133,10 +134,12 @@ def parse_dumps(lines: Sequence[str]) -> list[RankStack]:
             node, pid, threads = header["node"] or None, None, []
             rank = int(header["rank"]) if header["rank"].isdigit() else None
         elif process := _PROCESS.match(line):
-            if threads:  # a second process under one header, or plain dumps without headers
+            if pid is not None:  # a second process under one header, or plain dumps without headers
                 finish()
                 node = rank = None
             pid, threads = int(process["pid"]), []
+            if rank is None and (from_cmd := _CMD_RANK.search(process["cmd"])):
+                rank = int(from_cmd["rank"])
         elif pid is not None and (thread := _THREAD.match(line)):
             threads.append((thread["name"] or "", []))
         elif threads and (frame := _FRAME.match(line)) and len(threads[-1][1]) < MAX_FRAMES:
