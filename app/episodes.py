@@ -95,7 +95,8 @@ def exclusion(
     nodes = tuple(sorted({c["node"] for c in culprits if c.get("confirmed")}))
     if not nodes:
         return Exclusion()
-    share_limit = math.floor(job_nodes * max_share) if job_nodes is not None else len(nodes)
+    # The share never forbids one culprit: a single-node job moves off its faulty node.
+    share_limit = max(1, math.floor(job_nodes * max_share)) if job_nodes is not None else len(nodes)
     if len(nodes) > max_culprits or len(nodes) > share_limit:
         size = f"a {job_nodes}-node job" if job_nodes is not None else "the job"
         return Exclusion(

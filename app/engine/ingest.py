@@ -22,7 +22,7 @@ from app.engine.deps import EngineDeps, Target, render_target
 from app.errors import ParamError
 from app.playbooks import Playbook
 from app.states import NOT_ACTED, IncidentKind, Outcome, State, UndoState
-from app.store import records
+from app.store import records, repairs
 
 
 @dataclass
@@ -156,6 +156,18 @@ def _join(
     higher-priority playbook plan a job's recovery that has not started)."""
     name = alert.labels.get("alertname", "")
     incident = records.find_open_incident(conn, episode.open_key)
+    if incident is None and episode.kind == IncidentKind.NODE:
+        repair = repairs.open_repair(conn, target.values.get("scheduler", "slurm"), episode.culprit or "")
+        if repair is not None:  # already out of service or on its way: the alert is evidence for that repair
+            records.record(
+                conn,
+                now,
+                "alert_absorbed",
+                f"{name} on node {episode.culprit}: the node is already in repair #{repair['id']} ({repair['state']})",
+                incident_id=repair["incident_id"],
+                data={**facts, "node": episode.culprit, "repair_id": repair["id"]},
+            )
+            return
     if incident is None:
         incident_id = records.insert_incident(
             conn, _incident_values(deps, alert, playbook, target, episode, now)

@@ -392,7 +392,11 @@ def test_the_correlation_rules_are_pure():
     )
     assert episodes.job_identity({"scheduler": "kubernetes", "job": "llama"}) is None
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 2, 2, 0.5).nodes == ("a",)
-    assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).refused  # the whole job
+    assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).nodes == (
+        "a",
+    )  # a one-node job moves
+    both = [{"node": "a", "confirmed": True}, {"node": "b", "confirmed": True}]
+    assert episodes.exclusion(both, 2, 2, 0.5).refused  # the whole job: rarely the nodes
     assert episodes.exclusion([{"node": "a", "confirmed": True}], None, 2, 0.5).nodes == ("a",)
     assert episodes.add_culprit([{"node": "a"}], "a", "x", "y") is None
 
@@ -415,3 +419,24 @@ def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_exc
     assert [r["kind"] for r in ledger].count("culprits_unconfirmed") == 3
     assert w.requeue.script.calls == [{"job": "4242"}]  # job first; the unconfirmed node is not excluded
     assert w.repair("node2") is None  # nor taken out
+
+
+def test_a_node_alert_on_a_node_already_in_repair_opens_nothing_new(tmp_path):
+    w = make_world(tmp_path)
+    with w.engine.deps.store.transaction() as conn:
+        repair_id = repairs.request_repair(
+            conn,
+            node="node3",
+            scheduler="slurm",
+            playbook="xid",
+            incident_id=None,
+            reason="held",
+            now=w.clock.now(),
+        )
+        repair = repairs.get_repair(conn, repair_id)
+        repairs.write_transition(
+            conn, repair, w.clock.now(), kind="repair_held", message="held", state="held"
+        )
+    idle = {k: v for k, v in xid(node="node3").items() if k != "slurm_job_id"}
+    assert w.send(alert(idle)).opened == []
+    assert w.incidents() == []
