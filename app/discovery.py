@@ -22,23 +22,18 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from app.hostlist import HostlistError, expand_hostlist
 from app.params import NODE_NAME, SLURM_JOB_ID
 
 PORT_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.progress_port=([0-9]{1,5})(?=$|[\s,;])")
 # squeue formats: the first holds no user-controlled text; the second ends with the comment (the rest of the line).
 JOBS_FORMAT = "%i %P %u %N"
 COMMENTS_FORMAT = "%i %k"
-# Bounds: nodes one hostlist may expand to, jobs listed (a larger cluster needs a larger bound, documented).
-MAX_HOSTLIST_NODES = 16_384
+# Bound on the jobs listed (a larger cluster needs a larger bound).
 MAX_JOBS = 10_000
 
 _JOB_LINE = re.compile(rf"({SLURM_JOB_ID}) (\S+) (\S+) (\S+)")
 _COMMENT_LINE = re.compile(rf"({SLURM_JOB_ID}) (.*)")
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
-
-
-class HostlistError(ValueError):
-    """A hostlist expression that is malformed or expands to more than :data:`MAX_HOSTLIST_NODES` names."""
 
 
 @dataclass(frozen=True)
@@ -47,50 +42,6 @@ class RunningJob:
     partition: str
     user: str
     nodes: tuple[str, ...]
-
-
-def expand_hostlist(expression: str, limit: int = MAX_HOSTLIST_NODES) -> list[str]:
-    """The node names of a Slurm hostlist: ``gpu[01-03,7],login1`` → gpu01, gpu02, gpu03, gpu7, login1;
-    several bracket groups multiply (``r[1-2]n[1-2]``). Zero padding follows the lower bound's width."""
-    names: list[str] = []
-    for part in _split_top_level(expression):
-        expanded = [""]
-        for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", part):
-            expanded = [prefix + literal for prefix in expanded]
-            if ranges:
-                expanded = [prefix + value for prefix in expanded for value in _range_values(ranges, limit)]
-            if len(expanded) + len(names) > limit:
-                raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
-        names += [name for name in expanded if name]
-    return names
-
-
-def _split_top_level(expression: str) -> list[str]:
-    """Split at commas outside brackets; unbalanced brackets are a :class:`HostlistError`."""
-    parts, depth, start = [], 0, 0
-    for index, char in enumerate(expression):
-        depth += (char == "[") - (char == "]")
-        if depth not in (0, 1):
-            raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
-        if char == "," and depth == 0:
-            parts.append(expression[start:index])
-            start = index + 1
-    if depth:
-        raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
-    return [*parts, expression[start:]]
-
-
-def _range_values(ranges: str, limit: int) -> list[str]:
-    values: list[str] = []
-    for item in ranges.split(","):
-        match = _RANGE.fullmatch(item)
-        if not match:
-            raise HostlistError(f"bad range {item!r} in a hostlist")
-        low, high = match.group(1), match.group(2) or match.group(1)
-        if int(high) < int(low) or int(high) - int(low) + len(values) >= limit:
-            raise HostlistError(f"range {item!r} is reversed or larger than {limit}")
-        values += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
-    return values
 
 
 def parse_jobs(text: str) -> dict[str, RunningJob]:

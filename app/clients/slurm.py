@@ -24,6 +24,7 @@ from functools import cache
 from typing import TYPE_CHECKING, Protocol
 
 from app.errors import CommandFailed, CredentialRejected, NotFound, ParamError
+from app.hostlist import HostlistError, expand_hostlist
 from app.outcome import tail
 from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED
 
@@ -372,8 +373,13 @@ class SlurmClient:
         return self.run(exclude_command(job_id, nodes, required_nodes))
 
     def expand_hostlist(self, hostlist: str) -> list[str]:
-        """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3)."""
-        return self.run(hostnames_command(hostlist)).stdout.split()
+        """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3), expanded here
+        (:mod:`app.hostlist`, no round trip); one that parser refuses goes to ``scontrol show hostnames``."""
+        command = hostnames_command(hostlist)  # validates the expression first
+        try:
+            return expand_hostlist(hostlist)
+        except HostlistError:
+            return self.run(command).stdout.split()
 
     def run(self, argv: list[str]) -> CommandResult:
         """Run ``argv`` on the Slurm host; a non-zero exit raises :class:`CommandFailed` or :class:`NotFound`."""

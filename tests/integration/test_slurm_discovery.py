@@ -12,14 +12,29 @@ import pytest
 from flask.testing import FlaskClient
 
 from app import create_app
+from app.clients.slurm import SlurmClient
 from app.config import AccessSettings
 from app.metrics import Metrics
+from sim.stack import NODE_ADDRESSES
 from tests.fixtures.procs import wait_until
 from tests.fixtures.reader import VIEWER_TOKEN, viewer_access
 from tests.fixtures.slurm import SlurmCluster
 
 pytestmark = pytest.mark.integration
 READER = {"Authorization": f"Bearer {VIEWER_TOKEN}"}
+
+
+class RefusingRunner:
+    """A runner for a client that must not send anything."""
+
+    def run(self, argv: object, timeout: float | None = None) -> object:
+        raise AssertionError(f"sent {argv!r}: expected no round trip")
+
+    def run_all(self, argvs: object, timeout: float | None = None) -> object:
+        raise AssertionError(f"sent {argvs!r}: expected no round trip")
+
+    def close(self) -> None:
+        pass
 
 
 @pytest.fixture
@@ -58,7 +73,9 @@ def test_lists_each_node_of_a_job_with_a_port_and_nothing_else(
         clean_slurm.command("scontrol", "show", "hostnames", clean_slurm.job_nodes(announced)).stdout.split()
     )
     assert [g["labels"]["__meta_slurm_node"] for g in groups] == nodes
-    assert {g["targets"][0] for g in groups} == {"127.0.0.1:9464"}  # the fixture's NodeAddr
+    assert [g["targets"] for g in groups] == [
+        [f"{NODE_ADDRESSES[n]}:9464"] for n in nodes
+    ]  # at each NodeAddr
     assert {g["labels"]["__meta_slurm_job_id"] for g in groups} == {announced}
     assert groups[0]["labels"]["__meta_slurm_partition"] == "debug"
     assert [r.message for r in caplog.records].count(
@@ -101,3 +118,11 @@ def test_slurm_unreachable_is_503(clean_slurm: SlurmCluster, tmp_path: Path) -> 
         response.get_json()["status"] == "error"
         and "slurm discovery failed" in response.get_json()["message"]
     )
+
+
+@pytest.mark.parametrize(
+    "expression", ["node1", "node[1-4]", "node[1,3-4]", "gpu[001-003],login1", "r[1-2]n[08-10]", "a,b[2-3]"]
+)
+def test_hostlists_expand_here_as_scontrol_expands_them(clean_slurm: SlurmCluster, expression: str) -> None:
+    scontrol = clean_slurm.command("scontrol", "show", "hostnames", expression).stdout.split()
+    assert SlurmClient(RefusingRunner()).expand_hostlist(expression) == scontrol

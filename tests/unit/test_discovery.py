@@ -7,22 +7,22 @@ import logging
 
 import pytest
 
-from app import discovery
+from app import discovery, hostlist
 from app.clients.slurm_discovery import Discovered
 from app.web.discovery import DiscoveryCache
 
 
 def test_hostlists_expand_like_slurm():
-    assert discovery.expand_hostlist("node1") == ["node1"]
-    assert discovery.expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
-    assert discovery.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    assert hostlist.expand_hostlist("node1") == ["node1"]
+    assert hostlist.expand_hostlist("gpu[01-03,7],login1") == ["gpu01", "gpu02", "gpu03", "gpu7", "login1"]
+    assert hostlist.expand_hostlist("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
     for bad in ("node[1-", "node]1[", "node[a-b]", "node[3-1]"):
-        with pytest.raises(discovery.HostlistError):
-            discovery.expand_hostlist(bad)
-    with pytest.raises(discovery.HostlistError, match="larger than 16384"):
-        discovery.expand_hostlist("n[1-100000]")
-    with pytest.raises(discovery.HostlistError, match="more than"):
-        discovery.expand_hostlist("a[1-200]b[1-200]")  # 40,000 names from two small ranges
+        with pytest.raises(hostlist.HostlistError):
+            hostlist.expand_hostlist(bad)
+    with pytest.raises(hostlist.HostlistError, match="larger than 16384"):
+        hostlist.expand_hostlist("n[1-100000]")
+    with pytest.raises(hostlist.HostlistError, match="more than"):
+        hostlist.expand_hostlist("a[1-200]b[1-200]")  # 40,000 names from two small ranges
 
 
 JOBS = "101 gpu alice node[1-2]\n102 gpu bob node3\n103 debug carol node4\n104_7 gpu dave node5\n"

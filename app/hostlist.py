@@ -1,0 +1,63 @@
+"""Slurm hostlist expressions (``gpu[01-03,7],login1``) expanded to node names: pure, bounded.
+
+Used wherever Nightshift needs the nodes of a job or a partition (:meth:`app.clients.slurm.SlurmClient.expand_hostlist`
+parses here instead of asking ``scontrol show hostnames`` over SSH; :mod:`app.discovery`), so it costs no round
+trip. An expression this parser does not accept raises :class:`HostlistError`.
+"""
+
+from __future__ import annotations
+
+import re
+
+# Nodes one expression may expand to.
+MAX_HOSTLIST_NODES = 16_384
+
+_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+
+
+class HostlistError(ValueError):
+    """A hostlist expression that is malformed or expands to more than :data:`MAX_HOSTLIST_NODES` names."""
+
+
+def expand_hostlist(expression: str, limit: int = MAX_HOSTLIST_NODES) -> list[str]:
+    """The node names of a Slurm hostlist: ``gpu[01-03,7],login1`` → gpu01, gpu02, gpu03, gpu7, login1;
+    several bracket groups multiply (``r[1-2]n[1-2]``). Zero padding follows the lower bound's width."""
+    names: list[str] = []
+    for part in _split_top_level(expression):
+        expanded = [""]
+        for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", part):
+            expanded = [prefix + literal for prefix in expanded]
+            if ranges:
+                expanded = [prefix + value for prefix in expanded for value in _range_values(ranges, limit)]
+            if len(expanded) + len(names) > limit:
+                raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
+        names += [name for name in expanded if name]
+    return names
+
+
+def _split_top_level(expression: str) -> list[str]:
+    """Split at commas outside brackets; unbalanced brackets are a :class:`HostlistError`."""
+    parts, depth, start = [], 0, 0
+    for index, char in enumerate(expression):
+        depth += (char == "[") - (char == "]")
+        if depth not in (0, 1):
+            raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
+        if char == "," and depth == 0:
+            parts.append(expression[start:index])
+            start = index + 1
+    if depth:
+        raise HostlistError(f"unbalanced brackets in hostlist {expression[:100]!r}")
+    return [*parts, expression[start:]]
+
+
+def _range_values(ranges: str, limit: int) -> list[str]:
+    values: list[str] = []
+    for item in ranges.split(","):
+        match = _RANGE.fullmatch(item)
+        if not match:
+            raise HostlistError(f"bad range {item!r} in a hostlist")
+        low, high = match.group(1), match.group(2) or match.group(1)
+        if int(high) < int(low) or int(high) - int(low) + len(values) >= limit:
+            raise HostlistError(f"range {item!r} is reversed or larger than {limit}")
+        values += [str(n).zfill(len(low)) for n in range(int(low), int(high) + 1)]
+    return values
