@@ -27,6 +27,8 @@ PURE = (
     "app.framing",
     "app.checkpoint_layouts",
     "app.outcome",
+    "app.discovery",
+    "app.hostlist",
 )
 IO = (
     "flask",
