@@ -757,6 +757,13 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     if reading.root_cause is not None and category not in ("nccl_network", "hang"):
         rank, host, text = reading.root_cause
         return _completed(Culprit(host, rank, None, (text,)), reading)
+    # Last resort: the log names one host in all (a single-node job, or one node's log).
+    named_hosts = set(reading.rank_hosts.values())
+    named_hosts.update(v.line.host for v in reading.votes if v.line.host)
+    named_hosts.update(line.host for line, _ in reading.xid_lines if line.host)
+    if len(named_hosts) == 1 and category not in ("nccl_network", "hang"):
+        (host,) = named_hosts
+        return Culprit(host, None, None, (f"every line that names a host names {host}",))
     return None
 
 

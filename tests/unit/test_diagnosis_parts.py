@@ -275,3 +275,11 @@ def test_slurm_accounting_out_of_memory_is_host_oom():
     sacct = "4412.0       python     gpu        acct          8 OUT_OF_ME+    0:125"
     assert diagnose({}, sacct).category == "host_oom"
     assert diagnose({}, "State: OUT_OF_MEMORY (exit code 0)").category == "host_oom"
+
+
+def test_a_log_that_names_one_host_names_it_as_the_culprit_node():
+    table = "dgx-7:1201:1201 [0] NCCL INFO comm 0x1 rank 0 nranks 8 cudaDev 0 busId 1b000 - Init COMPLETE"
+    text = f"{table}\nOSError: [Errno 28] No space left on device: '/scratch/ckpt/model.pt'"
+    result = diagnose({}, text)
+    assert result.category == "storage_io"
+    assert result.culprit is not None and result.culprit.node == "dgx-7"
