@@ -243,8 +243,9 @@ def nodes_taken_out_since(conn: Connection, since: datetime, take_out_actions: C
     if take_out_actions:
         stmt = select(steps.c.params).where(
             steps.c.action.in_(sorted(take_out_actions)),
-            steps.c.status == StepStatus.OK,
-            steps.c.finished_at >= since,
+            # A take-out whose outcome is unknown (in flight, or ambiguous after a crash) may have happened: counted.
+            steps.c.status.in_((StepStatus.OK, StepStatus.RUNNING, StepStatus.AMBIGUOUS)),
+            func.coalesce(steps.c.finished_at, steps.c.started_at) >= since,
         )
         nodes.update(str(row.params["node"]) for row in conn.execute(stmt) if row.params.get("node"))
     return nodes
