@@ -225,14 +225,14 @@ def recheck(
     return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
 
 
-def job_budget(
+def recoveries_verdict(
     job: str | None, recoveries: Sequence[datetime], now: datetime, limit: int, window: timedelta
 ) -> Verdict:
     """At most ``limit`` recoveries of one training job within ``window``, whatever the fault class (settings
     ``guards.job_recoveries_max`` / ``guards.job_recoveries_window_seconds``); then the job goes to a person.
 
     ``recoveries``: when each earlier recovery attempt of this job started (any playbook, any incident); those
-    older than the window do not count. Not in :data:`CHAIN`: the job incident checks it before its recovery."""
+    older than the window do not count. In the chain as :func:`job_budget`."""
     if not job:
         return Verdict("job_budget", PASS, "not a training job's incident")
     if limit < 1:
@@ -256,12 +256,12 @@ def job_budget(
     )
 
 
-def job_recoveries(f: GuardFacts) -> Verdict:
-    """The job budget (:func:`job_budget`) in the chain, for job incidents."""
-    return job_budget(f.job, f.job_recoveries, f.now, f.job_recoveries_max, f.job_recoveries_window)
+def job_budget(f: GuardFacts) -> Verdict:
+    """The job budget (:func:`recoveries_verdict`) of a job incident."""
+    return recoveries_verdict(f.job, f.job_recoveries, f.now, f.job_recoveries_max, f.job_recoveries_window)
 
 
-CHAIN = (kill_switch, permission, blast_radius, serialisation, budget, job_recoveries, cooldown, stale_signal)
+CHAIN = (kill_switch, permission, blast_radius, serialisation, budget, job_budget, cooldown, stale_signal)
 
 
 def evaluate(facts: GuardFacts) -> list[Verdict]:

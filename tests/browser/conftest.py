@@ -21,14 +21,14 @@ import requests
 from werkzeug.serving import make_server
 
 from app import create_app
-from app.actions.registry import ActionRegistry
+from app.actions import default_registry
 from app.clients import Clients
 from app.config import Settings
 from app.engine import Engine
 from app.metrics import Metrics
 from app.outcome import Ambiguous, CredentialError, Failed, Ok
 from app.params import SLURM_JOB_ID, Param
-from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, fake_actions
+from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.fixtures.procs import IN_CI, free_port, require_binary, wait_until
 from tests.payloads import alert, body, xid
 from tests.unit.test_engine import PLAYBOOK
@@ -47,7 +47,10 @@ CHROMIUM_FLAGS = (
     "--window-size=1400,1000",
 )
 
-XID_79 = PLAYBOOK.replace('xid=~"79|48"', 'xid="79"')
+# Node-scoped, as the shipped Xid playbooks are: the Xid's node is its job's culprit (the scheduler, FakeSlurm
+# below, puts each seeded job on its alert's node), so job incidents carry the node the UI ranks and filters by.
+NODE_SCOPED = "node_repair: {}\n"
+XID_79 = PLAYBOOK.replace('xid=~"79|48"', 'xid="79"') + NODE_SCOPED
 XID_48_GATED = (
     PLAYBOOK.replace("gpu-xid-79", "gpu-xid-48-gated")
     .replace('xid=~"79|48"', 'xid="48"')
@@ -58,7 +61,10 @@ XID_48_GATED = (
     with: {job: "{{ target.job }}"}
     approval: required""",
     )
+    + NODE_SCOPED
 )
+# Where the seeded jobs run (job id -> node), as the scheduler reports it.
+JOBS = {str(1000 + n): ("RUNNING", f"node{n}") for n in range(1, 8)}
 STALLED = """
 apiVersion: nightshift/v1
 kind: Playbook
@@ -211,13 +217,16 @@ def serve(tmp_path: Path, operator_token: str | None) -> Iterator[Site]:
         **fake_actions(),
         "fake.restart": FakeAction("fake.restart", params={"job": Param(pattern=SLURM_JOB_ID)}),
     }
+    registry = default_registry()  # node repairs plan with the scheduler's actions (not granted: advisory)
+    for action in actions.values():
+        registry.register(action)
     prometheus = FakePrometheus()
     prometheus.default = [FakeSample({"slurm_job_id": "any"}, 1.0)]  # re-checks hold, verifications succeed
     app = create_app(
         settings,
         clock=clock,
-        registry=ActionRegistry(actions.values()),
-        clients=Clients(settings, prometheus=prometheus, grafana=FakeGrafana()),
+        registry=registry,
+        clients=Clients(settings, prometheus=prometheus, grafana=FakeGrafana(), slurm=FakeSlurm(JOBS)),
         metrics=Metrics(),
     )
     server = make_server("127.0.0.1", free_port(), app, threaded=True)
