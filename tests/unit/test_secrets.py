@@ -142,7 +142,8 @@ def basic() -> dict[str, str]:
 def test_secrets_stay_out_of_logs_responses_and_the_ledger(tmp_path, hook_sink, smtp, caplog):
     caplog.set_level(logging.DEBUG)  # every logger, urllib3 and the mail client included
     planted = plant(tmp_path / "secrets", hook_sink, smtp)
-    app = make_app(load_settings(write_settings(tmp_path / "app", PLAYBOOK, **planted), env={}))
+    settings = write_settings(tmp_path / "app", PLAYBOOK, episodes={"correlation_seconds": 0}, **planted)
+    app = make_app(load_settings(settings, env={}))  # job incidents act (and notify) at once
     client = app.test_client()
     engine = app.extensions["nightshift"].engine
     responses = [
@@ -182,7 +183,8 @@ def test_secrets_stay_out_of_logs_responses_and_the_ledger(tmp_path, hook_sink, 
 @pytest.mark.integration
 def test_secrets_stay_out_of_a_real_servers_output_and_the_export(tmp_path, hook_sink, smtp):
     planted = plant(tmp_path / "secrets", hook_sink, smtp)
-    config = write_settings(tmp_path / "serve", NOTICE_PLAYBOOK, **planted)
+    # Job incidents act at once (no correlation window): the notices this test reads go out within its wait.
+    config = write_settings(tmp_path / "serve", NOTICE_PLAYBOOK, episodes={"correlation_seconds": 0}, **planted)
     serve = start_serve(config, "serve", workers=2, threads=2, env={"NIGHTSHIFT_LOG_LEVEL": "DEBUG"})
     try:
         wait_ready(serve)
