@@ -45,7 +45,7 @@ def test_hang_is_requeued_and_recovers(stack: Stack, remediated: Remediated) -> 
     (alert,) = {a["fingerprint"]: a for a in remediated.detail["alerts"]}.values()
     assert alert["labels"]["alertname"] == "TrainingHang"
     collected = [(s["action"], s["status"]) for s in remediated.detail["steps"] if s["phase"] == "collect"]
-    assert collected == [("slurm.job_log", "ok")]
+    assert collected == [("slurm.job_log", "ok"), ("slurm.job_stacks", "ok")]
     steps = [
         (s["name"], s["action"], s["status"]) for s in remediated.detail["steps"] if s["phase"] == "steps"
     ]
