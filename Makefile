@@ -37,6 +37,7 @@ bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 min
 	$(PY) -m bench.memory
 	$(PY) -m bench.profile
 	$(PY) -m bench.e2e
+	$(PY) -m bench.ettr
 	$(PY) -m bench.report
 
 demo: deps  ## the whole loop on a simulated GPU cluster, about a minute (docs/demo.md); DEMO_ARGS=--keep stays up
