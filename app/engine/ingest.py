@@ -279,9 +279,10 @@ def _leads(deps: EngineDeps, playbook: Playbook, incident: records.Row) -> bool:
 
 
 def _culprit_reason(alert: Alert) -> str:
+    """What the alert says of its node, beside its name (the culprit's ``source``): ``xid=79 gpu=3``."""
     labels = alert.labels
     detail = " ".join(f"{k}={labels[k]}" for k in ("xid", "gpu", "error_class") if labels.get(k))
-    return f"{labels.get('alertname', 'alert')} {detail}".strip()[:300]
+    return (detail or labels.get("summary", "") or "named by the alert")[:300]
 
 
 def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, result: IngestResult) -> None:
