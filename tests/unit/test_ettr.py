@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -52,3 +53,12 @@ def test_a_faulty_gpu_nightshift_excludes_the_node_the_naive_loop_lands_on_it_ag
     assert nightshift["restarts_onto_faulty_node"] == 0 and nightshift["wrong_actions"] == 0
     assert naive["restarts_onto_faulty_node"] >= 1
     assert nightshift["ettr"] > naive["ettr"]
+
+
+def test_main_writes_the_table_of_the_three_policies(tmp_path: Path) -> None:
+    out = tmp_path / "ettr.json"
+    assert ettr.main(["--days", "1", "--seeds", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert set(report["table"]) == {"nightshift", "person", "naive"}
+    assert all(0 < row["ettr_mean"] <= 1 for row in report["table"].values())
+    assert report["interruptions_per_day"] == 419 / 54 / 16
