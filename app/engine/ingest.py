@@ -15,7 +15,8 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes
+from app import episodes, paging
+from app.actions.notify import send_notification
 from app.alertmanager import Alert, Notification
 from app.engine import transitions
 from app.engine.deps import EngineDeps, Target, render_target
@@ -23,6 +24,9 @@ from app.errors import ParamError
 from app.playbooks import Playbook
 from app.states import NOT_ACTED, IncidentKind, Outcome, State, UndoState
 from app.store import records, repairs
+
+# Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
+MAX_UNMATCHED_NOTICES = 5
 
 
 @dataclass
@@ -34,6 +38,8 @@ class IngestResult:
     unmatched: int = 0
     # The playbook of each opened incident, in order: labels the metric without another trip to the store.
     opened_playbooks: list[str] = field(default_factory=list)
+    # New alerts no playbook matched, for people (bounded: the first MAX_UNMATCHED_NOTICES of one ingestion).
+    unmatched_notices: list[paging.Notice] = field(default_factory=list)
 
     def add(self, other: IngestResult) -> None:
         self.alerts += other.alerts
@@ -42,6 +48,8 @@ class IngestResult:
         self.closed += other.closed
         self.unmatched += other.unmatched
         self.opened_playbooks += other.opened_playbooks
+        room = MAX_UNMATCHED_NOTICES - len(self.unmatched_notices)
+        self.unmatched_notices += other.unmatched_notices[: max(room, 0)]
 
 
 def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
@@ -72,11 +80,19 @@ def ingest_alerts(
 
 
 def publish(deps: EngineDeps, result: IngestResult) -> None:
-    """Count what a committed ingestion did in the self-metrics."""
+    """Count what a committed ingestion did in the self-metrics, and tell people of the alerts no playbook
+    matched (after the commit: never a network call inside a transaction; at most :data:`MAX_UNMATCHED_NOTICES`)."""
     for playbook in result.opened_playbooks:
         deps.metrics.incidents_opened.labels(playbook).inc()
     for _ in result.closed:
-        deps.metrics.incidents.labels("resolved").inc()
+        deps.metrics.incidents.labels(Outcome.RESOLVED).inc()
+    for notice in result.unmatched_notices:
+        for outcome in send_notification(
+            deps.clients, deps.settings, notice.subject, notice.text, notice.data
+        ):
+            deps.ledger(
+                None, "notification", f"{notice.subject}: {outcome.status}", {"status": outcome.status}
+            )
 
 
 def _ingest_alert(
@@ -119,6 +135,15 @@ def _ingest_alert(
         if previous is None:
             result.unmatched += 1
             records.record(conn, now, "unmatched", f"{name}: no playbook matches", data=facts)
+            if len(result.unmatched_notices) < MAX_UNMATCHED_NOTICES:
+                result.unmatched_notices.append(
+                    paging.unmatched_alert(
+                        alertname=name,
+                        fingerprint=alert.fingerprint,
+                        labels=alert.labels,
+                        annotations=alert.annotations,
+                    )
+                )
         return
     for playbook in matched:
         try:

@@ -27,9 +27,10 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from app import guards
+from app import guards, paging
 from app import repair_policy as policy
 from app.actions.base import ActionContext
+from app.actions.notify import send_notification
 from app.engine import guard_facts
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError, ParamError
@@ -473,6 +474,28 @@ class NodeRepairs:
                 )
         if following.state in REPAIR_SETTLED and repair["state"] != following.state:
             deps.metrics.node_repairs.labels(following.state).inc()
+        if following.state == RepairState.HELD and repair["state"] != RepairState.HELD:
+            self._tell_people(repair, following.held_reason or following.note)
+
+    def _tell_people(self, repair: Repair, reason: str) -> None:
+        """A node held for a person: say so on every channel (a page too), after the transition has committed."""
+        deps = self.deps
+        notice = paging.node_held(
+            node=repair["node"],
+            scheduler=repair["scheduler"],
+            reason=reason,
+            repair_id=repair["id"],
+            incident_id=repair["incident_id"],
+            external_url=deps.settings.external_url,
+        )
+        for outcome in send_notification(
+            deps.clients, deps.settings, notice.subject, notice.text, notice.data
+        ):
+            status = f"{outcome.command}: {outcome.status}" + (
+                f": {outcome.reason}" if isinstance(outcome, Failed) else ""
+            )
+            deps.ledger(repair["incident_id"], "notification", f"node {repair['node']} held: {status}",
+                        {"node": repair["node"], "repair_id": repair["id"], "status": outcome.status})  # fmt: skip
 
 
 def _result(marker: str, outcome: Outcome) -> policy.Result:

@@ -596,3 +596,15 @@ def test_an_incidents_take_out_is_held_to_the_share_of_the_nodes_partition(tmp_p
     held = w.incident(second)
     assert held["state"] == "waiting" and "of the 2 nodes of partition gpu taken out" in held["reason"]
     assert [c["node"] for c in w.calls("fake.drain")] == ["node1"]
+
+
+def test_an_alert_no_playbook_matches_is_told_to_people_once(tmp_path):
+    w = make_world(tmp_path)
+    stray = alert({"alertname": "DcgmExporterDown", "instance": "node9:9400"})
+    assert w.send(stray).unmatched == 1
+    w.send(stray)  # an Alertmanager repeat of the same instance: recorded, not told again
+    texts = [text for _, text in w.notifications]
+    assert len(texts) == 1 and "DcgmExporterDown" in texts[0]
+    storm = [alert({"alertname": f"Unknown{n}", "instance": "x"}) for n in range(12)]
+    w.send(*storm)
+    assert len(w.notifications) == 1 + 5  # at most five notices per ingestion; the ledger has every one

@@ -446,3 +446,29 @@ def test_node_check_scripts_and_probe_parsing():
             node_check.parse_probe(bad)
     with pytest.raises(ValueError):
         node_check.workdir(-1)
+
+
+def test_a_held_node_is_told_to_people_once(tmp_path):
+    """Held for a person: a notice on every channel (chat here), ledgered; not again while it stays held."""
+    posted: list[dict[str, Any]] = []
+
+    class Chat:
+        def post_json(self, url: str, body: dict[str, Any], headers: Any = None) -> int:
+            posted.append(body)
+            return 200
+
+    w = make_world(tmp_path, validate=(226,), notify__webhook_url="http://chat.example/hook")
+    w.deps.clients = Clients(
+        w.deps.settings, slurm=w.deps.clients.slurm, http=Chat(),
+        **{f"node:{n}": shell for n, shell in w.shells.items()},
+    )  # fmt: skip
+    w.worker = type(w.worker)(w.deps)
+    repair_id = w.request()
+    w.run()
+    assert w.row(repair_id)["state"] == RepairState.HELD
+    (notice,) = posted
+    assert "node node2 held for a person" in notice["text"] and "exited 226" in notice["text"]
+    assert w.ledger("notification")
+    w.request()  # absorbed by the held repair
+    w.run()
+    assert len(posted) == 1
