@@ -133,4 +133,8 @@ def test_one_episode_on_three_replicas_is_one_recovery_one_drain_and_one_return(
     shown = clean_slurm.command("scontrol", "show", "job", "--oneliner", job).stdout
     assert re.search(r"ExcNodeList=\S*node2", shown), shown
     assert "drain" not in clean_slurm.node_state("node2")
-    print(yaml.safe_dump({"incidents": 1, "requeues": 1, "repairs of node2": 1, "repair steps": repair["steps"]}))
+    print(
+        yaml.safe_dump(
+            {"incidents": 1, "requeues": 1, "repairs of node2": 1, "repair steps": repair["steps"]}
+        )
+    )
