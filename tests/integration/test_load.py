@@ -149,9 +149,12 @@ def test_ten_thousand_notifications_yield_exactly_the_expected_incidents(tmp_pat
         delivered = conn.execute(select(func.sum(alerts.c.notifications))).scalar_one()
         links = conn.execute(select(incident_alerts.c.incident_id, incident_alerts.c.alert_id)).all()
         rows = conn.execute(
-            select(incidents.c.id, incidents.c.node, incidents.c.open_key, incidents.c.outcome)
+            select(incidents.c.id, incidents.c.job, incidents.c.open_key, incidents.c.outcome)
         )
-        found = {row.id: (row.node, row.open_key is not None, row.outcome) for row in rows}
+        # Each node's alerts name its one job (node-NNNN runs job 1NNNN): one job incident per episode.
+        found = {
+            row.id: (f"node-{int(row.job) - 10_000:04d}", row.open_key is not None, row.outcome) for row in rows
+        }
 
     # Every alert instance recorded exactly once, every delivery of it counted.
     assert sorted((fp, starts) for fp, starts, _ in stored.values()) == sorted(stream.instances)
@@ -205,7 +208,7 @@ def test_storm_across_twenty_nodes_trips_the_blast_radius_and_return_to_service_
     states = Counter(world.incident(i)["state"] for i in opened)
     assert states == Counter({"recovered": 3, "waiting": 17})
     waiting = [world.incident(i) for i in opened if world.incident(i)["state"] == "waiting"]
-    assert all("disrupted in the last 1h (limit 3)" in inc["reason"] for inc in waiting)
+    assert all("taken out in the last 1h (limit 3)" in inc["reason"] for inc in waiting)
     assert sorted(call["job"] for call in world.calls("fake.requeue")) == sorted(
         str(900 + int(node.removeprefix("gpu-"))) for node in drained
     )

@@ -293,7 +293,7 @@ def test_quarantine_refuses_a_dir_outside_the_roots(slurm_cluster: SlurmCluster,
     outcome = QuarantineLatest().run({"dir": str(outside), "pattern": "*"}, ctx)
 
     assert isinstance(outcome, Failed), outcome
-    assert "outside the allowed roots" in outcome.reason
+    assert "not strictly below an allowed root" in outcome.reason
     assert sorted(p.name for p in outside.iterdir()) == ["step_1", "step_2"]
 
 
