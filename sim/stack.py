@@ -775,7 +775,9 @@ def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
             if doc.get("node_repair") and doc["target"]["scheduler"] == "slurm":
                 _simulated_repair(doc["node_repair"])
             for step in doc.get("collect", []):
-                if step["action"] == "slurm.job_stacks":  # py-spy is this repository's (its dev extra), not on PATH
+                if (
+                    step["action"] == "slurm.job_stacks"
+                ):  # py-spy is this repository's (its dev extra), not on PATH
                     step["with"]["py_spy"] = str(Path(sys.executable).with_name("py-spy"))
             if doc.get("recheck"):
                 doc["recheck"] = _MINUTE_RANGE.sub(f"[{FAST_WINDOW}]", doc["recheck"])

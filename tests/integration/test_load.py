@@ -153,7 +153,8 @@ def test_ten_thousand_notifications_yield_exactly_the_expected_incidents(tmp_pat
         )
         # Each node's alerts name its one job (node-NNNN runs job 1NNNN): one job incident per episode.
         found = {
-            row.id: (f"node-{int(row.job) - 10_000:04d}", row.open_key is not None, row.outcome) for row in rows
+            row.id: (f"node-{int(row.job) - 10_000:04d}", row.open_key is not None, row.outcome)
+            for row in rows
         }
 
     # Every alert instance recorded exactly once, every delivery of it counted.

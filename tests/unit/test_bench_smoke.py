@@ -231,7 +231,10 @@ def test_e2e_benchmark_times_every_stage_of_a_round(slurm_cluster, tmp_path):
     order = ("fault", "scraped", "firing", "opened", "acting", "requeued", "steps_done", "recovered")
     assert [marks[m] for m in order] == sorted(marks[m] for m in order), marks
     assert marks["acting"] < marks["running"] < marks["progress"] < marks["recovered"], marks
-    assert [s["phase"] for s in measured["steps"]] == ["collect", "steps"]  # the job requeue (the drain: its repair)
+    assert [s["phase"] for s in measured["steps"]] == [
+        "collect",
+        "steps",
+    ]  # the job requeue (the drain: its repair)
     assert 0 < measured["spans"]["share"] < 1
     assert (
         results["slurm_requeue_to_running_s"]["n"] == 1 and results["slurm_requeue_to_running_s"]["min"] > 0

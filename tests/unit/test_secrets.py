@@ -184,7 +184,9 @@ def test_secrets_stay_out_of_logs_responses_and_the_ledger(tmp_path, hook_sink, 
 def test_secrets_stay_out_of_a_real_servers_output_and_the_export(tmp_path, hook_sink, smtp):
     planted = plant(tmp_path / "secrets", hook_sink, smtp)
     # Job incidents act at once (no correlation window): the notices this test reads go out within its wait.
-    config = write_settings(tmp_path / "serve", NOTICE_PLAYBOOK, episodes={"correlation_seconds": 0}, **planted)
+    config = write_settings(
+        tmp_path / "serve", NOTICE_PLAYBOOK, episodes={"correlation_seconds": 0}, **planted
+    )
     serve = start_serve(config, "serve", workers=2, threads=2, env={"NIGHTSHIFT_LOG_LEVEL": "DEBUG"})
     try:
         wait_ready(serve)
