@@ -60,15 +60,18 @@ def nodes_taken_out(planned: Sequence[PlannedStep]) -> frozenset[str]:
 
 
 def when_context(
-    labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int
+    labels: Mapping[str, str], diagnosis: Mapping[str, Any] | None, attempt: int, job_phase: str = ""
 ) -> dict[str, str]:
-    """What ``when:`` matchers see: the labels plus ``diagnosis``, ``xid_class`` and ``attempt``."""
+    """What ``when:`` matchers see: the labels plus ``diagnosis``, ``xid_class``, ``attempt`` and ``job_phase``
+    (a job incident: what the scheduler said of the job before acting, ``running``, ``waiting``, ``died`` or
+    ``unknown``; "" elsewhere)."""
     diagnosis = diagnosis or {}
     return {
         **labels,
         "diagnosis": str(diagnosis.get("category") or ""),
         "xid_class": str(diagnosis.get("xid_class") or ""),
         "attempt": str(attempt),
+        "job_phase": job_phase,
     }
 
 

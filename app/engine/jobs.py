@@ -15,12 +15,15 @@ from app.clients import Clients
 # Slurm job states (squeue/scontrol long names) by what they mean for a recovery.
 _SLURM_RUNNING = frozenset({"RUNNING", "COMPLETING", "STAGE_OUT", "SIGNALING"})
 _SLURM_WAITING = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "CONFIGURING", "RESIZING"})
+# Ended on purpose or normally: finished, cancelled by someone, stopped at its time limit. Not ours to restart.
+_SLURM_COMPLETED = frozenset({"COMPLETED", "CANCELLED", "TIMEOUT"})
 
 
 class JobPhase(StrEnum):
     RUNNING = "running"
     WAITING = "waiting"  # queued: waiting for resources (or held)
-    FINISHED = "finished"
+    COMPLETED = "completed"  # ended on purpose or normally: nothing to recover
+    DIED = "died"  # failed, node failure, out of memory, preempted...: recover it like a crash
     UNKNOWN = "unknown"  # the scheduler has no view of it (or this scheduler has no job lookup here)
 
 
@@ -37,7 +40,9 @@ def slurm_phase(state: str) -> JobPhase:
         return JobPhase.RUNNING
     if base in _SLURM_WAITING:
         return JobPhase.WAITING
-    return JobPhase.FINISHED if base else JobPhase.UNKNOWN
+    if base in _SLURM_COMPLETED:
+        return JobPhase.COMPLETED
+    return JobPhase.DIED if base else JobPhase.UNKNOWN
 
 
 def job_status(clients: Clients, target: Mapping[str, str]) -> JobStatus:
@@ -52,7 +57,9 @@ def job_status(clients: Clients, target: Mapping[str, str]) -> JobStatus:
             return JobStatus(JobPhase.RUNNING, nodes, "Running")
         if "Pending" in phases:
             return JobStatus(JobPhase.WAITING, nodes, "Pending")
-        return JobStatus(JobPhase.FINISHED, nodes, ",".join(sorted(phases)))
+        if phases == {"Succeeded"}:
+            return JobStatus(JobPhase.COMPLETED, nodes, "Succeeded")
+        return JobStatus(JobPhase.DIED, nodes, ",".join(sorted(phases)))
     slurm = clients.slurm
     info = slurm.job_info(target["job"])
     nodes = tuple(slurm.expand_hostlist(info.nodes)) if info.nodes else ()

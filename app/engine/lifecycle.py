@@ -29,7 +29,7 @@ from app.actions.base import ActionContext
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
-from app.engine.jobs import JobPhase, job_status
+from app.engine.jobs import JobPhase, JobStatus, job_status
 from app.engine.repair import pool_facts
 from app.errors import BackendError, ConfigError, ParamError, StoreUnavailable
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Outcome, Retry, tail
@@ -158,29 +158,32 @@ class Lifecycle:
             self._transition(lambda conn, now: transitions.update(conn, now, inc, reason=reason))
         return inc["act_after"]
 
-    def _confirm_culprits(self, inc: Incident) -> tuple[episodes.Exclusion, int] | datetime:
-        """Culprits checked against the job's allocation (a node outside it is evidence, never excluded or
-        drained), then the exclusion. Returns the exclusion and the job's node count, or when to try again."""
-        culprits = inc["culprits"] or []
-        if not culprits:
-            return episodes.Exclusion(), 0
+    def _job_before_acting(self, inc: Incident) -> JobStatus | datetime | None:
+        """What the scheduler says of the job before its recovery: its status, None when it cannot be read (then
+        the recovery goes ahead and excludes no node), or when to ask again. Bounded: the job's recovery never
+        waits long on the scheduler's view (not at all when no access to it is configured)."""
         try:
-            status = job_status(self.deps.clients, inc["target"])
+            return job_status(self.deps.clients, inc["target"])
         except (BackendError, ConfigError) as exc:
-            # Bounded: the job's recovery never waits long on the scheduler's view (not at all when no access
-            # to it is configured). Unconfirmed culprits are neither excluded nor drained.
             with self.deps.store.read() as conn:
                 tries = 1 + sum(
-                    1 for r in records.ledger_for(conn, inc["id"]) if r["kind"] == "culprits_unconfirmed"
+                    1 for r in records.ledger_for(conn, inc["id"]) if r["kind"] == "job_status_unknown"
                 )
             last = tries >= ALLOCATION_TRIES or isinstance(exc, ConfigError)
             then = "recovering the job without excluding any node" if last else "will ask again"
             self._ledger(
-                inc, "culprits_unconfirmed", f"cannot read job {inc['job']}'s allocation ({exc}): {then}"
+                inc, "job_status_unknown", f"cannot read job {inc['job']} from the scheduler ({exc}): {then}"
             )
             if last:
-                return episodes.Exclusion(), 0
+                return None
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+
+    def _confirm_culprits(self, inc: Incident, status: JobStatus | None) -> episodes.Exclusion:
+        """Culprits checked against the job's allocation (a node outside it is evidence, never excluded or
+        drained; an unread allocation confirms none), then the exclusion."""
+        culprits = inc["culprits"] or []
+        if not culprits or status is None:
+            return episodes.Exclusion()
         confirmed = episodes.confirm(culprits, status.nodes)
         outside = [c["node"] for c in confirmed if not c["confirmed"]]
         message = (
@@ -201,9 +204,7 @@ class Lifecycle:
             )
         )
         e = self.deps.settings.episodes
-        return episodes.exclusion(confirmed, len(status.nodes), e.max_culprits, e.max_culprit_share), len(
-            status.nodes
-        )
+        return episodes.exclusion(confirmed, len(status.nodes), e.max_culprits, e.max_culprit_share)
 
     def _hand_to_repair(self, inc: Incident, playbook: Playbook) -> datetime | None:
         """A node incident: its node goes through the repair lifecycle; the incident waits for the verdict."""
@@ -280,15 +281,28 @@ class Lifecycle:
     def _decide(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
         exclusion = episodes.Exclusion()
+        job_phase = ""  # what `when: job_phase=...` sees: set for job incidents only
         if inc["kind"] == IncidentKind.JOB:
-            confirmed = self._confirm_culprits(inc)
-            if isinstance(confirmed, datetime):
-                return confirmed
-            exclusion, _ = confirmed
+            status = self._job_before_acting(inc)
+            if isinstance(status, datetime):
+                return status
+            job_phase = status.phase if status is not None else JobPhase.UNKNOWN
+            if status is not None and status.phase == JobPhase.COMPLETED:
+                reason = (
+                    f"job {inc['job']} is {status.state}: it ended on purpose or normally, nothing to recover"
+                )
+                return self._close(inc, Closed.COMPLETED, reason)
+            exclusion = self._confirm_culprits(inc, status)
             if exclusion.refused:
                 return self._close(inc, Closed.NEEDS_HUMAN, exclusion.refused)
         now = deps.clock.now()
-        planned = self._plan(inc, playbook.steps, attempt=inc["attempt"] + 1, exclude=exclusion.nodes)
+        planned = self._plan(
+            inc,
+            playbook.steps,
+            attempt=inc["attempt"] + 1,
+            exclude=exclusion.nodes,
+            job_phase=job_phase,
+        )
         invalid = [p for p in planned if p.status == INVALID]
         if invalid:
             for p in invalid:
@@ -540,14 +554,19 @@ class Lifecycle:
     # --- steps ------------------------------------------------------------------------------------------------
 
     def _plan(
-        self, inc: Incident, steps: Sequence[Step], attempt: int, exclude: Sequence[str] = ()
+        self,
+        inc: Incident,
+        steps: Sequence[Step],
+        attempt: int,
+        exclude: Sequence[str] = (),
+        job_phase: str = "",
     ) -> list[PlannedStep]:
         return plan_steps(
             steps,
             registry=self.deps.registry,
             permissions=self.deps.permissions,
             template_context=self._template_context(inc, exclude),
-            when=when_context(inc["labels"], inc["diagnosis"], attempt),
+            when=when_context(inc["labels"], inc["diagnosis"], attempt, job_phase),
             target=inc["target"],
         )
 

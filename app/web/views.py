@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from app.states import Outcome, StepStatus
+from app.states import Outcome, State, StepStatus
 
 Row = Mapping[str, Any]
 
@@ -81,7 +81,8 @@ def job_state(
       needs_human, blocked, unverified).
 
     ``latest`` rows come from ``Engine.job_incidents()`` and carry ``firing_alerts``; without it the alerts are
-    taken as still firing. ``completed`` is not derived: no alert or store row says that a training job finished.
+    taken as still firing. ``pending``: an open incident not yet past its correlation window and its look at the
+    scheduler (state ``open``); ``completed``: the newest incident found that the scheduler says the job finished.
     """
     if open_incidents:
         incident = min(open_incidents, key=lambda row: row["id"])
@@ -94,8 +95,11 @@ def job_state(
                 incident,
             )
         reason = f": {incident['reason']}" if incident.get("reason") else ""
-        return "recovering", f"incident #{incident['id']} {incident['state']}{reason}", incident
+        state = "pending" if incident["state"] == State.OPEN else "recovering"
+        return state, f"incident #{incident['id']} {incident['state']}{reason}", incident
     outcome = latest.get("outcome") or latest["state"]
+    if outcome == Outcome.COMPLETED:
+        return "completed", latest.get("reason") or outcome, latest
     if outcome in GOOD_OUTCOMES:
         return "enabled", f"last incident {outcome}", latest
     if latest.get("firing_alerts", 1) == 0:

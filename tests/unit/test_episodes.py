@@ -416,7 +416,7 @@ def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_exc
         w.clock.advance(30)
     w.run()
     ledger = w.engine.incident(w.only()["id"])["ledger"]
-    assert [r["kind"] for r in ledger].count("culprits_unconfirmed") == 3
+    assert [r["kind"] for r in ledger].count("job_status_unknown") == 3
     assert w.requeue.script.calls == [{"job": "4242"}]  # job first; the unconfirmed node is not excluded
     assert w.repair("node2") is None  # nor taken out
 
@@ -440,3 +440,58 @@ def test_a_node_alert_on_a_node_already_in_repair_opens_nothing_new(tmp_path):
     idle = {k: v for k, v in xid(node="node3").items() if k != "slurm_job_id"}
     assert w.send(alert(idle)).opened == []
     assert w.incidents() == []
+
+
+def test_a_job_the_scheduler_says_finished_is_completed_never_requeued(tmp_path):
+    w = make_world(tmp_path, slurm=FakeSlurm({"4242": ("COMPLETED", "node1,node2")}), correlation_seconds=0)
+    w.send(
+        alert(
+            {
+                "alertname": "TrainingJobError",
+                "error_class": "nccl",
+                "Hostname": "node1",
+                "slurm_job_id": "4242",
+            }
+        )
+    )
+    w.run()
+    inc = w.only()
+    assert (inc["outcome"], w.requeue.script.calls) == ("completed", [])
+    assert "job 4242 is COMPLETED" in inc["reason"]
+
+
+def test_a_job_that_died_is_recovered_like_a_crash(tmp_path):
+    w = make_world(tmp_path, slurm=FakeSlurm({"4242": ("NODE_FAIL", "node1,node2")}), correlation_seconds=0)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242"}]
+
+
+GONE = """
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: gone, description: "requeue only a job that died"}
+match: ['alertname="TrainingMetricsAbsent"']
+target: {scheduler: slurm, job: "{{ labels.slurm_job_id }}"}
+steps:
+  - action: fake.requeue
+    with: {job: "{{ target.job }}"}
+    when: ['job_phase="died"']
+"""
+
+
+@pytest.mark.parametrize(
+    ("state", "outcome", "requeues"),
+    [
+        ("COMPLETED", "completed", 0),
+        ("TIMEOUT", "completed", 0),
+        ("FAILED", "unverified", 1),
+        ("RUNNING", "advisory", 0),
+    ],
+)
+def test_steps_can_ask_what_the_scheduler_said_of_the_job(tmp_path, state, outcome, requeues):
+    w = make_world(tmp_path, slurm=FakeSlurm({"4242": (state, "node1")}), correlation_seconds=0)
+    w.engine.deps.playbooks = PlaybookSet(parse_playbooks(GONE, "gone.yaml", w.engine.deps.registry))
+    w.send(alert({"alertname": "TrainingMetricsAbsent", "slurm_job_id": "4242", "train_job": "llama"}))
+    w.run()
+    assert (w.only()["outcome"], len(w.requeue.script.calls)) == (outcome, requeues)

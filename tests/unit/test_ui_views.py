@@ -220,3 +220,20 @@ def test_times_are_utc_iso_and_pages_know_the_next_before():
     assert views.page(rows, 2) == ([{"id": 9}, {"id": 7}], 7)
     assert views.page(rows, 3) == (rows, None)
     assert views.page([], 3) == ([], None)
+
+
+def test_a_job_is_pending_inside_its_window_and_completed_when_the_scheduler_says_it_finished(tmp_path):
+    from app.clients import Clients
+    from tests.fakes import FakeSlurm
+
+    w = make_world(tmp_path, GRANTS, correlation_seconds=45)
+    finished = FakeSlurm({"1008": ("COMPLETED", "node8")})
+    w.engine.deps.clients = Clients(w.engine.deps.settings, prometheus=w.prometheus, slurm=finished)
+    w.send(alert(xid(node="node8", job="1008")))
+    w.run()
+    assert jobs(w)["1008"].state == "pending"  # inside the correlation window, the scheduler not asked yet
+    w.clock.advance(46)
+    w.run()
+    view = jobs(w)["1008"]
+    assert view.state == "completed" and "job 1008 is COMPLETED" in view.why
+    assert w.calls("fake.drain") == [] and w.calls("fake.requeue") == []
