@@ -345,6 +345,8 @@ class Lifecycle:
         if last.decision == guards.STOP:
             if last.outcome == Closed.ADVISORY:
                 self._run_advisory(inc, planned)
+                # The culprits' repairs record their plans too (advisory themselves unless their steps are granted).
+                self._transition(lambda conn, now: self._request_repairs(conn, now, inc, exclusion.nodes))
             return self._close(inc, Closed(last.outcome or Closed.NEEDS_HUMAN), last.reason)
         return self._start_attempt(inc, playbook, planned, exclusion.nodes)
 
@@ -399,20 +401,24 @@ class Lifecycle:
 
         def start(conn: Connection, now: datetime) -> None:
             transitions.start_attempt(conn, now, inc, planned, playbook=playbook.name, note=note)
-            for node in exclude:
-                repairs.request_repair(
-                    conn,
-                    node=node,
-                    scheduler=inc["target"].get("scheduler", "slurm"),
-                    playbook=_culprit(inc, node).get("playbook"),
-                    incident_id=inc["id"],
-                    reason=f"culprit of job {inc['job']}: {_culprit_reason(inc, node)}"[:500],
-                    now=now,
-                )
+            self._request_repairs(conn, now, inc, exclude)
 
         self._transition(start)
         self._count_unrun(planned)
         return self._act(inc, playbook)
+
+    def _request_repairs(self, conn: Connection, now: datetime, inc: Incident, nodes: Sequence[str]) -> None:
+        """Hand each culprit node to the node repair lifecycle (in the caller's transaction)."""
+        for node in nodes:
+            repairs.request_repair(
+                conn,
+                node=node,
+                scheduler=inc["target"].get("scheduler", "slurm"),
+                playbook=_culprit(inc, node).get("playbook"),
+                incident_id=inc["id"],
+                reason=f"culprit of job {inc['job']}: {_culprit_reason(inc, node)}"[:500],
+                now=now,
+            )
 
     def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps

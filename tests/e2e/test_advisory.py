@@ -24,9 +24,11 @@ def test_xid_79_gives_an_advisory_plan_and_touches_nothing(advisory_stack: Stack
     steps = [(s["phase"], s["action"], s["status"]) for s in detail["steps"]]
     assert steps == [
         ("collect", "slurm.job_log", "ok"),  # read-only: needs no grant
-        ("steps", "slurm.drain_node", "would_run"),
-        ("steps", "slurm.requeue_job", "would_run"),
+        ("steps", "slurm.requeue_job", "would_run"),  # the job off node1, its culprit
     ]
+    # node1's repair recorded its plan (drain, validation, return) without doing any of it.
+    node = stack.nightshift.get("/api/v1/nodes/node1")["current"]
+    assert node["state"] == "advisory" and node["taken_out_by_us"] is False
     guards = [row["message"] for row in detail["ledger"] if row["kind"] == "guard"]
     assert any(message.startswith("permission: stop") for message in guards), guards
 

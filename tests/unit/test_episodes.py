@@ -495,3 +495,13 @@ def test_steps_can_ask_what_the_scheduler_said_of_the_job(tmp_path, state, outco
     w.send(alert({"alertname": "TrainingMetricsAbsent", "slurm_job_id": "4242", "train_job": "llama"}))
     w.run()
     assert (w.only()["outcome"], len(w.requeue.script.calls)) == (outcome, requeues)
+
+
+def test_an_advisory_job_incident_records_its_culprits_repair_plan_too(tmp_path):
+    w = make_world(tmp_path)
+    w.engine.deps.permissions = Permissions()  # nothing granted: advisory
+    w.send(alert(xid(node="node2", job="4242")))
+    w.run()
+    assert (w.only()["outcome"], w.requeue.script.calls) == ("advisory", [])
+    repair = w.repair("node2")
+    assert repair is not None and repair["state"] == "advisory"  # the drain, validation and return would run
