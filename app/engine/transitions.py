@@ -52,8 +52,8 @@ def update(
 def persist_plan(
     conn: Connection, now: datetime, inc: Incident, planned: Sequence[PlannedStep], attempt: int, phase: str
 ) -> list[dict[str, Any]]:
-    """Write the plan as step rows (idempotent per attempt and phase), ledger the steps that will not run, and
-    return the rows. Returns the (action, status) pairs of the steps recorded without running, for the metrics."""
+    """Write the plan as step rows (idempotent per attempt and phase), ledger the steps that will not run (once),
+    and return the rows of that attempt and phase."""
     for p in planned:
         created = records.insert_step(
             conn,
