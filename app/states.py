@@ -43,7 +43,7 @@ class Outcome(StrEnum):
     IGNORED = "ignored"
     HANDLED = "handled"
     BENIGN = "benign"  # the diagnosis found no fault to act on
-    COMPLETED = "completed"  # the scheduler says the job ended (done, cancelled, time limit): nothing to recover
+    COMPLETED = "completed"  # the scheduler says the job ended (done, cancelled, time limit): nothing to do
 
 
 class UndoState(StrEnum):
