@@ -111,8 +111,9 @@ def test_every_rank_and_the_exporter_alerted(episode: Episode) -> None:
 
 
 @pytest.mark.xfail(
-    strict=False,  # it passes on some runs: a race in the engine, reported (docs/demo.md, the episode figures)
-    reason="engine: an alert of the job delivered while its incident acts sometimes joins no incident",
+    strict=False,  # passes on most runs (both runs of the final make test)
+    reason="a rank's TrainingJobError may never fire: the recovery can end the rank before the rule's increase() "
+    "has two samples of its error counter (never a second job incident in any run)",
 )
 def test_the_job_incident_holds_the_alerts_of_every_rank(episode: Episode) -> None:
     joined = {(a["labels"]["alertname"], a["labels"].get("Hostname")) for a in episode.detail["alerts"]}
