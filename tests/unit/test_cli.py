@@ -3,27 +3,15 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import yaml
 
+from tests.fixtures.procs import nightshift_cli as nightshift
 from tests.payloads import alert, body, xid
 from tests.unit.test_engine import PLAYBOOK
 
 ROOT = Path(__file__).parents[2]
-
-
-def nightshift(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "NIGHTSHIFT_LOG_LEVEL": "WARNING"},
-    )
 
 
 def test_lint_accepts_the_shipped_playbooks():

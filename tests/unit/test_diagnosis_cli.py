@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,20 +12,10 @@ from app.config import DiagnosisSettings, Settings
 from app.diagnosis import MAX_LOG_CHARS, for_settings
 from app.errors import ConfigError
 from app.logfiles import label_pairs, read_tails
+from tests.fixtures.procs import nightshift_cli as nightshift
 
 ROOT = Path(__file__).parents[2]
 CORPUS = ROOT / "tests" / "data" / "diagnosis"
-
-
-def nightshift(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        env={"PATH": "/usr/bin:/bin", "NIGHTSHIFT_LOG_LEVEL": "WARNING"},
-    )
 
 
 def test_diagnose_prints_verdict_culprit_and_evidence():
