@@ -241,13 +241,14 @@ class WorkerSettings:
     # Alerts ingested from the inbox per transaction: bounds how long the worker holds SQLite's one write lock,
     # which the webhook needs to answer (about 0.5 ms per alert).
     inbox_batch_alerts: int = 4
-
-    def __post_init__(self) -> None:
-        require_positive("worker", self, ("poll_seconds", "lease_seconds", "inbox_batch_alerts"))
-
     step_retry_limit: int = 5
     # An incident whose processing raises this many times in a row goes to a person, the error in its ledger.
     max_tick_errors: int = 5
+
+    def __post_init__(self) -> None:
+        require_positive(
+            "worker", self, ("poll_seconds", "lease_seconds", "inbox_batch_alerts", "max_tick_errors")
+        )
 
 
 @dataclass

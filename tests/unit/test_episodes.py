@@ -505,3 +505,10 @@ def test_an_advisory_job_incident_records_its_culprits_repair_plan_too(tmp_path)
     assert (w.only()["outcome"], w.requeue.script.calls) == ("advisory", [])
     repair = w.repair("node2")
     assert repair is not None and repair["state"] == "advisory"  # the drain, validation and return would run
+
+
+def test_the_failed_tick_limit_must_be_positive():
+    from app.config import ConfigError, load_settings
+
+    with pytest.raises(ConfigError, match=r"worker\.max_tick_errors: must be positive"):
+        load_settings(env={"NIGHTSHIFT_WORKER__MAX_TICK_ERRORS": "0"})
