@@ -74,7 +74,7 @@ class Identity:
     def progress(self) -> nightshift_progress.Progress:
         """The job's metrics (nightshift_progress, the library a real training script uses)."""
         identity = nightshift_progress.Identity(
-            self.name, self.slurm_job_id, self.namespace, self.pod, self.hostname
+            self.name, self.slurm_job_id, self.namespace, self.pod, self.hostname, rank=self.rank
         )
         return nightshift_progress.Progress(identity)
 
@@ -249,7 +249,8 @@ class Trainer:
 
     def train_step(self, slowdown: float) -> None:
         start = time.monotonic()
-        time.sleep(self.settings.step_seconds * slowdown)
+        with self.progress.timing():  # the rank's own work: a slowed rank is the job's straggler
+            time.sleep(self.settings.step_seconds * slowdown)
         self.step += 1
         self.samples += self.settings.batch_size
         loss = self.loss()

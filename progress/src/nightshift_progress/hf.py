@@ -12,7 +12,9 @@ What maps to what: ``on_step_end`` advances ``training_step_total`` to ``state.g
 to its checkpoint's step) and counts ``per_device_train_batch_size * gradient_accumulation_steps * world_size``
 samples per step; ``on_log`` sets ``training_loss`` from ``logs["loss"]``; prediction steps mark an evaluation in
 progress until ``on_evaluate``; ``on_save`` records the checkpoint time (the Trainer has no hook before a save, so
-``training_checkpoint_in_progress`` is not set); ``on_train_end`` closes the endpoint after the linger.
+``training_checkpoint_in_progress`` is not set); ``on_train_end`` closes the endpoint after the linger. A
+checkpoint request from Nightshift (:mod:`nightshift_progress.checkpoint_request`) sets ``control.should_save`` at
+the end of the step, so the Trainer writes ``checkpoint-N`` there.
 """
 
 from __future__ import annotations
@@ -35,6 +37,8 @@ class ProgressCallback(TrainerCallback):  # type: ignore[misc]  # transformers s
             args.per_device_train_batch_size * args.gradient_accumulation_steps * max(args.world_size, 1)
         )
         self.progress.sync_step(state.global_step, per_step)
+        if self.progress.checkpoint_requested():
+            control.should_save = True
 
     def on_log(
         self, args: Any, state: Any, control: Any, logs: dict[str, float] | None = None, **kwargs: Any

@@ -13,11 +13,15 @@ steps; a resumed run jumps to its checkpoint's step), counts ``batch_size`` samp
 ``training_loss`` from the step's ``loss`` output; validation runs between ``on_validation_start`` and
 ``on_validation_end``; ``on_save_checkpoint`` (called while Lightning builds the checkpoint, just before writing
 it) records the checkpoint time; ``on_exception`` counts the exception's text with the error signatures;
-``on_fit_end`` closes the endpoint after the linger.
+``on_fit_end`` closes the endpoint after the linger. A checkpoint request from Nightshift
+(:mod:`nightshift_progress.checkpoint_request`) is answered at the end of the batch with
+``trainer.save_checkpoint`` into the checkpoint callback's directory (``nightshift-step=N.ckpt``), else
+``<default_root_dir>/checkpoints``.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 try:
@@ -37,6 +41,12 @@ def _loss(outputs: Any) -> float | None:
         return None
 
 
+def _checkpoint_dir(trainer: Any) -> str:
+    """Where the trainer's checkpoints go: its checkpoint callback's directory, else Lightning's default."""
+    dirpath = getattr(getattr(trainer, "checkpoint_callback", None), "dirpath", None)
+    return str(dirpath) if dirpath else os.path.join(str(trainer.default_root_dir), "checkpoints")
+
+
 class ProgressCallback(Callback):  # type: ignore[misc]  # Lightning's base class is untyped here
     def __init__(self, progress: Progress, batch_size: int = 0, linger: float = DEFAULT_LINGER_SECONDS):
         super().__init__()
@@ -53,6 +63,10 @@ class ProgressCallback(Callback):  # type: ignore[misc]  # Lightning's base clas
         loss = _loss(outputs)
         if loss is not None:
             self.progress.loss(loss)
+        if self.progress.checkpoint_requested():
+            trainer.save_checkpoint(
+                os.path.join(_checkpoint_dir(trainer), f"nightshift-step={trainer.global_step}.ckpt")
+            )
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.progress.evaluation(True)

@@ -3,9 +3,11 @@ registry of its own and serves them on ``/metrics``.
 
 Metrics (names, types and labels are Nightshift's contract; its rules and playbooks read them):
 ``training_step_total``, ``training_samples_total``, ``training_loss``, ``training_checkpoint_in_progress``,
-``training_eval_in_progress``, ``training_last_checkpoint_timestamp_seconds`` and
-``training_errors_total{error_class}``, each with the labels of :mod:`nightshift_progress.identity`. Every error
-class starts at 0, so the first error is an increase Prometheus can see.
+``training_eval_in_progress``, ``training_last_checkpoint_timestamp_seconds``,
+``training_errors_total{error_class}`` and ``training_checkpoint_requested``, each with the labels of
+:mod:`nightshift_progress.identity`, and ``training_rank_step_seconds{rank}`` (:mod:`nightshift_progress.timing`).
+Every error class starts at 0, so the first error is an increase Prometheus can see. A checkpoint request from
+Nightshift is answered as :mod:`nightshift_progress.checkpoint_request` says.
 
 Serving: only the process :meth:`Identity.serves` picks opens the port (one endpoint per node by default);
 the others record into their registry and serve nothing. :meth:`Progress.close` keeps serving until ``linger``
@@ -22,12 +24,15 @@ import math
 import os
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from nightshift_progress.checkpoint_request import CheckpointRequest, request_file_from_env, signal_from_env
 from nightshift_progress.classify import ERROR_CLASSES, Classifier, packaged_classifier
 from nightshift_progress.identity import LABELS, Identity, identity_from_env
+from nightshift_progress.timing import RankTiming, exchange_dir
 
 log = logging.getLogger("nightshift_progress")
 
@@ -40,7 +45,9 @@ class Progress:
     """The metrics of one training process. Build with :func:`start` (serves) or directly (``serve()`` later).
 
     ``registry`` defaults to a fresh one; ``classifier`` to the packaged signatures; ``error_classes`` to the
-    contract's (a site may export more; each starts at 0); ``clock`` is for tests.
+    contract's (a site may export more; each starts at 0); ``exchange`` is the node-local directory of the rank
+    timing and the checkpoint request file (default: :func:`~nightshift_progress.timing.exchange_dir` from the
+    environment); ``request_file`` overrides the latter; ``clock`` is for tests.
     """
 
     def __init__(
@@ -50,6 +57,8 @@ class Progress:
         registry: CollectorRegistry | None = None,
         classifier: Classifier | None = None,
         error_classes: Sequence[str] = ERROR_CLASSES,
+        exchange: Path | None = None,
+        request_file: Path | None = None,
         clock: Any = time.time,
     ):
         self.identity = identity
@@ -84,6 +93,16 @@ class Progress:
         )
         self._errors = {cls: errors.labels(**labels, error_class=cls) for cls in error_classes}
         self._step_total = 0  # what training_step_total says, for sync_step
+        exchange = exchange if exchange is not None else exchange_dir(identity, os.environ)
+        self.rank_timing = RankTiming(identity, exchange, clock=clock)
+        self.registry.register(self.rank_timing)
+        self.checkpoint_request = CheckpointRequest(
+            request_file or request_file_from_env(os.environ, exchange), clock=clock
+        )
+        gauge(
+            "training_checkpoint_requested",
+            "1 while a checkpoint asked for by Nightshift is not yet written.",
+        ).set_function(lambda: 1.0 if self.checkpoint_request.requested() else 0.0)
 
     # -- the contract -------------------------------------------------------------------------------------------
     def step(self, steps: int = 1, samples: int = 0) -> None:
@@ -100,6 +119,23 @@ class Progress:
         done = global_step - self._step_total
         if done > 0:
             self.step(done, done * samples_per_step)
+
+    def step_time(self, seconds: float) -> None:
+        """One step of this rank took ``seconds`` of its own work (before waiting for the other ranks)."""
+        self.rank_timing.record(seconds)
+
+    @contextlib.contextmanager
+    def timing(self) -> Iterator[None]:
+        """Around the work a rank does alone in a step (for DDP: forward and loss): its duration is the step's
+        :meth:`step_time`, unless it raises."""
+        started = time.perf_counter()
+        yield
+        self.step_time(time.perf_counter() - started)
+
+    def checkpoint_requested(self) -> bool:
+        """Whether Nightshift asked for a checkpoint that has not been written yet: poll it in the training loop
+        and checkpoint when true (:mod:`nightshift_progress.checkpoint_request`)."""
+        return self.checkpoint_request.requested()
 
     def samples(self, count: int) -> None:
         """``count`` more samples consumed."""
@@ -134,8 +170,10 @@ class Progress:
         self.checkpoint_saved()
 
     def checkpoint_saved(self, timestamp: float | None = None) -> None:
-        """A checkpoint was written at ``timestamp`` (default: now)."""
-        self._last_checkpoint.set(self._clock() if timestamp is None else timestamp)
+        """A checkpoint was written at ``timestamp`` (default: now); it answers a pending checkpoint request."""
+        saved = self._clock() if timestamp is None else timestamp
+        self._last_checkpoint.set(saved)
+        self.checkpoint_request.saved(saved)
         self._changed()
 
     @contextlib.contextmanager
@@ -178,6 +216,9 @@ class Progress:
         if not self.identity.serves(per_node):
             return False
         self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self.rank_timing.publishing = (
+            False  # its own figures are exported here, its siblings' read from files
+        )
         for warning in self.identity.warnings:
             log.warning("nightshift_progress: %s", warning)
         return True
@@ -189,6 +230,7 @@ class Progress:
 
     def close(self, linger: float = DEFAULT_LINGER_SECONDS) -> None:
         """Stop serving once ``linger`` seconds have passed since the last change (at once if they have)."""
+        self.rank_timing.close()
         if self._server is None:
             return
         time.sleep(max(0.0, self._last_change + linger - time.monotonic()))
@@ -236,11 +278,16 @@ def start(
     """A :class:`Progress` for this process, serving when it should.
 
     ``port`` defaults to ``NIGHTSHIFT_PROGRESS_PORT``, else :data:`DEFAULT_PORT`; ``addr`` to
-    ``NIGHTSHIFT_PROGRESS_ADDR``, else all interfaces. On Slurm, submit with
-    ``--comment=nightshift.progress_port=<port>`` so Nightshift's service discovery finds the endpoint.
+    ``NIGHTSHIFT_PROGRESS_ADDR``, else all interfaces. A checkpoint request arrives as ``SIGUSR1``
+    (``NIGHTSHIFT_CHECKPOINT_SIGNAL``) or the request file (:mod:`nightshift_progress.checkpoint_request`).
+    On Slurm, submit with ``--comment=nightshift.progress_port=<port>`` so Nightshift's service discovery finds the
+    endpoint.
     """
     env = os.environ if env is None else env
-    progress = Progress(identity_from_env(env, job, hostname))
+    identity = identity_from_env(env, job, hostname)
+    exchange = exchange_dir(identity, env)
+    progress = Progress(identity, exchange=exchange, request_file=request_file_from_env(env, exchange))
+    progress.checkpoint_request.install_signal(signal_from_env(env))
     port = port if port is not None else int(env.get("NIGHTSHIFT_PROGRESS_PORT", DEFAULT_PORT))
     progress.serve(port, addr or env.get("NIGHTSHIFT_PROGRESS_ADDR", "0.0.0.0"), per_node)
     return progress
