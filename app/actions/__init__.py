@@ -9,6 +9,7 @@ def default_registry() -> ActionRegistry:
     """Every built-in action, in a fresh registry."""
     from app.actions import (
         checkpoint,
+        checkpoint_request,
         checkpoint_rollback,
         grafana,
         kubernetes,
@@ -18,5 +19,15 @@ def default_registry() -> ActionRegistry:
         stacks,
     )
 
-    modules = [checkpoint, checkpoint_rollback, grafana, kubernetes, notify, prometheus, slurm, stacks]
+    modules = [
+        checkpoint,
+        checkpoint_request,
+        checkpoint_rollback,
+        grafana,
+        kubernetes,
+        notify,
+        prometheus,
+        slurm,
+        stacks,
+    ]
     return ActionRegistry(action for module in modules for action in module.ACTIONS)

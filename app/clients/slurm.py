@@ -269,6 +269,16 @@ def cancel_command(job_id: str) -> list[str]:
     return ["scancel", "--verbose", _checked(job_id, SLURM_JOB_ID, "job")]
 
 
+CHECKPOINT_SIGNALS = ("USR1", "USR2")
+
+
+def signal_command(job_id: str, signal: str) -> list[str]:
+    """``scancel --signal``: the signal goes to every step's tasks (not the batch shell) and the job runs on."""
+    if signal not in CHECKPOINT_SIGNALS:
+        raise ParamError("scancel", "signal", f"must be one of {', '.join(CHECKPOINT_SIGNALS)}")
+    return ["scancel", "--verbose", f"--signal={signal}", _checked(job_id, SLURM_JOB_ID, "job")]
+
+
 def exclude_command(job_id: str, exc_nodes: str, req_nodes: str | None = None) -> list[str]:
     """``scontrol update`` setting ExcNodeList (and ReqNodeList when given; "" clears it)."""
     argv = ["scontrol", "update", f"JobId={_checked(job_id, SLURM_JOB_ID, 'job')}"]
@@ -363,6 +373,13 @@ class SlurmClient:
 
     def cancel(self, job_id: str) -> CommandResult:
         result = self.run(cancel_command(job_id))
+        if "Invalid job id specified" in result.stderr:
+            raise NotFound(f"job {job_id}: Invalid job id specified", output=tail(result.output))
+        return result
+
+    def signal(self, job_id: str, signal: str) -> CommandResult:
+        """Send ``signal`` to the job's running steps (``scancel --signal``); NotFound for an unknown job."""
+        result = self.run(signal_command(job_id, signal))
         if "Invalid job id specified" in result.stderr:
             raise NotFound(f"job {job_id}: Invalid job id specified", output=tail(result.output))
         return result

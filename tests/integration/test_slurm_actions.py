@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -324,3 +325,48 @@ def test_quarantine_of_a_missing_dir_fails(slurm_cluster: SlurmCluster, ctx: Act
 
     assert isinstance(outcome, Failed), outcome
     assert "No such file or directory" in outcome.reason
+
+
+# --- planned swaps: the checkpoint request ---
+
+
+def test_request_checkpoint_signals_the_running_steps_and_the_job_runs_on(
+    clean_slurm: SlurmCluster, ctx: ActionContext
+) -> None:
+    from app.actions.checkpoint_request import RequestCheckpoint
+
+    out = clean_slurm.jobs_dir
+    # The progress library's own handler in a task srun started: it answers the request and exits 0.
+    program = (
+        "import pathlib, signal, sys, time\n"
+        "from nightshift_progress.checkpoint_request import CheckpointRequest\n"
+        "request = CheckpointRequest(pathlib.Path('/nonexistent'))\n"
+        "assert request.install_signal(signal.SIGUSR1)\n"
+        "out = pathlib.Path(sys.argv[1])\n"
+        "(out / 'ready').touch()\n"
+        "deadline = time.monotonic() + 120\n"
+        "while not request.requested() and time.monotonic() < deadline:\n"
+        "    time.sleep(0.1)\n"
+        "(out / ('asked' if request.requested() else 'never-asked')).touch()\n"
+    )
+    (Path(out) / "answer.py").write_text(program)
+    script = f"#!/bin/sh\nexec srun {sys.executable} {out}/answer.py {out}/\n"
+    job = clean_slurm.sbatch(None, "--nodelist=node1", script=script)
+    wait_until(lambda: (Path(out) / "ready").exists(), 30, "the job's task installed its handler")
+
+    outcome = RequestCheckpoint().run({"job": job}, ctx)
+
+    assert isinstance(outcome, Ok), outcome
+    assert f"--signal=USR1 {job}" in outcome.command
+    wait_until(lambda: (Path(out) / "asked").exists(), 20, "the task heard the request")
+    wait_until(lambda: clean_slurm.squeue_state(job) == "COMPLETED", 20, f"job {job} COMPLETED, not killed")
+
+
+def test_request_checkpoint_of_an_unknown_job_fails_and_bad_signals_are_refused(
+    clean_slurm: SlurmCluster, ctx: ActionContext
+) -> None:
+    from app.actions.checkpoint_request import RequestCheckpoint
+
+    assert isinstance(RequestCheckpoint().run({"job": "987654"}, ctx), Failed)
+    with pytest.raises(ParamError):
+        RequestCheckpoint().validate({"job": "1", "signal": "KILL"})
