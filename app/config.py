@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import types
 import typing
 from collections.abc import Mapping
@@ -23,6 +24,16 @@ import yaml
 from app.errors import ConfigError
 
 ENV_PREFIX = "NIGHTSHIFT_"
+# Settings naming a local file or directory: written relative in a settings file, they mean relative to that file.
+PATH_SUFFIXES = ("_file", "_dir", "_paths")
+PATH_NAMES = frozenset({"kubeconfig"})
+
+
+def shipped_playbooks() -> str:
+    """The playbooks that come with Nightshift: a source checkout's (an editable install's too), else the copy
+    ``pip install`` puts under ``<prefix>/share/nightshift/playbooks`` (pyproject data-files)."""
+    checkout = Path(__file__).resolve().parents[1] / "playbooks"
+    return str(checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "nightshift" / "playbooks")
 
 
 def require_positive(section: str, settings: object, names: tuple[str, ...]) -> None:
@@ -270,7 +281,9 @@ class Settings:
 
     data_dir: str = "var"
     store_url: str | None = None  # default: SQLite (WAL) in data_dir
-    playbook_paths: list[str] = field(default_factory=lambda: ["playbooks"])
+    playbook_paths: list[str] = field(
+        default_factory=lambda: [shipped_playbooks()]
+    )  # default: the shipped ones
     permissions_file: str | None = None  # None: nothing whitelisted, advisory mode
     operator_token_file: str | None = None  # protects pause/resume/approve
     external_url: str = "http://127.0.0.1:8080"
@@ -329,7 +342,7 @@ def load_settings(
             raise ConfigError(f"{path}: invalid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):
             raise ConfigError(f"{path}: settings must be a mapping")
-        data = loaded or {}
+        data = _resolve_paths(loaded or {}, Path(path).resolve().parent)
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
             continue
@@ -339,6 +352,31 @@ def load_settings(
             target = target.setdefault(part, {})
         target[parts[-1]] = value
     return _build(Settings, data, where=str(path or "settings"))
+
+
+def _is_path(key: str) -> bool:
+    return key in PATH_NAMES or key.endswith(PATH_SUFFIXES)
+
+
+def _resolve_paths(data: Any, base: Path) -> Any:
+    """``data`` with every relative local path (:data:`PATH_SUFFIXES`) made absolute against ``base``, the
+    settings file's directory: the same file means the same files whatever the current directory."""
+    if not isinstance(data, dict):
+        return data
+
+    def resolve(value: Any) -> Any:
+        if isinstance(value, str) and value:
+            return os.path.normpath(base / Path(value).expanduser())
+        return value
+
+    out: dict[Any, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, dict):
+            value = _resolve_paths(value, base)
+        elif isinstance(key, str) and _is_path(key):
+            value = [resolve(item) for item in value] if isinstance(value, list) else resolve(value)
+        out[key] = value
+    return out
 
 
 def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
