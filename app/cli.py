@@ -140,21 +140,27 @@ def worker(config: str | None) -> None:
     default=None,
     help="Also check a permissions file.",
 )
-def lint(paths: tuple[str, ...], permissions: str | None) -> None:
-    """Check playbook files; print file:line: message for every problem."""
+@click.option("--strict", is_flag=True, help="Warnings are problems too (exit 1).")
+def lint(paths: tuple[str, ...], permissions: str | None, strict: bool) -> None:
+    """Check playbook files; print file:line: message for every problem and warning.
+
+    Exit 0: no problem (warnings allowed unless --strict); 1: problems found; 2: usage."""
     from app.actions import default_registry
+    from app.alert_labels import alert_labels
     from app.permissions import load_permissions
     from app.playbook_warnings import warnings
     from app.playbooks import PlaybookError, load_playbooks
 
     registry = default_registry()
     problems: list[str] = []
+    found: list[str] = []
     count = 0
     try:
         loaded = load_playbooks(list(paths), registry).playbooks
         count = len(loaded)
-        for warning in warnings(loaded):
-            click.echo(warning)
+        found = warnings(loaded, alert_labels())
+        if not loaded:
+            problems.append(f"{', '.join(paths)}: no playbook found (*.yaml or *.yml files)")
     except PlaybookError as exc:
         problems.extend(exc.errors)
     if permissions:
@@ -162,11 +168,11 @@ def lint(paths: tuple[str, ...], permissions: str | None) -> None:
             load_permissions(permissions, registry)
         except ConfigError as exc:
             problems.extend(getattr(exc, "errors", [str(exc)]))
-    for problem in problems:
-        click.echo(problem)
-    if problems:
+    for line in [*found, *problems]:
+        click.echo(line)
+    if problems or (strict and found):
         raise click.exceptions.Exit(1)
-    click.echo(f"ok: {count} playbook(s)")
+    click.echo(f"ok: {count} playbook(s)" + (f", {len(found)} warning(s)" if found else ""))
 
 
 def actions_table() -> str:

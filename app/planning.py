@@ -80,7 +80,8 @@ def render_params(
 ) -> dict[str, Any]:
     """Render a step's ``with:``; PromQL parameters get values escaped for PromQL string literals, markup
     parameters for their markup (``Param.escape``). A reference that renders empty in a required parameter is a
-    :class:`ParamError`: ``dir: /root/{{ labels.job }}`` without the label must not name the root."""
+    :class:`ParamError` (``dir: /root/{{ labels.job }}`` without the label must not name the root), except in free
+    text for people (``Param.prose``: a reason, a message), where it leaves a gap."""
     rendered = {}
     for name, value in raw.items():
         spec = action.params.get(name)
@@ -88,7 +89,8 @@ def render_params(
             if spec is not None and spec.promql and isinstance(value, str):
                 rendered[name] = render_promql(value, context)
             else:
-                required = spec is not None and spec.required
+                # Free text for people (Param.prose) keeps a gap where a reference is empty.
+                required = spec is not None and spec.required and not spec.prose
                 escape = spec.escape if spec is not None else None
                 rendered[name] = render_value(value, context, required=required, escape=escape)
         except TemplateError as exc:

@@ -25,6 +25,7 @@ from app.actions.registry import ActionRegistry
 from app.config_documents import (
     DURATION_HINT,
     ConfigFileError,
+    Document,
     DocumentCheck,
     PathKey,
     read_documents,
@@ -142,6 +143,12 @@ class Playbook:
     node_repair: NodeRepair | None = None
     source: str = ""
     line: int = 0
+    # The YAML document as written, with the line of every key (lint's warnings point at the line they mean).
+    document: Document | None = field(default=None, compare=False, repr=False)
+
+    def line_of(self, path: PathKey) -> int:
+        """The line of ``path`` in the playbook's document (its first line when unknown)."""
+        return self.document.line_of(path) if self.document is not None else self.line
 
     def render_target(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, str]:
         """The target for one alert: templates rendered, empty values left out, every value checked.
@@ -463,6 +470,7 @@ class _PlaybookReader:
             priority=self._value(("priority",)) or 0,
             source=self.check.source,
             line=self.check.doc.line,
+            document=self.check.doc,
         )
         self._require_work()
         return playbook if self.check.ok else None
@@ -587,6 +595,13 @@ class _PlaybookReader:
         )
 
     def _node_repair(self) -> NodeRepair | None:
+        if "node_repair" in self.data and self.data["node_repair"] is None:
+            self.check.fail(
+                ("node_repair",),
+                "is null, which means nothing: write node_repair: {} for a node-scoped playbook with the default "
+                "repair (take out, validate, return), or remove the key",
+            )
+            return None
         if self._value(("node_repair",)) is None:
             return None
         if "node" not in self.data.get("target", {}):

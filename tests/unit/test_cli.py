@@ -17,7 +17,39 @@ ROOT = Path(__file__).parents[2]
 def test_lint_accepts_the_shipped_playbooks():
     result = nightshift("lint", "playbooks/", "--permissions", "examples/permissions.yaml")
     assert result.returncode == 0, result.stdout + result.stderr
-    assert result.stdout.startswith("ok: ")
+    assert result.stdout.splitlines()[-1].startswith("ok: 25 playbook(s)")
+
+
+def test_lint_warns_at_the_line_of_a_label_the_matched_alert_never_carries():
+    """gpu-link-fault-slurm's reboot reason names {{ labels.gpu }}, which DcgmExporterDown never carries
+    (rules/tests): a warning at that line; --strict makes it a failure."""
+    result = nightshift("lint", "playbooks/node-health.yaml")
+    (warning,) = [line for line in result.stdout.splitlines() if ": warning: " in line]
+    path, line, _ = warning.split(":", 2)
+    assert (
+        path == "playbooks/node-health.yaml"
+        and "{{ labels.gpu }}" in warning
+        and "DcgmExporterDown" in warning
+    )
+    assert "labels.gpu" in (ROOT / path).read_text().splitlines()[int(line) - 1]
+    assert result.returncode == 0
+    assert nightshift("lint", "--strict", "playbooks/node-health.yaml").returncode == 1
+
+
+def test_lint_of_an_empty_directory_is_an_error(tmp_path):
+    result = nightshift("lint", str(tmp_path))
+    assert result.returncode == 1 and "no playbook found" in result.stdout
+
+
+def test_lint_refuses_a_null_node_repair(tmp_path):
+    text = (ROOT / "playbooks" / "node-health.yaml").read_text().split("---")[0]
+    bad = tmp_path / "pb.yaml"
+    bad.write_text(text[: text.index("node_repair:")] + "node_repair:\n")
+    result = nightshift("lint", str(bad))
+    assert result.returncode == 1
+    (line,) = [x for x in result.stdout.splitlines() if "node_repair" in x]
+    assert "is null" in line and "node_repair: {}" in line
+    assert bad.read_text().splitlines()[int(line.split(":")[1]) - 1] == "node_repair:"
 
 
 def test_lint_reports_file_and_line(tmp_path):

@@ -80,3 +80,15 @@ def test_guard_inputs_come_from_the_settings_as_the_worker_reads_them():
     assert (
         verdicts["blast_radius"]["reason"] == "takes no node out of service"
     )  # a requeue is not a disruption
+
+
+def test_an_empty_reference_in_free_text_leaves_a_gap_and_the_step_runs():
+    """gpu-link-fault-slurm on DcgmExporterDown (no gpu label): the reboot reason reads "... gpu ", and the
+    node's repair plan is whole (it used to be an invalid step, the node held and a page sent)."""
+    silent = {"alertname": "DcgmExporterDown", "Hostname": "node3", "instance": "node3:9400", "job": "dcgm"}
+    (episode,) = explained(alert(silent))["episodes"]
+    assert episode["playbook"] == "gpu-link-fault-slurm"
+    steps = {s["action"]: s for s in episode["node_plans"][0]["steps"]}
+    reboot = steps["slurm.reboot_node"]
+    assert reboot["status"] == "would_run", reboot
+    assert "reason=nightshift: DcgmExporterDown gpu" in reboot["command"]
