@@ -3,8 +3,9 @@
 One failure of a multi-node training job makes every rank alert (NCCL timeouts, watchdog aborts, error counters),
 the faulty node's exporter report an Xid, and the scheduler perhaps the node. All of them name the same job, so they
 form one **job incident**: one diagnosis, one recovery of the job that excludes the culprit nodes. A node-scoped
-alert (a playbook with ``node_repair:``) names its node a culprit; a node-scoped alert on a node that runs no job
-opens a **node incident**; anything else keeps the per-(playbook, target) incident.
+alert (a playbook with ``node_repair:``, or ``exclude_node:`` for a straggler that is excluded but not repaired)
+names its node a culprit; a node-scoped alert on a node that runs no job opens a **node incident**; anything else
+keeps the per-(playbook, target) incident.
 """
 
 from __future__ import annotations
@@ -45,11 +46,14 @@ def job_identity(target: Mapping[str, str]) -> str | None:
 def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -> Episode:
     """The incident an alert joins, from its playbook and rendered target."""
     node = target.get("node") or None
-    node_scoped = playbook.node_repair is not None and node is not None
+    names_culprit = (
+        playbook.node_repair is not None or playbook.exclude_node is not None
+    ) and node is not None
     job = job_identity(target)
     if job is not None:
-        return Episode(IncidentKind.JOB, f"job:{job}", culprit=node if node_scoped else None)
-    if node_scoped:
+        return Episode(IncidentKind.JOB, f"job:{job}", culprit=node if names_culprit else None)
+    # Without a job only a playbook that repairs takes the node on: a straggler of no job is nobody's.
+    if playbook.node_repair is not None and node is not None:
         return Episode(IncidentKind.NODE, f"node:{target.get('scheduler', 'slurm')}/{node}", culprit=node)
     return Episode(IncidentKind.TARGET, f"{playbook.name}|{target_key}")
 
@@ -104,6 +108,15 @@ def exclusion(
             f"({max_culprits} nodes, {max_share:.0%} of the job): excluding none"
         )
     return Exclusion(nodes=nodes)
+
+
+def repair_due(playbook: Playbook | None, earlier_exclusions: int) -> bool:
+    """Whether a confirmed culprit goes to the repair lifecycle: always, unless the playbook that named it only
+    excludes it (``exclude_node``) and this exclusion is not yet its ``repair_after``-th within the window
+    (``earlier_exclusions``: the exclusions by such playbooks before this one)."""
+    if playbook is None or playbook.exclude_node is None:
+        return True
+    return earlier_exclusions + 1 >= playbook.exclude_node.repair_after
 
 
 def correlation_end(opened_at: datetime, window_seconds: int) -> datetime:

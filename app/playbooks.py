@@ -120,6 +120,21 @@ class NodeRepair:
 
 
 @dataclass(frozen=True)
+class ExcludeNode:
+    """The alert's node is a culprit the job's recovery keeps off but not a fault (a straggler): it is excluded
+    without being taken out of service, until it has been excluded ``repair_after`` times within ``window`` (by
+    any playbook with ``exclude_node``); then it goes through the repair lifecycle (``node_repair`` says how,
+    else the scheduler's defaults)."""
+
+    repair_after: int = 3
+    window: timedelta = timedelta(hours=24)
+
+
+# Bound on exclude_node.repair_after (a count of exclusions looked up in the incidents of the window).
+MAX_REPAIR_AFTER = 100
+
+
+@dataclass(frozen=True)
 class Playbook:
     """One remediation recipe, as loaded from ``source`` (the document starts at ``line``)."""
 
@@ -141,6 +156,8 @@ class Playbook:
     # Set on node-scoped playbooks (Xid, ECC, NVLink...): the alert's node is a culprit of its job's episode, and
     # is repaired through the node lifecycle.
     node_repair: NodeRepair | None = None
+    # Set on playbooks naming a culprit that is excluded from the job without a repair (stragglers).
+    exclude_node: ExcludeNode | None = None
     source: str = ""
     line: int = 0
     # The YAML document as written, with the line of every key (lint's warnings point at the line they mean).
@@ -299,6 +316,17 @@ def playbook_schema(registry: ActionRegistry) -> dict[str, Any]:
                 },
             },
             "on_resolved": step_list,
+            "exclude_node": {
+                "title": "exclude_node",
+                "type": ["object", "null"],
+                "additionalProperties": False,
+                "description": "The alert's node is a culprit excluded from the job's recovery without being "
+                "taken out of service (a straggler), until it was excluded repair_after times within window.",
+                "properties": {
+                    "repair_after": {"type": "integer", "minimum": 1, "maximum": MAX_REPAIR_AFTER},
+                    "window": duration,
+                },
+            },
             "node_repair": {
                 "title": "node_repair",
                 "type": ["object", "null"],
@@ -467,6 +495,7 @@ class _PlaybookReader:
             verify=self._verify(),
             on_resolved=self._steps("on_resolved", read_only=False),
             node_repair=self._node_repair(),
+            exclude_node=self._exclude_node(),
             priority=self._value(("priority",)) or 0,
             source=self.check.source,
             line=self.check.doc.line,
@@ -617,6 +646,19 @@ class _PlaybookReader:
             ),
             validate=validate,
         )
+
+    def _exclude_node(self) -> ExcludeNode | None:
+        if self._value(("exclude_node",)) is None:
+            return None
+        if "node" not in self.data.get("target", {}):
+            self.check.fail(("exclude_node",), "a playbook excluding its node needs target.node")
+        repair_after = self._value(("exclude_node", "repair_after"))
+        if repair_after is None:
+            repair_after = ExcludeNode.repair_after
+        elif not 1 <= repair_after <= MAX_REPAIR_AFTER:
+            self.check.fail(("exclude_node", "repair_after"), f"must be between 1 and {MAX_REPAIR_AFTER}")
+        window = self._duration(("exclude_node", "window"), ExcludeNode.window, positive=True)
+        return ExcludeNode(repair_after=repair_after, window=window)
 
     def _literal_or_template(
         self, path: PathKey, owner: str, spec: Param, value: Any, namespaces: Sequence[str]

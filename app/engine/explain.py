@@ -109,9 +109,12 @@ def _episode(deps: EngineDeps, draft: _Draft, now: datetime) -> dict[str, Any]:
         report["job_plan"] = None
     else:
         report["job_plan"] = _job_plan(deps, leading, inc, draft, alert.starts_at, now)
+    # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
+    # exclusion, so it gets no repair (the worker counts the earlier ones: app.episodes.repair_due).
     report["node_plans"] = [
         _node_plan(deps, c["node"], target.get("scheduler", "slurm"), c["playbook"], inc)
         for c in draft.culprits
+        if episodes.repair_due(deps.playbooks.get(c["playbook"]) if c["playbook"] else None, 0)
     ]
     return report
 

@@ -408,8 +408,28 @@ class Lifecycle:
         return self._act(inc, playbook)
 
     def _request_repairs(self, conn: Connection, now: datetime, inc: Incident, nodes: Sequence[str]) -> None:
-        """Hand each culprit node to the node repair lifecycle (in the caller's transaction)."""
+        """Hand each culprit node to the node repair lifecycle (in the caller's transaction), except a culprit
+        its playbook only excludes (a straggler) until its ``exclude_node.repair_after``-th exclusion."""
         for node in nodes:
+            named_by = _culprit(inc, node).get("playbook")
+            playbook = self.deps.playbooks.get(named_by) if named_by else None
+            if playbook is not None and playbook.exclude_node is not None:
+                rule = playbook.exclude_node
+                excluders = [p.name for p in self.deps.playbooks.playbooks if p.exclude_node is not None]
+                earlier = records.exclusions_of(
+                    conn, node, excluders, now - rule.window, other_than=inc["id"]
+                )
+                if not episodes.repair_due(playbook, earlier):
+                    records.record(
+                        conn,
+                        now,
+                        "culprit_excluded_only",
+                        f"{node} excluded from job {inc['job']} without a repair ({earlier + 1} of "
+                        f"{rule.repair_after} exclusions within {rule.window})",
+                        incident_id=inc["id"],
+                        data={"node": node, "exclusions": earlier + 1, "repair_after": rule.repair_after},
+                    )
+                    continue
             repairs.request_repair(
                 conn,
                 node=node,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -10,7 +10,7 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, u
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
-from app.states import AttemptOutcome
+from app.states import AttemptOutcome, IncidentKind
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -562,3 +562,34 @@ def incidents_by_node(conn: Connection, since: datetime) -> dict[str, int]:
         .group_by(incidents.c.node)
     )
     return {str(node): int(n) for node, n in conn.execute(stmt)}
+
+
+# Incidents read at most when counting a node's exclusions (a storm's window is bounded by this, newest first).
+MAX_EXCLUSION_SCAN = 5000
+
+
+def exclusions_of(
+    conn: Connection, node: str, playbooks: Iterable[str], since: datetime, *, other_than: int
+) -> int:
+    """Job incidents opened since ``since`` (not ``other_than``) whose confirmed culprits name ``node`` by one of
+    ``playbooks``: how often the node was excluded from a job by them (newest :data:`MAX_EXCLUSION_SCAN` read)."""
+    names = set(playbooks)
+    stmt = (
+        select(incidents.c.culprits)
+        .where(
+            incidents.c.opened_at >= since,
+            incidents.c.id != other_than,
+            incidents.c.kind == IncidentKind.JOB,
+            incidents.c.culprits.is_not(None),
+        )
+        .order_by(incidents.c.id.desc())
+        .limit(MAX_EXCLUSION_SCAN)
+    )
+    return sum(
+        1
+        for (culprits,) in conn.execute(stmt)
+        if any(
+            c.get("node") == node and c.get("confirmed") and c.get("playbook") in names
+            for c in culprits or ()
+        )
+    )

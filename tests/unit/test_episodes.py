@@ -53,6 +53,17 @@ steps:
 verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
          interval: 30s}
 node_repair: {}
+---
+apiVersion: nightshift/v1
+kind: Playbook
+metadata: {name: straggler, description: "excluded from the job, not repaired until the third time"}
+match: ['alertname="TrainingStraggler"']
+target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
+priority: 20
+exclude_node: {repair_after: 3, window: 24h}
+steps:
+  - action: fake.requeue
+    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
 """
 VERIFY = 'increase(training_step_total{slurm_job_id="4242"}[2m]) > 0'
 
@@ -512,3 +523,39 @@ def test_the_failed_tick_limit_must_be_positive():
 
     with pytest.raises(ConfigError, match=r"worker\.max_tick_errors: must be positive"):
         load_settings(env={"NIGHTSHIFT_WORKER__MAX_TICK_ERRORS": "0"})
+
+
+def test_a_straggler_is_excluded_without_a_repair_until_its_third_exclusion_in_the_window(tmp_path):
+    jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53", "54")}
+    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
+    for job in ("51", "52"):
+        w.send(alert({**straggler, "slurm_job_id": job}))
+        w.run()
+        assert w.repair("node2") is None  # excluded from the job, left in service
+    assert w.requeue.script.calls == [
+        {"job": "51", "exclude_nodes": "node2"},
+        {"job": "52", "exclude_nodes": "node2"},
+    ]
+    ledger = [row["message"] for i in w.incidents() for row in w.engine.incident(i["id"])["ledger"]]
+    assert any("node2 excluded from job 52 without a repair (2 of 3" in m for m in ledger), ledger
+    w.clock.advance(3600)
+    w.send(alert({**straggler, "slurm_job_id": "53"}))
+    w.run()
+    repair = w.repair("node2")
+    assert repair is not None and repair["playbook"] == "straggler"  # the third time: the repair lifecycle
+    assert w.requeue.script.calls[-1] == {"job": "53", "exclude_nodes": "node2"}
+
+
+def test_exclusions_older_than_the_window_do_not_count(tmp_path):
+    jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53")}
+    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
+    for job in ("51", "52"):
+        w.send(alert({**straggler, "slurm_job_id": job}))
+        w.run()
+    w.clock.advance(25 * 3600)
+    w.send(alert({**straggler, "slurm_job_id": "53"}))
+    w.run()
+    assert w.repair("node2") is None
+    assert w.requeue.script.calls[-1] == {"job": "53", "exclude_nodes": "node2"}

@@ -75,8 +75,8 @@ class JobLog(_TestAction):
 REGISTRY = ActionRegistry([Drain(), Requeue(), Notify(), JobLog()])
 HEAD = "apiVersion: nightshift/v1\nkind: Playbook\nmetadata: {name: p}\n"  # lines 1-3 of every error case
 ROOT_KEYS = (
-    "apiVersion, budget, collect, cooldown, kind, match, metadata, node_repair, on_resolved, priority, recheck, "
-    "serialize, steps, "
+    "apiVersion, budget, collect, cooldown, exclude_node, kind, match, metadata, node_repair, on_resolved, "
+    "priority, recheck, serialize, steps, "
 )
 FULL = """\
 apiVersion: nightshift/v1
