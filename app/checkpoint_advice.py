@@ -82,9 +82,6 @@ class NoAdvice:
 
     reason: str
 
-    def as_dict(self) -> dict[str, object]:
-        return {"advice": None, "reason": self.reason}
-
 
 def lost_fraction(interval: float, checkpoint: float, mtbf: float, restart: float = 0.0) -> float:
     """The fraction of the job's time lost to checkpoints, redone work and restarts (Daly's exact model)."""

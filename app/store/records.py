@@ -593,3 +593,12 @@ def exclusions_of(
             for c in culprits or ()
         )
     )
+
+
+def job_failures_since(conn: Connection, since: datetime) -> int:
+    """Job incidents opened since ``since`` that Nightshift acted on (at least one recovery attempt): the job
+    failures it measured, for the checkpoint-interval advice."""
+    stmt = select(func.count()).where(
+        incidents.c.kind == IncidentKind.JOB, incidents.c.opened_at >= since, incidents.c.attempt >= 1
+    )
+    return int(conn.execute(stmt).scalar_one())

@@ -2,7 +2,8 @@
 approve, handled, and a node's release/hold (the operator token).
 
 Bounds: ``limit`` 1..1000 (default 100), ``before`` and path ids 1..2**63-1 (a path id outside is 404), filter
-values at most 255 characters, ``reason`` 500 printable characters, the operator's name 100.
+values at most 255 characters, ``reason`` 500 printable characters, the operator's name 100; the checkpoint
+advice's ``gpus_per_node`` 1..64 and its job names by the scheduler's patterns.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
+from app.checkpoint_advice import NoAdvice
+from app.engine import checkpoint_facts
 from app.engine.repair import SCHEDULERS
-from app.params import NODE_NAME
+from app.params import NODE_NAME, SLURM_JOB_ID
 from app.web import MAX_ID, error, int_arg, plain_text
 from app.web.access import read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
@@ -71,6 +74,43 @@ def get_incident(incident_id: int):
     if detail is None:
         return error(404, f"incident {incident_id} not found")
     return jsonify({"status": "ok", **detail})
+
+
+# Bounds of the checkpoint-advice query (GET /api/v1/checkpoint-advice).
+MAX_GPUS_PER_NODE = 64
+ADVICE_JOB = {
+    "slurm": re.compile(SLURM_JOB_ID),
+    "kubernetes": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"),
+}
+K8S_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+@bp.get("/checkpoint-advice")
+def checkpoint_advice():
+    """The checkpoint interval that minimises a job's expected lost time (app/checkpoint_advice.py), from the
+    failures Nightshift measured and the job's progress markers. ``scheduler`` (slurm | kubernetes), ``job`` (a
+    Slurm job id, or the ``train_job`` on Kubernetes), ``namespace`` (Kubernetes), ``gpus_per_node`` 1..64
+    (default 8)."""
+    scheduler = request.args.get("scheduler", "slurm")
+    if scheduler not in ADVICE_JOB:
+        return error(400, f"scheduler: one of {', '.join(ADVICE_JOB)}")
+    job = request.args.get("job", "")
+    if not ADVICE_JOB[scheduler].fullmatch(job):
+        return error(400, f"job: not a {scheduler} job name")
+    identity = {"job": job}
+    if scheduler == "kubernetes":
+        namespace = request.args.get("namespace", "")
+        if not K8S_NAMESPACE.fullmatch(namespace):
+            return error(400, "namespace: a Kubernetes namespace name is required")
+        identity["namespace"] = namespace
+    gpus_per_node = int_arg("gpus_per_node", 8, 1, MAX_GPUS_PER_NODE)
+    deps = current_app.extensions["nightshift"].engine.deps
+    advice = checkpoint_facts.job_advice(deps, scheduler, identity, gpus_per_node)
+    if isinstance(advice, NoAdvice):
+        return jsonify(
+            {"status": "ok", "scheduler": scheduler, **identity, "advice": None, "reason": advice.reason}
+        )
+    return jsonify({"status": "ok", "scheduler": scheduler, **identity, "advice": advice.as_dict()})
 
 
 @bp.get("/status")
