@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from app.diagnosis import launcher as launchers
 from app.diagnosis import stacks as stackdumps
 from app.diagnosis import xid as xids
 from app.diagnosis.evidence import MAX_LINE_CHARS, Reading, Vote, exploding, iteration_of, read
@@ -86,9 +87,18 @@ _LAUNCHER_ERROR = re.compile(
 )
 # NCCL errors that only report a peer gone: a consequence when the log shows why it went.
 _PEER_GONE = re.compile(
-    r"remote process exited|ncclRemoteError|Connection closed by remote peer|socket progress error|"
-    r"exiting prematurely|Connection reset by peer"
+    r"remote process exited|ncclRemoteError|Connection closed by (?:remote )?peer|socket progress error|"
+    r"exiting prematurely|Connection reset by peer|Connection refused|Broken pipe"
 )
+# A line about one worker process, by its pid (torchrun's summary and agent lines, the signal text).
+_PID_NAMED = re.compile(r"\(pid: (?P<a>\d+)\)|\bby PID (?P<b>\d+)\b")
+# Categories a restart (off the culprit, from the last good checkpoint) can recover without a change to the
+# code or the configuration.
+RESTARTABLE = frozenset(
+    {"gpu_hardware", "nvlink", "nccl_network", "storage_io", "object_store_timeout", "checkpoint_corrupt",
+     "node_failure", "hang"}
+)  # fmt: skip
+_KILLED_ONLY = "a process was killed (SIGKILL, typically the OOM killer)"
 _NAN_VALUE = re.compile(r"(?i)\b(?:nan|inf)\b")
 _YEAR_2001 = 978307200.0  # times before this were parsed from formats without a year
 SHUTDOWN_NOISE = frozenset({"application_error", "nccl_network", "hang"})
@@ -160,6 +170,13 @@ _WORDING = {
     ),
 }
 
+# host_oom when the only evidence is a SIGKILL: the OOM killer is the usual sender, but not the only one.
+_KILLED_WORDING = (
+    "Rank killed (SIGKILL)",
+    "the kernel's OOM killer, a lost node or an operator sent it (the log does not say which); restart from the "
+    "last checkpoint, and give the job more host memory if it recurs",
+)
+
 _NODE_LABELS = ("Hostname", "node", "nodename", "host", "instance_hostname")
 
 
@@ -195,7 +212,9 @@ class Diagnosis:
     nothing to act on) or ``unknown`` (not enough evidence); ``confidence`` is in [0, 1] (0 for unknown);
     ``evidence`` holds the supporting label facts and log lines (at most 20, each at most 500 characters);
     ``xid``/``xid_class`` are set whenever an Xid was seen (class: see :data:`app.diagnosis.xid.SEVERITY`);
-    ``culprit`` is the node/rank/GPU the evidence points at, when it points at one.
+    ``culprit`` is the node/rank/GPU the evidence points at, when it points at one; ``restartable`` whether a
+    restart (off the culprit, from the last good checkpoint) can recover the job without a change to its code or
+    configuration (False for benign and unknown verdicts: there is nothing to restart for).
     """
 
     category: str
@@ -205,6 +224,7 @@ class Diagnosis:
     xid: int | None = None
     xid_class: str | None = None
     culprit: Culprit | None = None
+    restartable: bool = False
 
     @property
     def actionable(self) -> bool:
@@ -222,6 +242,7 @@ class Diagnosis:
             "xid_class": self.xid_class,
             "actionable": self.actionable,
             "culprit": self.culprit.as_dict() if self.culprit else None,
+            "restartable": self.restartable,
         }
 
 
@@ -289,7 +310,7 @@ def diagnose(
     shutdown = reading.last("shutdown")
     explained: list[str] = []  # why errors were set aside, for a benign summary
 
-    votes = _shutdown_filtered(reading, explained)
+    votes = _shutdown_filtered(_without_teardown(reading), reading, explained)
     survived = _survived_categories(votes, reading, explained)
     votes = [v for v in votes if v.category not in survived]
     for vote in votes:
@@ -303,7 +324,7 @@ def diagnose(
     verdict = _xid_votes(labels, reading, tallies, explained)
     _pattern_votes(reading, votes, shutdown, tallies, lines)
 
-    scores = _discounted({category: tally.raw for category, tally in tallies.items()}, tallies)
+    scores = _discounted({category: tally.raw for category, tally in tallies.items()}, tallies, reading)
     ranked = sorted(CATEGORIES, key=lambda c: -scores[c])  # stable: catalogue order breaks ties
     winner, runner_up = ranked[0], ranked[1]
     best = scores[winner]
@@ -318,14 +339,16 @@ def diagnose(
     tally = tallies[winner]
     culprit = _culprit(winner, tally, reading)
     xid_evidence = [event.evidence for event in verdict.events] if verdict else []
+    killed_only = winner == "host_oom" and all(v.signature.description == _KILLED_ONLY for v in tally.votes)
     return Diagnosis(
         category=winner,
         confidence=round(confidence, 2),
-        summary=_summary(winner, tally, verdict, labels, culprit),
+        summary=_summary(winner, tally, verdict, labels, culprit, killed_only),
         evidence=_evidence([*tally.facts, *xid_evidence, *tally.lines]),
         xid=verdict.primary.code if verdict else None,
         xid_class=verdict.xid_class if verdict else None,
         culprit=culprit,
+        restartable=winner in RESTARTABLE or killed_only,
     )
 
 
@@ -368,12 +391,31 @@ def tail_lines(logs: str) -> list[str]:
 # --- what a healthy run explains away ---------------------------------------------------------------------
 
 
-def _shutdown_filtered(reading: Reading, explained: list[str]) -> list[Vote]:
+def _without_teardown(reading: Reading) -> list[Vote]:
+    """The votes without the lines about workers torchrun's agent killed itself when it tore the group down
+    after another worker failed (their SIGTERM, or the SIGKILL when they ignored it): victims, not causes."""
+    victims = reading.launcher.closed_pids
+    if not victims:
+        return list(reading.votes)
+    kept = []
+    for vote in reading.votes:
+        named = _PID_NAMED.search(vote.line.body)
+        if (
+            named
+            and int(named["a"] or named["b"]) in victims
+            and vote.category in ("host_oom", "application_error")
+        ):
+            continue
+        kept.append(vote)
+    return kept
+
+
+def _shutdown_filtered(votes: list[Vote], reading: Reading, explained: list[str]) -> list[Vote]:
     """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM, or the job's end (the
     tracebacks of interpreter teardown after training finished), up to the job's next run (progress or a
     restart)."""
     kept, dropped = [], {}
-    for vote in reading.votes:
+    for vote in votes:
         noise_kind = vote.category in SHUTDOWN_NOISE or (vote.category == "host_oom" and vote.weight < 5)
         stop = reading.stopped_before(vote.line.index) if noise_kind else None
         if stop is not None and not reading.restarted_between(stop.index, vote.line.index):
@@ -650,7 +692,9 @@ def _xid_category(code: int) -> str:
     return "nvlink" if xids.xid_class(code) == "nvlink" else "gpu_hardware"
 
 
-def _discounted(raw: Mapping[str, float], tallies: Mapping[str, _Tally]) -> dict[str, float]:
+def _discounted(
+    raw: Mapping[str, float], tallies: Mapping[str, _Tally], reading: Reading
+) -> dict[str, float]:
     """Scores with consequences of a decisive cause discounted (causes judged on raw scores).
 
     An application exception that precedes the first NCCL error is that error's cause: one rank's bug makes
@@ -662,7 +706,8 @@ def _discounted(raw: Mapping[str, float], tallies: Mapping[str, _Tally]) -> dict
     app_first = first_app is not None and (first_nccl is None or first_app < first_nccl)
     nccl_votes = tallies["nccl_network"].votes
     peer_gone = bool(nccl_votes) and all(_PEER_GONE.search(v.line.body) for v in nccl_votes)
-    crash_seen = first_app is not None or raw["host_oom"] >= SERIOUS  # a named crash, not just a traceback
+    # a named crash, not just a traceback
+    crash_seen = first_app is not None or raw["host_oom"] >= SERIOUS or bool(reading.launcher.killed())
     for consequence, causes in _CAUSES.items():
         decisive = [cause for cause in causes if raw[cause] >= CAUSE_MIN]
         if consequence == "application_error" and decisive == ["nccl_network"] and (app_first or peer_gone):
@@ -746,6 +791,8 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
         return Culprit(next(iter(hosts)) if len(hosts) == 1 else None, None, named.gpu, named.evidence)
     if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
         return _completed(odd, reading)
+    if category in _WORKER_DEATH and (worker := _failed_worker(reading)):
+        return _completed(worker, reading)
     for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
         line = vote.line
         if line.rank is not None or line.host or line.pci:
@@ -754,9 +801,9 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
             return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading)
     if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
         return _completed(odd, reading)
-    if reading.root_cause is not None and category not in ("nccl_network", "hang"):
-        rank, host, text = reading.root_cause
-        return _completed(Culprit(host, rank, None, (text,)), reading)
+    root = reading.launcher.root()
+    if root is not None and root.rank is not None and category not in ("nccl_network", "hang"):
+        return _completed(Culprit(_host(root), root.rank, None, (root.text,)), reading)
     # Last resort: the log names one host in all (a single-node job, or one node's log).
     named_hosts = set(reading.rank_hosts.values())
     named_hosts.update(v.line.host for v in reading.votes if v.line.host)
@@ -765,6 +812,31 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
         (host,) = named_hosts
         return Culprit(host, None, None, (f"every line that names a host names {host}",))
     return None
+
+
+# Categories in which a worker's death, as torchrun reports it, names the culprit before any log line does.
+_WORKER_DEATH = frozenset({"nccl_network", "hang", "host_oom", "application_error", "node_failure"})
+
+
+def _failed_worker(reading: Reading) -> Culprit | None:
+    """The worker torchrun's agent saw die of a signal it did not send (killed from outside or crashed), else
+    the one that ignored its SIGTERM (stopped or stuck): the others' errors are the consequence."""
+    agent = reading.launcher
+    for failures, why in (
+        (agent.killed(), "was killed by {signal}"),
+        (agent.unresponsive(), "did not answer SIGTERM"),
+    ):
+        ranked = [f for f in failures if f.rank is not None]
+        if ranked:
+            first = ranked[0]
+            reason = f"rank {first.rank} {why.format(signal=first.signal_name)} (torchrun: {first.text})"
+            return Culprit(_host(first), first.rank, None, (reason,))
+    return None
+
+
+def _host(failure: launchers.Failure) -> str | None:
+    """The host a failure names, unless it is torchrun --standalone's ``localhost``."""
+    return failure.host if failure.host and failure.host != "localhost" else None
 
 
 def _odd_rank_out(reading: Reading) -> Culprit | None:
@@ -786,7 +858,7 @@ def _odd_rank_out(reading: Reading) -> Culprit | None:
                 ),
             )
     timeouts = reading.timeouts
-    if len(timeouts) < 2:
+    if not timeouts or (len(timeouts) < 2 and not reading.world_size and len(reading.ranks_seen) < 2):
         return None
     highest = max(reading.ranks_seen | set(timeouts)) + 1
     # Without the world size in the log, the job has at least highest ranks, and usually a multiple of 8 (or
@@ -889,6 +961,7 @@ def _summary(
     verdict: xids.XidVerdict | None,
     labels: Mapping[str, str],
     culprit: Culprit | None,
+    killed_only: bool = False,
 ) -> str:
     """One sentence: what failed, where, and what to do."""
     node = _node(labels)
@@ -904,7 +977,7 @@ def _summary(
     if verdict is not None and tally.top == _xid_title(verdict.primary.code, labels):
         text = _xid_summary(verdict, labels, where_node, culprit)
     else:
-        title, advice = _WORDING[category]
+        title, advice = _KILLED_WORDING if killed_only else _WORDING[category]
         where = f" on {where_node}" if where_node else ""
         what = tally.top or "signature matched"
         count = (

@@ -13,6 +13,7 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from app.diagnosis import launcher as launchers
 from app.diagnosis import xid as xids
 from app.diagnosis.lines import LogLine, normalise_pci
 from app.diagnosis.lines import parse_line as parse_one
@@ -32,8 +33,10 @@ _NCCL_RANK = re.compile(
 )
 _NCCL_NRANKS = re.compile(r"\bn[Rr]anks (?P<n>\d+)")
 _WORLD = re.compile(r"(?i)world[_ ]size['\"]?\s*[:=]\s*(?P<n>\d+)")
-_BLOCK_HOST = re.compile(r"^\s*host\s*: (?P<host>[\w.-]+)")
-_BLOCK_RANK = re.compile(r"^\s*rank\s*: (?P<rank>\d+)")
+# gloo's timeout of a collective's transfer (third_party/gloo/gloo/transport/tcp/unbound_buffer.cc, pair.cc)
+_GLOO_TIMEOUT = re.compile(
+    r"Timed out waiting \d+ms for (?:recv|send) operation to complete|Application timeout caused pair closure"
+)
 _GRAD_NORM = re.compile(r"(?i)grad[_ ]norm['\"]?\s*[:=]\s*(?P<v>[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))")
 _RESTART = re.compile(r"(?i)\bresum(?:ing|ed)\b|\bload(?:ing|ed) (?:the )?checkpoint|\brestart(?:ing|ed)?\b")
 _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
@@ -85,7 +88,7 @@ class Reading:
     pci_gpus: dict[tuple[str | None, str], str] = field(default_factory=dict)  # (host, pci) -> cudaDev
     ranks_seen: set[int] = field(default_factory=set)
     world_size: int | None = None
-    root_cause: tuple[int | None, str | None, str] | None = None  # torchrun's first observed failure
+    launcher: launchers.LauncherReading = field(default_factory=launchers.LauncherReading)  # torchrun's agent
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
     timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
@@ -121,8 +124,7 @@ class Reading:
 def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
     """Classify and parse ``lines`` (already bounded by the caller) in one pass."""
     reading = Reading(line_count=len(lines))
-    block: dict[str, str] = {}
-    in_root_cause = False
+    agent = reading.launcher
     section_host: str | None = None  # from a "==> dmesg node7 <==" header: where the lines below come from
 
     def parse_line(index: int, text: str) -> LogLine:
@@ -149,6 +151,9 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
                     reading.noise += 1
                 else:
                     reading.markers.append(Marker(index, match.marker, raw.strip()))
+        if agent.reading_all or launchers.CONTEXT.search(probe):
+            parsed = parsed or parse_line(index, probe)
+            agent.feed(index, parsed.body)
         if not _CONTEXT.search(probe) and parsed is None:
             continue
         parsed = parsed or parse_line(index, probe)
@@ -167,19 +172,6 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             reading.pci_gpus.setdefault((parsed.host, normalise_pci(match_rank["bus"])), match_rank["dev"])
         elif match_n := _NCCL_NRANKS.search(body) or _WORLD.search(body):
             reading.world_size = reading.world_size or int(match_n["n"])
-        if "Root Cause (first observed" in body:
-            in_root_cause, block = True, {}
-        if host := _BLOCK_HOST.match(body):
-            block["host"] = host["host"]
-        elif rank_line := _BLOCK_RANK.match(body):
-            block["rank"] = rank_line["rank"]
-        if "host" in block and "rank" in block:
-            rank = int(block["rank"])
-            reading.rank_hosts.setdefault(rank, block["host"])
-            reading.ranks_seen.add(rank)
-            if in_root_cause and reading.root_cause is None:
-                reading.root_cause = (rank, block["host"], raw.strip())
-            block, in_root_cause = {}, False
         if "grad" in body and (norm := _GRAD_NORM.search(body)):
             reading.grad_norms.append((float(norm["v"]), parsed))
         if _RESTART.search(body):
@@ -191,6 +183,18 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             reading.enqueued.setdefault(parsed.rank, (int(enqueued["n"]), parsed))
         if _WATCHDOG in body and parsed.rank is not None and (seq := _SEQ.search(body)):
             reading.timeouts.setdefault(parsed.rank, (int(seq["seq"]), seq["op"], parsed))
+        elif parsed.rank is not None and _GLOO_TIMEOUT.search(body):
+            reading.timeouts.setdefault(parsed.rank, (-1, "gloo", parsed))
+    agent.finish()
+    for failure in agent.failures:
+        if failure.rank is None:
+            continue
+        reading.ranks_seen.add(failure.rank)
+        if failure.host and failure.host != "localhost":
+            reading.rank_hosts.setdefault(failure.rank, failure.host)
+        if failure.error and (_GLOO_TIMEOUT.search(failure.error) or _WATCHDOG in failure.error):
+            line = parse_one(failure.index, failure.text)
+            reading.timeouts.setdefault(failure.rank, (-1, "gloo", line))
     return reading
 
 

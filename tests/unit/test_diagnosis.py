@@ -384,6 +384,7 @@ def test_as_dict():
         "xid_class": "reboot",
         "actionable": True,
         "culprit": None,
+        "restartable": True,
     }
 
 

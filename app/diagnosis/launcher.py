@@ -1,0 +1,230 @@
+"""What torchrun's elastic agent says about its workers: the failure summary, exit codes, signals, its own kills.
+
+Pure string work, fed one line body at a time (prefixes already peeled by :mod:`app.diagnosis.lines`). The formats
+are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
+
+- the agent's line when a worker dies: ``failed (exitcode: -9) local_rank: 1 (pid: 16322) of binary: ...``;
+- the ``ChildFailedError`` summary: ``Failures:`` and ``Root Cause (first observed failure):``, then one block per
+  worker (``[0]:`` then ``time``, ``host``, ``rank : 1 (local_rank: 1)``, ``exitcode : -9 (pid: 16322)
+  (SIGKILL)``, ``error_file``, ``traceback``), read as far as it goes: a summary cut off mid-way keeps the fields
+  seen;
+- the agent's own kills when it tears the group down: ``Sending process 16321 closing signal SIGTERM``, and
+  ``Unable to shutdown process 18542 via 15, forcefully exiting via 9`` (the worker did not answer SIGTERM: it is
+  stopped or stuck). A worker the agent killed itself is a victim of the teardown, never evidence of what failed.
+
+Exit codes are read both ways: a negative code is the signal (``-9``), a shell's 128+N is too (``137``).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+
+MAX_FAILURES = 4096  # blocks kept per log: one per worker of the largest job summaries
+
+# Linux's signal numbers (the logs come from Linux nodes, whatever runs the diagnosis).
+SIGNAL_NAMES = dict(
+    enumerate(
+        ("SIGHUP", "SIGINT", "SIGQUIT", "SIGILL", "SIGTRAP", "SIGABRT", "SIGBUS", "SIGFPE", "SIGKILL", "SIGUSR1",
+         "SIGSEGV", "SIGUSR2", "SIGPIPE", "SIGALRM", "SIGTERM"),
+        start=1,
+    )
+)  # fmt: skip
+# Signals a worker gets from outside when the job is stopped on purpose (scancel, preemption, Ctrl-C).
+STOP_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP"})
+CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE"})
+
+_AGENT_FAILED = re.compile(
+    r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
+)
+_CLOSING = re.compile(r"\bSending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
+_FORCED = re.compile(r"\bUnable to shutdown process (?P<pid>\d+) via (?P<sig>\d+), forcefully exiting via")
+_SUMMARY_START = re.compile(r"^\s*(?:Failures:|Root Cause \(first observed failure\):)\s*$")
+_ROOT = "Root Cause (first observed failure)"
+_BLOCK = re.compile(r"^\s*\[\d+\]:\s*$")
+_FIELD = re.compile(r"^\s*(?P<key>time|host|rank|exitcode|error_file|traceback)\s*: ?(?P<value>.*)$")
+_RANK = re.compile(r"^(?P<rank>\d+)(?: \(local_rank: (?P<local>\d+)\))?")
+_EXITCODE = re.compile(r"^(?P<code>-?\d+)(?: \(pid: (?P<pid>\d+)\))?(?:\s+\((?P<sig>SIG[A-Z0-9]+)\))?")
+_SUMMARY_END = re.compile(r"^\s*={20,}\s*$")
+_SEPARATOR = re.compile(r"^\s*-{20,}\s*$")
+_SUMMARY_FIELDS = 12  # lines after the last field before a summary is over
+_TRACEBACK_LINES = 400  # ... or inside a block's traceback
+# Lines worth feeding outside a summary (inside one, every line is fed).
+CONTEXT = re.compile(
+    r"Failures:|Root Cause \(first|^\s*\[\d+\]:\s*$|\b(?:time|host|rank|exitcode|error_file|traceback)\s*: |"
+    r"failed \(exitcode: |closing signal SIG|Unable to shutdown process"
+)
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One failed worker as the agent reports it; any field may be unknown when the text was cut off."""
+
+    index: int  # the line it was first seen on
+    rank: int | None = None
+    local_rank: int | None = None
+    host: str | None = None
+    exitcode: int | None = None
+    pid: int | None = None
+    signal: str | None = None
+    error: str | None = None  # the traceback's last line, or the signal's
+    root: bool = False  # torchrun's "first observed failure"
+    text: str = ""  # the line that names the rank, for evidence
+
+    @property
+    def signal_name(self) -> str | None:
+        """The signal that ended the worker: named in the summary, else from the exit code (-9 or 137)."""
+        if self.signal:
+            return self.signal
+        if self.exitcode is None:
+            return None
+        number = -self.exitcode if self.exitcode < 0 else self.exitcode - 128 if self.exitcode > 128 else 0
+        return SIGNAL_NAMES.get(number)
+
+
+@dataclass
+class LauncherReading:
+    """Everything the agent said, in line order."""
+
+    failures: list[Failure] = field(default_factory=list)
+    closed_pids: set[int] = field(default_factory=set)  # workers the agent sent SIGTERM to itself
+    unresponsive_pids: set[int] = field(default_factory=set)  # workers that did not answer its SIGTERM
+    _block: dict[str, object] | None = None
+    _in_summary: bool = False
+    _root_next: bool = False
+    _since_field: int = 0
+    _in_traceback: bool = False
+
+    @property
+    def reading_all(self) -> bool:
+        """Inside a summary every line matters (a traceback's lines hold its exception)."""
+        return self._in_summary
+
+    def feed(self, index: int, body: str) -> None:
+        """Read one line body."""
+        if match := _AGENT_FAILED.search(body):
+            self._add(
+                Failure(
+                    index,
+                    local_rank=int(match["local"]),
+                    exitcode=int(match["code"]),
+                    pid=int(match["pid"]),
+                    text=body.strip(),
+                )
+            )
+            return
+        if match := _CLOSING.search(body):
+            self.closed_pids.add(int(match["pid"]))
+            return
+        if match := _FORCED.search(body):
+            self.unresponsive_pids.add(int(match["pid"]))
+            return
+        if _SUMMARY_START.match(body) or _ROOT in body:
+            self._close_block()
+            self._in_summary, self._since_field = True, 0
+            self._root_next = self._root_next or _ROOT in body
+            return
+        if not self._in_summary:
+            return
+        if _BLOCK.match(body):
+            self._close_block()
+            self._block = {"index": index, "root": self._root_next}
+            self._root_next = False
+            return
+        if _SUMMARY_END.match(body):
+            self._close_block()
+            self._in_summary = False
+            return
+        if match := _FIELD.match(body):
+            self._field(index, match["key"], match["value"].strip(), body)
+            return
+        self._since_field += 1
+        if _SEPARATOR.match(body):  # between the failures and the root cause
+            self._close_block()
+            return
+        if self._in_traceback and self._block is not None and body.strip():
+            self._block["error"] = body.strip()  # the traceback's last line is its exception
+        if self._since_field > (_TRACEBACK_LINES if self._in_traceback else _SUMMARY_FIELDS):
+            self._close_block()
+            self._in_summary = False
+
+    def finish(self) -> None:
+        """Keep the block a cut-off summary was in the middle of."""
+        self._close_block()
+
+    def _field(self, index: int, key: str, value: str, body: str) -> None:
+        self._since_field, self._in_traceback = 0, key == "traceback"
+        block = self._block
+        if block is None or key in block:  # a block without its "[N]:" header, or the next one
+            self._close_block()
+            block = self._block = {"index": index, "root": self._root_next}
+            self._root_next = False
+        block[key] = value
+        if key == "rank":
+            block["text"] = body.strip()
+        if key == "traceback":
+            block["error"] = value
+
+    def _close_block(self) -> None:
+        block, self._block, self._in_traceback = self._block, None, False
+        if not block or not any(key in block for key in ("rank", "host", "exitcode")):
+            return
+        rank = _RANK.match(str(block.get("rank", "")))
+        code = _EXITCODE.match(str(block.get("exitcode", "")))
+        error = str(block["error"]) if block.get("error") else None
+        self._add(
+            Failure(
+                int(block["index"]),  # type: ignore[call-overload]
+                rank=int(rank["rank"]) if rank else None,
+                local_rank=int(rank["local"]) if rank and rank["local"] else None,
+                host=str(block["host"]) or None if "host" in block else None,
+                exitcode=int(code["code"]) if code else None,
+                pid=int(code["pid"]) if code and code["pid"] else None,
+                signal=code["sig"] if code and code["sig"] else None,
+                error=error if error and error != "Traceback (most recent call last):" else None,
+                root=bool(block.get("root")),
+                text=str(block.get("text") or block.get("exitcode") or ""),
+            )
+        )
+
+    def _add(self, failure: Failure) -> None:
+        """Merge with what is known of the same worker (by pid) already, else append."""
+        for i, known in enumerate(self.failures):
+            same_local = (
+                None in (known.local_rank, failure.local_rank) or known.local_rank == failure.local_rank
+            )
+            if failure.pid is not None and known.pid == failure.pid and same_local:
+                merged = {
+                    k: v for k, v in vars(failure).items() if v is not None and v is not False and v != ""
+                }
+                merged.pop("index", None)
+                if known.rank is not None and merged.get("text"):
+                    merged.pop("text", None)
+                self.failures[i] = replace(known, **merged)
+                return
+        if len(self.failures) < MAX_FAILURES:
+            self.failures.append(failure)
+
+    # --- what it amounts to ---------------------------------------------------------------------------------
+
+    def victim(self, failure: Failure) -> bool:
+        """Whether the agent ended this worker itself (teardown after another worker failed)."""
+        return failure.pid is not None and failure.pid in self.closed_pids
+
+    def root(self) -> Failure | None:
+        """torchrun's first observed failure (the earliest summary's), else the first failure seen."""
+        return next((f for f in self.failures if f.root), None) or (
+            self.failures[0] if self.failures else None
+        )
+
+    def killed(self) -> list[Failure]:
+        """Workers ended by a signal that the agent did not send: killed from outside, or crashed."""
+        return [
+            f
+            for f in self.failures
+            if f.signal_name and f.signal_name not in STOP_SIGNALS and not self.victim(f)
+        ]
+
+    def unresponsive(self) -> list[Failure]:
+        """Workers that ignored the agent's SIGTERM (stopped, or stuck where signals wait): hung."""
+        return [f for f in self.failures if f.pid is not None and f.pid in self.unresponsive_pids]

@@ -1,0 +1,359 @@
+"""Produce the real diagnosis corpus: real torchrun jobs (torch CPU build, gloo) with one fault each.
+
+Every log in this directory named in ``cases.yaml`` with ``produced_by: produce.py`` comes from here, as written by
+the processes (torchrun's agent and its workers, stdout and stderr joined in one file, as Slurm's output file joins
+them). Each simulated node is its own UTS namespace (``unshare --uts``) with its own host name, so torchrun's
+failure summaries name nodes as on a cluster; the ENOSPC cases mount a 256 KiB tmpfs in a mount namespace of
+their own. Needs root (namespaces, tmpfs), torch (``pip install torch==2.13.0``) and py-spy in the interpreter's
+environment.
+
+    .venv/bin/python tests/data/diagnosis/real/produce.py [--only NAME ...] [--out DIR]
+
+Nothing here runs in the tests: the logs are committed; this script says how they were made and remakes them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+WORKER = HERE / "worker.py"
+BIN = Path(sys.executable).parent
+TORCHRUN = str(BIN / "torchrun")
+PY_SPY = shutil.which("py-spy", path=str(BIN)) or "py-spy"
+RUN_SECONDS = 300  # every job is bounded
+
+
+@dataclass
+class Node:
+    """One torchrun agent: its host name and its arguments."""
+
+    host: str
+    args: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    tmpfs: str | None = None  # a directory to mount a small tmpfs on (ENOSPC)
+    delay: float = 0.0  # seconds after the previous node started
+
+
+@dataclass
+class Scenario:
+    name: str
+    nodes: list[Node]
+    env: dict[str, str] = field(default_factory=dict)
+    setup: Callable[[Path], None] | None = None  # before the job: e.g. write and corrupt a checkpoint
+    during: Callable[[Job], None] | None = None  # while it runs: signals, stack dumps
+
+
+class Job:
+    """The running agents of one scenario, writing into one log file."""
+
+    def __init__(self, scenario: Scenario, log: Path, work: Path):
+        self.scenario, self.log, self.work = scenario, log, work
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.extra: list[str] = []  # sections appended after the job output (stack dumps, FR dumps)
+
+    def start(self) -> None:
+        out = self.log.open("ab", buffering=0)
+        for node in self.scenario.nodes:
+            time.sleep(node.delay)
+            # The node's own name, resolving to loopback (as a cluster's DNS resolves its nodes), in namespaces.
+            script = f"hostname {node.host} && mount --bind {self.hosts()} /etc/hosts"
+            if node.tmpfs:
+                script += f" && mkdir -p {node.tmpfs} && mount -t tmpfs -o size=256k tmpfs {node.tmpfs}"
+            argv = ["unshare", "--uts", "--mount", "sh", "-c", script + ' && exec "$@"', "sh", TORCHRUN]
+            argv += [*node.args, str(WORKER)]
+            env = {
+                **os.environ,
+                "PYTHONUNBUFFERED": "1",
+                "GLOO_SOCKET_IFNAME": "lo",
+                **self.scenario.env,
+                **node.env,
+            }
+            self.procs.append(
+                subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=self.work, start_new_session=True
+                )
+            )
+
+    def hosts(self) -> Path:
+        """An /etc/hosts naming every node of the scenario at 127.0.0.1."""
+        path = self.work / "hosts"
+        names = " ".join(node.host for node in self.scenario.nodes if not node.host.endswith(".invalid"))
+        path.write_text(f"127.0.0.1 localhost {names}\n::1 localhost\n")
+        return path
+
+    def wait_for(self, pattern: str, count: int = 1, seconds: float = RUN_SECONDS) -> None:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if len(re.findall(pattern, self.log.read_text(errors="replace"))) >= count:
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{self.scenario.name}: {pattern!r} not seen in {seconds}s")
+
+    def workers(self, node: int = 0) -> list[tuple[int, int]]:
+        """(rank, pid) of the worker processes under agent ``node``."""
+        found = []
+        session = os.getsid(self.procs[node].pid)
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if os.getsid(int(entry.name)) != session:
+                    continue
+                environ = (entry / "environ").read_bytes().split(b"\0")
+            except (OSError, ProcessLookupError):
+                continue
+            ranks = [v[5:] for v in environ if v.startswith(b"RANK=")]
+            if ranks and b"worker.py" in (entry / "cmdline").read_bytes():
+                found.append((int(ranks[0]), int(entry.name)))
+        return sorted(found)
+
+    def signal_node(self, node: int, signum: int) -> None:
+        os.killpg(self.procs[node].pid, signum)
+
+    def stack_dumps(self, node: int = 0) -> None:
+        """py-spy dump of every worker, under the headers slurm.job_stacks writes."""
+        host = self.scenario.nodes[node].host
+        for rank, pid in self.workers(node):
+            result = subprocess.run(
+                [PY_SPY, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=20, check=False
+            )
+            self.extra.append(f"==> py-spy node={host} rank={rank} pid={pid} <==")
+            self.extra.extend((result.stdout + result.stderr).splitlines()[:200])
+
+    def fr_dumps(self, node: int = 0) -> None:
+        """Each worker's Flight Recorder dump (worker.py writes it on SIGUSR1), under one header per rank."""
+        prefix = self.scenario.env["WORKER_FR_DUMP"]
+        ranks = self.workers(node)
+        for _, pid in ranks:
+            os.kill(pid, signal.SIGUSR1)
+        time.sleep(3)
+        for rank, _ in ranks:
+            dump = Path(f"{prefix}{rank}")
+            self.extra.append(f"==> flight-recorder rank={rank} file={dump.name} <==")
+            self.extra.append(dump.read_text() if dump.exists() else "(no dump written)")
+
+    def finish(self, seconds: float = RUN_SECONDS) -> None:
+        deadline = time.monotonic() + seconds
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if self.extra:
+            with self.log.open("a") as out:
+                out.write("\n".join(self.extra) + "\n")
+
+
+def standalone(nproc: int, *extra: str) -> list[str]:
+    return ["--standalone", "--nnodes", "1", "--nproc-per-node", str(nproc), *extra]
+
+
+def multinode(nproc: int, port: int, *extra: str, endpoint: str = "127.0.0.1") -> list[str]:
+    return [
+        "--nnodes", "2", "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"{endpoint}:{port}", "--rdzv-id", f"job{port}", *extra,
+    ]  # fmt: skip
+
+
+def fault(name: str, rank: int = 1, step: int = 5, **more: str) -> dict[str, str]:
+    return {"WORKER_FAULT": name, "WORKER_FAULT_RANK": str(rank), "WORKER_FAULT_STEP": str(step), **more}
+
+
+def checkpoint_then(corrupt: Callable[[Path], None], path: str, nproc: int = 2) -> Callable[[Path], None]:
+    """A setup that trains 3 steps writing a checkpoint at ``path`` (in the work directory), then corrupts it."""
+
+    def setup(work: Path) -> None:
+        env = {**os.environ, "WORKER_STEPS": "3", "WORKER_CKPT": path, "WORKER_CKPT_EVERY": "3"}
+        subprocess.run(
+            [TORCHRUN, *standalone(nproc), str(WORKER)],
+            cwd=work,
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=RUN_SECONDS,
+        )
+        corrupt(work / path)
+
+    return setup
+
+
+def truncate_half(path: Path) -> None:
+    """Cut a file, or every rank's DCP shard of a checkpoint directory, to half its size (an interrupted copy)."""
+    files = sorted(path.glob("*.distcp")) if path.is_dir() else [path]
+    for file in files[:1]:
+        with file.open("r+b") as handle:
+            handle.truncate(file.stat().st_size // 2)
+
+
+def after_steps(step: int, ranks: int, then: Callable[[Job], None]) -> Callable[[Job], None]:
+    def during(job: Job) -> None:
+        job.wait_for(rf"\] step {step} loss", count=ranks)
+        then(job)
+
+    return during
+
+
+def sigterm_all(job: Job) -> None:
+    """As slurmstepd does on scancel: SIGTERM to every process of the step."""
+    job.signal_node(0, signal.SIGTERM)
+
+
+def host_lost(job: Job) -> None:
+    """The node hosting the rendezvous store vanishes: its agent and workers are SIGKILLed at once."""
+    job.signal_node(0, signal.SIGKILL)
+
+
+def dump_while_hung(job: Job) -> None:
+    time.sleep(8)  # well past the stuck rank's step: the others wait in the collective
+    job.stack_dumps()
+    if "WORKER_FR_DUMP" in job.scenario.env:
+        job.fr_dumps()
+
+
+SCENARIOS = [
+    Scenario("ddp_sigkill_rank1", [Node("trn-a01", standalone(2))], fault("sigkill")),
+    Scenario(
+        "fsdp_sigkill_rank2_of3",
+        [Node("trn-a02", standalone(3))],
+        {**fault("sigkill", rank=2), "WORKER_PARALLEL": "fsdp"},
+    ),
+    Scenario(
+        "ddp_sigstop_rank1_gloo_timeout",
+        [Node("trn-a03", standalone(2))],
+        {**fault("sigstop"), "WORKER_TIMEOUT": "15"},
+    ),
+    Scenario(
+        "ddp_sigstop_rank1_of3_gloo_timeout",
+        [Node("trn-a04", standalone(3))],
+        {**fault("sigstop"), "WORKER_TIMEOUT": "20"},
+    ),
+    Scenario(
+        "fsdp_sigstop_rank0_of3",
+        [Node("trn-a05", standalone(3))],
+        {**fault("sigstop", rank=0), "WORKER_TIMEOUT": "15", "WORKER_PARALLEL": "fsdp"},
+    ),
+    Scenario("ddp_exception_rank1", [Node("trn-a06", standalone(2))], fault("exception")),
+    Scenario("ddp_sigabrt_rank0", [Node("trn-a07", standalone(2))], fault("sigabrt", rank=0)),
+    Scenario("ddp_sigsegv_rank1", [Node("trn-a08", standalone(2))], fault("sigsegv")),
+    Scenario("ddp_nan_all_ranks", [Node("trn-a09", standalone(2))], fault("nan", rank=0, step=4)),
+    Scenario(
+        "resume_truncated_torch_save",
+        [Node("trn-a10", standalone(2))],
+        {"WORKER_CKPT": "ckpt.pt", "WORKER_RESUME": "1"},
+        setup=checkpoint_then(truncate_half, "ckpt.pt"),
+    ),
+    Scenario(
+        "resume_truncated_dcp_shard",
+        [Node("trn-a11", standalone(2))],
+        {"WORKER_CKPT": "ckpt-dcp", "WORKER_RESUME": "1"},
+        setup=checkpoint_then(truncate_half, "ckpt-dcp"),
+    ),
+    Scenario(
+        "enospc_torch_save_tmpfs",
+        [Node("trn-a12", standalone(2), tmpfs="/tmp/nightshift-enospc-pt")],
+        {"WORKER_CKPT": "/tmp/nightshift-enospc-pt/ckpt.pt", "WORKER_CKPT_EVERY": "3"},
+    ),
+    Scenario(
+        "enospc_dcp_save_tmpfs",
+        [Node("trn-a13", standalone(2), tmpfs="/tmp/nightshift-enospc-dcp")],
+        {"WORKER_CKPT": "/tmp/nightshift-enospc-dcp/step", "WORKER_CKPT_EVERY": "3"},
+    ),
+    Scenario(
+        "elastic_restart_recovered",
+        [Node("trn-a14", standalone(2, "--max-restarts", "2"))],
+        fault("first_attempt", step=3),
+    ),
+    Scenario(
+        "sigterm_scancel",
+        [Node("trn-a15", standalone(2))],
+        {"WORKER_STEPS": "200"},
+        during=after_steps(4, 2, sigterm_all),
+    ),
+    Scenario("healthy_with_warnings", [Node("trn-a16", standalone(2))], fault("warnings")),
+    Scenario(
+        "two_nodes_sigkill_rank3",
+        [Node("trn-b01", multinode(2, 29611)), Node("trn-b02", multinode(2, 29611), delay=2)],
+        fault("sigkill", rank=3),
+    ),
+    Scenario(
+        "two_nodes_rendezvous_host_lost",
+        [Node("trn-c01", multinode(1, 29612)), Node("trn-c02", multinode(1, 29612), delay=2)],
+        {"WORKER_STEPS": "200", "WORKER_TIMEOUT": "20"},
+        during=after_steps(3, 2, host_lost),
+    ),
+    Scenario(
+        "rendezvous_unreachable",
+        [
+            Node(
+                "trn-d02",
+                multinode(1, 29613, "--rdzv-conf", "join_timeout=20,read_timeout=20", endpoint="trn-d01"),
+            )
+        ],
+    ),
+    Scenario(
+        "hang_stuck_rank1_of3_pyspy_fr",
+        [Node("trn-e01", standalone(3))],
+        {
+            **fault("stuck", step=4),
+            "WORKER_TIMEOUT": "40",
+            "WORKER_STUCK_SECONDS": "60",
+            "TORCH_FR_BUFFER_SIZE": "200",
+            "WORKER_FR_DUMP": "/tmp/nightshift-fr-rank",
+        },
+        during=after_steps(3, 3, dump_while_hung),
+    ),
+    Scenario(
+        "hang_sigstop_rank2_of3_pyspy",
+        [Node("trn-e02", standalone(3))],
+        {**fault("sigstop", rank=2, step=4), "WORKER_TIMEOUT": "40"},
+        during=after_steps(3, 3, dump_while_hung),
+    ),
+]
+
+
+def produce(scenario: Scenario, out: Path) -> Path:
+    log = out / f"{scenario.name}.log"
+    log.unlink(missing_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f"nightshift-{scenario.name}-") as tmp:
+        work = Path(tmp)
+        if scenario.setup:
+            scenario.setup(work)
+        job = Job(scenario, log, work)
+        job.start()
+        try:
+            if scenario.during:
+                scenario.during(job)
+        finally:
+            job.finish()
+    return log
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--only", nargs="*", help="scenario names (default: all)")
+    parser.add_argument("--out", type=Path, default=HERE)
+    args = parser.parse_args()
+    chosen = [s for s in SCENARIOS if not args.only or s.name in args.only]
+    for scenario in chosen:
+        started = time.monotonic()
+        log = produce(scenario, args.out)
+        print(f"{scenario.name}: {log.stat().st_size} bytes in {time.monotonic() - started:.0f}s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
