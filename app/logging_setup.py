@@ -1,11 +1,13 @@
 """Log output for operators: ``log_format: text`` (the default, for a terminal) or ``json`` (one object a line).
 
 A JSON line carries ``time`` (UTC, ISO 8601, milliseconds), ``level``, ``logger`` and ``message``; the ids of
-the incident, alert or inbox notification it is about when the record has them (``extra={"incident_id": ...}``,
-or a message that starts with ``incident %s``, ``alert %s`` or ``inbox %s``, as the engine's do); ``exception``
-with the traceback; and for gunicorn's access log the request's ``remote_addr``, ``method``, ``path``,
-``status``, ``bytes`` and ``duration_ms``. :class:`GunicornLogger` (``nightshift serve``'s gunicorn logger
-class) gives gunicorn's error and access logs the format the root logger has, so one process writes one format.
+the incident, node repair, alert or inbox notification it is about when the record has them
+(``extra={"incident_id": ...}``, or a message that starts with ``incident %s``, ``alert %s`` or ``inbox %s``, as
+the engine's do); ``exception`` with the traceback; for gunicorn's access log the request's ``remote_addr``,
+``method``, ``path``, ``status``, ``bytes`` and ``duration_ms``; for a ledger row's line (:mod:`app.ledger_log`)
+its ``kind`` and fields (``command``, ``exit_code``, ``duration``...). :class:`GunicornLogger` (``nightshift
+serve``'s gunicorn logger class) gives gunicorn's error and access logs the format the root logger has, so one
+process writes one format.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from app.errors import ConfigError
 
 LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-ID_FIELDS = ("incident_id", "alert_id", "inbox_id")
+ID_FIELDS = ("incident_id", "repair_id", "alert_id", "inbox_id")
+LEDGER_PREFIX = "ledger_"  # app.ledger_log's lines: kind and the row's fields (ledger_command -> command)
 # "incident %s: tick failed" -> incident_id is the first argument.
 _ID_PREFIX = re.compile(r"^(incident|alert|inbox) %[sd]\b")
 # gunicorn's access log atoms (gunicorn.glogging.Logger.atoms) -> our field names.
@@ -49,6 +52,13 @@ class JsonFormatter(logging.Formatter):
             "message": record.getMessage(),
         }
         entry.update(record_ids(record))
+        if record.name == "app.ledger":
+            entry["kind"] = getattr(record, "kind", None)
+            entry.update(
+                (name.removeprefix(LEDGER_PREFIX), value)
+                for name, value in vars(record).items()
+                if name.startswith(LEDGER_PREFIX)
+            )
         if record.name == "gunicorn.access" and isinstance(record.args, Mapping):
             entry.update(access_fields(record.args))
         if record.exc_info:

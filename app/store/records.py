@@ -10,6 +10,7 @@ from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, u
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
+from app.ledger_log import log_entry
 from app.states import AttemptOutcome, IncidentKind
 from app.store.schema import (
     UtcDateTime,
@@ -479,6 +480,7 @@ def record(
         _INSERT_LEDGER,
         {"ts": now, "kind": kind, "message": message, "incident_id": incident_id, "data": dict(data or {})},
     )
+    log_entry(kind, message, incident_id, data or {})
 
 
 def ledger_for(conn: Connection, incident_id: int) -> list[Row]:
