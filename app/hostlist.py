@@ -28,10 +28,15 @@ def expand_hostlist(expression: str, limit: int = MAX_HOSTLIST_NODES) -> list[st
         for literal, ranges in re.findall(r"([^\[\]]*)(?:\[([^\[\]]*)\])?", part):
             expanded = [prefix + literal for prefix in expanded]
             if ranges:
-                expanded = [prefix + value for prefix in expanded for value in _range_values(ranges, limit)]
-            if len(expanded) + len(names) > limit:
-                raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
+                values = _range_values(ranges, limit)
+                # The bound is checked on the product's size before the product is built (a[1-3000]b[1-3000]
+                # would be 9 million strings first).
+                if len(expanded) * len(values) + len(names) > limit:
+                    raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
+                expanded = [prefix + value for prefix in expanded for value in values]
         names += [name for name in expanded if name]
+        if len(names) > limit:  # many comma-separated parts
+            raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
     return names
 
 

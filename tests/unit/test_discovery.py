@@ -92,3 +92,28 @@ def test_cache_refreshes_once_per_ttl_and_logs_a_portless_job_once(caplog: pytes
         now[0] = 30
         cache.get()  # a job 7 again (ids are reused): logged again
     assert sum("slurm job 7 runs without" in r.message for r in caplog.records) == 2
+
+
+# Expressions whose product is over the bound: each is refused before the product is built (issue 22 item 7:
+# ``a[1-3000]b[1-3000]`` allocated 644 MiB before refusing). Peak allocation stays under a few MiB.
+OVER_THE_BOUND = [
+    "a[1-3000]b[1-3000]",
+    "a[1-200]b[1-200]c[1-200]",
+    "x[1-16384]y[1-2]",
+    "a[1-100],b[1-16300]",
+    "r[1-9000]n[1-9000]g[1-8]",
+]
+
+
+@pytest.mark.parametrize("expression", OVER_THE_BOUND)
+def test_a_product_over_the_bound_is_refused_before_it_is_built(expression):
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        with pytest.raises(hostlist.HostlistError, match="more than|larger than"):
+            hostlist.expand_hostlist(expression)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024, f"{expression}: {peak / 2**20:.0f} MiB allocated before refusing"
