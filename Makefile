@@ -11,7 +11,8 @@ deps:
 kube-apiserver: deps
 	@scripts/build-kube-apiserver.sh >/dev/null
 
-run: deps
+run: deps  ## serve examples/settings.yaml (its public example token allowed for this local run only) or $NIGHTSHIFT_CONFIG
+	NIGHTSHIFT_WEBHOOK__ALLOW_EXAMPLE_TOKEN=$$([ -n "$$NIGHTSHIFT_CONFIG" ] && echo false || echo true) \
 	$(VENV)/bin/nightshift serve --config $${NIGHTSHIFT_CONFIG:-examples/settings.yaml}
 
 test: deps kube-apiserver

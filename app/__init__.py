@@ -76,11 +76,12 @@ def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
 
     from app import web
     from app.config import load_settings, read_secret
-    from app.web.auth import WebhookAuth
+    from app.web.auth import WebhookAuth, check_operator_token
 
     settings = settings or load_settings()
     webhook_auth = WebhookAuth.from_settings(settings)
     operator_token = read_secret(settings.operator_token_file, "operator_token_file")
+    check_operator_token(settings, webhook_auth, operator_token)
     engine = build_engine(settings, **wiring)  # type: ignore[arg-type]
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.webhook.max_body_bytes

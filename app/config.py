@@ -51,6 +51,8 @@ class WebhookSettings:
     basic_user: str | None = None
     basic_password_file: str | None = None
     auth_disabled: bool = False  # must be set explicitly to accept unauthenticated webhooks
+    # The token shipped in examples/webhook.token is public: refused at start unless this is set (`make run` only).
+    allow_example_token: bool = False
     max_body_bytes: int = 1_048_576
     max_alerts_per_payload: int = 1000
     # Failed authentications per client address: a burst, refilled per minute; then 429 until one is back.

@@ -45,6 +45,18 @@ def plain_text(value: str, limit: int) -> str:
     return "".join(ch for ch in value if ch.isprintable())[:limit].strip()
 
 
+def header_text(value: str, limit: int) -> str:
+    """Free text from a request header, as :func:`plain_text`. WSGI hands header bytes over decoded as Latin-1
+    (PEP 3333); clients send UTF-8, so the value is re-encoded and decoded as UTF-8 (bytes that are not UTF-8
+    become U+FFFD) before controls and bidirectional overrides are stripped. A value with characters beyond
+    Latin-1 did not come from WSGI bytes (a test client): it is taken as it is."""
+    try:
+        raw = value.encode("latin-1")
+    except UnicodeEncodeError:
+        return plain_text(value, limit)
+    return plain_text(raw.decode("utf-8", errors="replace"), limit)
+
+
 def int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
     """An integer query parameter within ``low..high`` (400 naming the bounds otherwise); ``default`` if absent."""
     raw = request.args.get(name, "")

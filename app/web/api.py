@@ -18,7 +18,7 @@ from app.checkpoint_advice import NoAdvice
 from app.engine import checkpoint_facts
 from app.engine.repair import SCHEDULERS
 from app.params import NODE_NAME, SLURM_JOB_ID
-from app.web import MAX_ID, error, int_arg, plain_text
+from app.web import MAX_ID, error, header_text, int_arg, plain_text
 from app.web.access import read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
 
@@ -219,4 +219,4 @@ def _node_name(node: str) -> str:
 
 def _operator() -> str:
     """Who acted, as the operator says (free text, bounded); the token proved they may."""
-    return plain_text(request.headers.get("X-Nightshift-Operator", "operator"), 100) or "operator"
+    return header_text(request.headers.get("X-Nightshift-Operator", "operator"), 100) or "operator"

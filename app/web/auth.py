@@ -12,6 +12,7 @@ import base64
 import binascii
 import hmac
 import math
+import os
 import threading
 import time
 from collections import OrderedDict
@@ -24,6 +25,8 @@ from app.config import Settings, WebhookSettings, read_secret
 from app.errors import ConfigError
 
 LIMITER_KEY = "nightshift.auth_failures"
+# The token in examples/webhook.token: anyone who read the repository knows it.
+EXAMPLE_TOKEN = "example-webhook-token-change-me"
 
 
 @dataclass(frozen=True)
@@ -44,6 +47,12 @@ class WebhookAuth:
             raise ConfigError(
                 "webhook: no authentication configured; set webhook.token_file (bearer) or "
                 "webhook.basic_user + webhook.basic_password_file, or webhook.auth_disabled: true explicitly"
+            )
+        if token == EXAMPLE_TOKEN and not w.allow_example_token:
+            raise ConfigError(
+                f"webhook.token_file ({w.token_file}) holds the example token shipped in examples/webhook.token, "
+                "which anyone can read: write a secret of your own (e.g. `openssl rand -hex 32`), or set "
+                "webhook.allow_example_token: true for a local demo"
             )
         return cls(token=token, basic_user=w.basic_user, basic_password=password, disabled=w.auth_disabled)
 
@@ -160,3 +169,33 @@ def refuse_failure(realm: str) -> Response | None:
     )
     response.headers["Retry-After"] = str(math.ceil(wait))
     return response
+
+
+def check_operator_token(settings: Settings, webhook: WebhookAuth, operator_token: str | None) -> None:
+    """Refuse at start an operator token that is the webhook's (the same file, a link to it, or the same value as
+    the webhook token or basic password: whoever configures Alertmanager could then act), or the public example
+    token. docs/reliability.md: the two must differ."""
+    if operator_token is None:
+        return
+    if operator_token == EXAMPLE_TOKEN:
+        raise ConfigError(
+            f"operator_token_file ({settings.operator_token_file}) holds the example token shipped in "
+            "examples/webhook.token: write a secret of your own"
+        )
+    same_file = _same_file(settings.operator_token_file, settings.webhook.token_file) or _same_file(
+        settings.operator_token_file, settings.webhook.basic_password_file
+    )
+    if same_file or operator_token in (webhook.token, webhook.basic_password):
+        raise ConfigError(
+            "operator_token_file and webhook.token_file (or webhook.basic_password_file) must differ: "
+            f"{settings.operator_token_file} gives the operator's power to whoever holds the webhook's secret"
+        )
+
+
+def _same_file(a: str | None, b: str | None) -> bool:
+    if not a or not b:
+        return False
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False

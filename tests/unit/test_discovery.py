@@ -111,7 +111,7 @@ def test_a_product_over_the_bound_is_refused_before_it_is_built(expression):
 
     tracemalloc.start()
     try:
-        with pytest.raises(hostlist.HostlistError, match="more than|larger than"):
+        with pytest.raises(hostlist.HostlistError, match=r"more than|larger than"):
             hostlist.expand_hostlist(expression)
         _, peak = tracemalloc.get_traced_memory()
     finally:

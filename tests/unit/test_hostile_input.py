@@ -521,3 +521,41 @@ def test_templates_inside_regex_matchers_fail_lint(op):
         f'{op}"{{{{ labels.Hostname }}}}"', f'{op}"node.*"'
     )  # written out: the author's regex
     assert literal != text and parse_playbooks(literal, "regex.yaml", registry)
+
+
+# The operator's name as a browser or curl sends it: UTF-8 bytes, which WSGI hands over decoded as Latin-1
+# (PEP 3333). Expected: the text as typed, controls (bidi overrides, zero width, escapes, line breaks) stripped.
+OPERATOR_NAMES = {
+    "accent": ("Zoë", "Zoë"),
+    "spanish": ("José García", "José García"),
+    "cjk": ("山田太郎", "山田太郎"),
+    "rtl_override": ("ali\u202ece", "alice"),
+    "isolates": ("\u2066bob\u2069", "bob"),
+    "zero_width": ("ca\u200brol", "carol"),
+    "escape": ("dave\x1b[31m", "dave[31m"),
+    "tab_del": ("eve\tad\x7fmin", "eveadmin"),  # (a line break cannot be in a header: HTTP parsers refuse it)
+    "ascii": ("frank", "frank"),
+}
+AS_WSGI_GIVES_THEM = {
+    key: (typed.encode().decode("latin-1"), kept) for key, (typed, kept) in OPERATOR_NAMES.items()
+}
+AS_WSGI_GIVES_THEM["bad_utf8"] = (
+    b"gr\xffeg".decode("latin-1"),
+    "gr\ufffdeg",
+)  # not UTF-8: replaced, not lost
+
+
+@pytest.mark.parametrize(("wsgi", "kept"), AS_WSGI_GIVES_THEM.values(), ids=AS_WSGI_GIVES_THEM.keys())
+def test_the_operator_name_header_is_decoded_as_utf8_and_loses_controls(tmp_path, wsgi, kept):
+    app = build_app(tmp_path)
+    (tmp_path / "operator").write_text("operator-token")
+    settings = app.extensions["nightshift"].settings
+    settings.operator_token_file = str(tmp_path / "operator")
+    app = make_app(settings)
+    answer = app.test_client().post(
+        "/api/v1/pause",
+        json={"reason": "x"},
+        headers={"Authorization": "Bearer operator-token", "X-Nightshift-Operator": wsgi},
+    )
+    assert answer.status_code == 200, answer.json
+    assert app.extensions["nightshift"].engine.status()["pause"]["by"] == kept

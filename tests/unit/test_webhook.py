@@ -254,3 +254,43 @@ def test_operator_token_guessing_is_throttled_per_address(settings):
     # webhook of the same address.
     assert client.post("/api/v1/pause", headers=auth(OPERATOR)).status_code == 200
     assert client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth()).status_code == 200
+
+
+# --- secrets refused at start (issue 22 item 10) ----------------------------------------------------------
+
+
+def test_the_same_file_for_the_webhook_and_the_operator_token_is_refused_at_start(settings, tmp_path):
+    settings.operator_token_file = settings.webhook.token_file
+    with pytest.raises(ConfigError, match="must differ"):
+        make_app(settings)
+
+
+def test_the_same_value_in_two_files_is_refused_at_start(settings, tmp_path):
+    settings.operator_token_file = write(tmp_path / "operator-copy", TOKEN)
+    with pytest.raises(ConfigError, match="must differ"):
+        make_app(settings)
+    settings.operator_token_file = write(tmp_path / "operator-as-password", "basic-pass")
+    with pytest.raises(ConfigError, match="must differ"):
+        make_app(settings)
+
+
+def test_a_symlink_to_the_webhook_token_is_the_same_file(settings, tmp_path):
+    (tmp_path / "operator-link").symlink_to(settings.webhook.token_file)
+    settings.operator_token_file = str(tmp_path / "operator-link")
+    with pytest.raises(ConfigError, match="must differ"):
+        make_app(settings)
+
+
+def test_the_shipped_example_token_is_refused_unless_allowed_explicitly(settings):
+    shipped = Path(__file__).parents[2] / "examples" / "webhook.token"
+    settings.webhook.token_file = str(shipped)
+    with pytest.raises(ConfigError, match="example token"):
+        make_app(settings)
+    settings.webhook.allow_example_token = True  # the demo's explicit setting
+    assert make_app(settings).test_client().get("/healthz").status_code == 200
+
+
+def test_the_example_token_is_refused_as_the_operator_token_too(settings, tmp_path):
+    settings.operator_token_file = write(tmp_path / "op", "example-webhook-token-change-me\n")
+    with pytest.raises(ConfigError, match="example token"):
+        make_app(settings)
