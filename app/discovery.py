@@ -26,6 +26,8 @@ from app.hostlist import HostlistError, expand_hostlist
 from app.params import NODE_NAME, SLURM_JOB_ID
 
 PORT_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.progress_port=([0-9]{1,5})(?=$|[\s,;])")
+# A job that answers checkpoint requests says with which signal (a signal it does not handle would terminate it).
+SIGNAL_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.checkpoint_signal=(USR1|USR2)(?=$|[\s,;])")
 # squeue formats: the first holds no user-controlled text; the second ends with the comment (the rest of the line).
 JOBS_FORMAT = "%i %P %u %N"
 COMMENTS_FORMAT = "%i %k"
@@ -72,6 +74,12 @@ def parse_ports(text: str, job_ids: Iterable[str]) -> tuple[dict[str, int], list
         if seen[job_id] == 1 and match and 1 <= int(match.group(1)) <= 65535:
             ports[job_id] = int(match.group(1))
     return ports, sorted(job_id for job_id, count in seen.items() if count > 1)
+
+
+def checkpoint_signal(comment: str) -> str | None:
+    """The signal a job's comment announces for checkpoint requests (``nightshift.checkpoint_signal=USR1``)."""
+    match = SIGNAL_TOKEN.search(comment)
+    return match.group(1) if match else None
 
 
 def parse_node_addresses(text: str) -> dict[str, str]:

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import _JOB, SlurmAction, executed_commands
-from app.clients.slurm import CHECKPOINT_SIGNALS, signal_command
+from app.clients.slurm import comment_command, signal_command
+from app.discovery import checkpoint_signal
 from app.errors import BackendError, ConfigError, ParamError
 from app.outcome import Failed, Ok, Outcome, Retry, tail
 from app.params import Param
@@ -32,34 +33,43 @@ MAX_POLL_SECONDS = 300
 
 
 class RequestCheckpoint(SlurmAction):
-    """Ask a Slurm job to checkpoint now: ``scancel --signal=USR1`` to its running steps (the job runs on)."""
+    """Ask a Slurm job to checkpoint now: ``scancel --signal=<sig>`` to its running steps (the job runs on).
+
+    Only a job that announces the signal it handles is signalled (``sbatch
+    --comment=nightshift.checkpoint_signal=USR1``, read with ``squeue``): SIGUSR1's default action terminates a
+    process, so asking a job that does not handle it would kill it. Such a job is Failed, not signalled.
+    """
 
     name = "slurm.request_checkpoint"
-    description = "Ask a running Slurm job to checkpoint now (scancel --signal=USR1; the job keeps running)"
-    params = {
-        "job": _JOB,
-        "signal": Param(
-            required=False,
-            default="USR1",
-            choices=CHECKPOINT_SIGNALS,
-            description="the signal the job handles",
-        ),
-    }
+    description = "Ask a running Slurm job to checkpoint now, with the signal its comment announces (scancel)"
+    params = {"job": _JOB}
     scope_keys = ("node", "partition")
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
-        argv = signal_command(params["job"], params["signal"])
-        return Plan(f"ask job {params['job']} to checkpoint (SIG{params['signal']})", shlex.join(argv))
+        argv = signal_command(params["job"], "USR1")
+        return Plan(
+            f"ask job {params['job']} to checkpoint with the signal its comment announces "
+            "(nightshift.checkpoint_signal=USR1|USR2)",
+            shlex.join(argv).replace("USR1", "<signal>"),
+        )
 
     def execute(
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
-        executed.append(slurm.signal(params["job"], params["signal"]))
+        signal = checkpoint_signal(slurm.job_comment(params["job"]))
+        if signal is None:
+            return Failed(
+                reason=f"job {params['job']} announces no checkpoint signal (sbatch "
+                "--comment=nightshift.checkpoint_signal=USR1): not signalled, as a process that does not handle "
+                "SIGUSR1 is terminated by it",
+                command=shlex.join(comment_command(params["job"])),
+            )
+        executed.append(slurm.signal(params["job"], signal))
         return Ok(
             command=executed_commands(executed),
             output=tail(executed[-1].output),
             exit_code=0,
-            data={"job": params["job"], "requested_at": ctx.clock.now().timestamp()},
+            data={"job": params["job"], "signal": signal, "requested_at": ctx.clock.now().timestamp()},
         )
 
 

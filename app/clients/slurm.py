@@ -279,6 +279,10 @@ def signal_command(job_id: str, signal: str) -> list[str]:
     return ["scancel", "--verbose", f"--signal={signal}", _checked(job_id, SLURM_JOB_ID, "job")]
 
 
+def comment_command(job_id: str) -> list[str]:
+    return ["squeue", "--noheader", f"--jobs={_checked(job_id, SLURM_JOB_ID, 'job')}", "--format=%k"]
+
+
 def exclude_command(job_id: str, exc_nodes: str, req_nodes: str | None = None) -> list[str]:
     """``scontrol update`` setting ExcNodeList (and ReqNodeList when given; "" clears it)."""
     argv = ["scontrol", "update", f"JobId={_checked(job_id, SLURM_JOB_ID, 'job')}"]
@@ -376,6 +380,14 @@ class SlurmClient:
         if "Invalid job id specified" in result.stderr:
             raise NotFound(f"job {job_id}: Invalid job id specified", output=tail(result.output))
         return result
+
+    def job_comment(self, job_id: str) -> str:
+        """The job's comment (``squeue --format=%k``; "" when it has none); NotFound for a job squeue does not list."""
+        result = self.checked(self.run(comment_command(job_id)))
+        if not result.stdout.strip():
+            raise NotFound(f"job {job_id}: not in the queue", output=tail(result.output))
+        comment = result.stdout.strip().splitlines()[0]
+        return "" if comment == "(null)" else comment
 
     def signal(self, job_id: str, signal: str) -> CommandResult:
         """Send ``signal`` to the job's running steps (``scancel --signal``); NotFound for an unknown job."""

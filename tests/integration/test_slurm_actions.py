@@ -351,7 +351,9 @@ def test_request_checkpoint_signals_the_running_steps_and_the_job_runs_on(
     )
     (Path(out) / "answer.py").write_text(program)
     script = f"#!/bin/sh\nexec srun {sys.executable} {out}/answer.py {out}/\n"
-    job = clean_slurm.sbatch(None, "--nodelist=node1", script=script)
+    job = clean_slurm.sbatch(
+        None, "--nodelist=node1", "--comment=nightshift.checkpoint_signal=USR1", script=script
+    )
     wait_until(lambda: (Path(out) / "ready").exists(), 30, "the job's task installed its handler")
 
     outcome = RequestCheckpoint().run({"job": job}, ctx)
@@ -362,11 +364,19 @@ def test_request_checkpoint_signals_the_running_steps_and_the_job_runs_on(
     wait_until(lambda: clean_slurm.squeue_state(job) == "COMPLETED", 20, f"job {job} COMPLETED, not killed")
 
 
-def test_request_checkpoint_of_an_unknown_job_fails_and_bad_signals_are_refused(
+def test_a_job_that_announces_no_checkpoint_signal_is_not_signalled(
     clean_slurm: SlurmCluster, ctx: ActionContext
 ) -> None:
     from app.actions.checkpoint_request import RequestCheckpoint
 
+    job = clean_slurm.sbatch("srun sleep 300", "--comment=nightshift.progress_port=9464")
+    _wait_running(clean_slurm, job, clean_slurm.job_nodes(job) or "node1")
+
+    outcome = RequestCheckpoint().run({"job": job}, ctx)
+
+    assert isinstance(outcome, Failed), outcome
+    assert "announces no checkpoint signal" in outcome.reason and "scancel" not in outcome.command
+    assert clean_slurm.squeue_state(job) == "RUNNING"  # SIGUSR1 would have killed the sleep
     assert isinstance(RequestCheckpoint().run({"job": "987654"}, ctx), Failed)
     with pytest.raises(ParamError):
-        RequestCheckpoint().validate({"job": "1", "signal": "KILL"})
+        RequestCheckpoint().validate({"job": "1; reboot"})

@@ -117,3 +117,20 @@ def test_a_product_over_the_bound_is_refused_before_it_is_built(expression):
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024 * 1024, f"{expression}: {peak / 2**20:.0f} MiB allocated before refusing"
+
+
+@pytest.mark.parametrize(
+    ("comment", "signal"),
+    [
+        ("nightshift.checkpoint_signal=USR1", "USR1"),
+        ("nightshift.progress_port=9464,nightshift.checkpoint_signal=USR2", "USR2"),
+        ("nightshift.checkpoint_signal=KILL", None),
+        ("xnightshift.checkpoint_signal=USR1", None),
+        ("nightshift.checkpoint_signal=USR1x", None),
+        ("", None),
+    ],
+)
+def test_the_checkpoint_signal_a_job_announces(comment: str, signal: str | None) -> None:
+    from app.discovery import checkpoint_signal
+
+    assert checkpoint_signal(comment) == signal
