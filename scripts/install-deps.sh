@@ -4,7 +4,9 @@
 #           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests,
 #           buildah/podman/mmdebstrap (the container image test, docs/deploy.md).
 #           sudo (the least-privilege Slurm account's sudoers, deploy/slurm/).
-#   python: a virtualenv in .venv with the package and its dev extras, and the progress library (progress/).
+#   python: a virtualenv in .venv with the package and its dev extras, and the progress library (progress/);
+#           PyTorch's CPU build (the simulator's real torch.distributed jobs, sim/torch_trainer.py), pinned: an
+#           unpinned torch would pull the multi-GB CUDA build. pip caches the wheel (~/.cache/pip) across venvs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=(prometheus prometheus-alertmanager slurmctld slurmd slurm-client munge openssh-server etcd-server golang-go
@@ -28,4 +30,15 @@ if [ ! -f "$stamp" ]; then
   .venv/bin/pip install -q --upgrade pip
   .venv/bin/pip install -q -e '.[dev]' -e ./progress
   rm -f .venv/.installed-*; touch "$stamp"
+fi
+# PyTorch, pinned (the CPU build: +cpu has no CUDA libraries), in a step of its own: its wheel is 192 MB. Then the
+# frameworks of the simulator's Trainer variants (sim/hf_trainer.py needs accelerate; sim/lightning_trainer.py), pinned
+# to versions whose torch requirement the pinned torch meets, so pip never replaces it.
+TORCH_VERSION=2.13.0
+FRAMEWORKS=(accelerate==1.16.0 lightning==2.6.6)
+torch_stamp=.venv/.torch-$(echo "$TORCH_VERSION ${FRAMEWORKS[*]}" | sha1sum | cut -c1-12)
+if [ ! -f "$torch_stamp" ]; then
+  .venv/bin/pip install -q "torch==$TORCH_VERSION" "${FRAMEWORKS[@]}"
+  .venv/bin/python -c "import torch, sys; sys.exit(not torch.__version__.startswith('$TORCH_VERSION'))"
+  rm -f .venv/.torch-*; touch "$torch_stamp"
 fi

@@ -15,6 +15,7 @@ kept in memory, so a restarted exporter reports the same faults.
 from __future__ import annotations
 
 import argparse
+import math
 import random
 import signal
 import sys
@@ -27,6 +28,8 @@ from pathlib import Path
 from sim import faults, gpus, statedir
 from sim.exposition import serve
 
+# A worker whose status has not been refreshed for this long is not stepping (sim.torch_trainer beats every step).
+HEARTBEAT_STALE_SECONDS = 3.0
 # (name, type, help) in dcgm-exporter's order; help texts from its default-counters.csv.
 METRICS = (
     ("DCGM_FI_DEV_SM_CLOCK", "gauge", "SM clock frequency (in MHz)."),
@@ -84,8 +87,11 @@ def node_loads(state_dir: Path, fault_state: faults.FaultState) -> dict[str, Nod
         if not live or status.get("phase") not in ("running", "hung"):
             continue
         slowdown = float(fault_state.job(status["name"]).get("slowdown", 1.0))
+        # A real torch worker beats every step: one that stopped beating (stopped, or stuck in a collective) has
+        # idle GPUs, as a rank waiting on a dead peer has once the collective gives up.
+        stalled = time.time() - float(status.get("heartbeat", math.inf)) > HEARTBEAT_STALE_SECONDS
         loads[status["hostname"]] = NodeLoad(
-            state="busy" if status["phase"] == "running" else "hung",
+            state="busy" if status["phase"] == "running" and not stalled else "hung",
             speed=1.0 / max(slowdown, 1.0),
             namespace=status.get("namespace", ""),
             pod=status.get("pod", ""),

@@ -4,9 +4,13 @@
 (munged, slurmctld, slurmd node1..node4, sshd) and :func:`sim.stack.launch_stack` around it (simulated DCGM
 exporters, Prometheus with the fast rules, Alertmanager, a Grafana stand-in, ``nightshift serve`` acting on Slurm
 over SSH with the Slurm actions whitelisted). It submits a two-node training job to node1 + node2 as a real batch
-job (srun, one rank per node, each checkpointing), then plays one failure of it: Xid 79 on node2 GPU 3 → every
-rank dies with its NCCL error and node2's exporter reports the Xid (several alerts) → one job incident naming node2
-its culprit → one requeue excluding node2 → the job runs on two other nodes from the ranks' common checkpoint →
+job: with ``--trainer torch`` a real ``torch.distributed`` DDP job (sbatch → srun → torchrun c10d →
+:mod:`sim.torch_trainer`, gloo on CPU, DCP checkpoints); by default (``--trainer sim``) the simulated one
+(:mod:`sim.trainer`).
+Then it plays one failure of it: Xid 79 on node2 GPU 3 and the rank there dies (SIGKILL: the real job's other rank
+fails in its all-reduce; the simulated job's ranks log NCCL's errors), node2's exporter reports the Xid (several
+alerts) → one job incident naming node2 its culprit → one requeue excluding node2 → the job runs on two other
+nodes from its checkpoint →
 progress verified → the Grafana annotation region; and node2 apart from the job: drained, validated with
 ``dcgmi diag -r 2`` (the simulator's look-alike, failing while the Xid is there) → held for a person.
 
@@ -35,6 +39,7 @@ from typing import Any, TextIO, TypeVar
 
 import requests
 
+from sim import faults
 from sim.cluster import REPO_ROOT
 from sim.procs import wait_until
 from sim.stack import (
@@ -52,6 +57,10 @@ MARKER = ".nightshift-demo"
 JOB_NAME = "llama-70b"
 JOB_NODES = ("node1", "node2")
 CULPRIT = "node2"
+TRAINERS = ("torch", "sim")  # the real torch.distributed job (sim.torch_trainer), or the simulated one
+# Seconds for the job to start training: the real one imports torch in four processes (torchrun and a worker per
+# node), ~15 s each on a loaded two-core machine.
+START_TIMEOUT = {"torch": 240.0, "sim": 60.0}
 XID, XID_GPU = 79, 3
 # Repair states after which the demo's node stays as it is until a person acts (held) or it is in service.
 REPAIR_END = ("held", "returned", "advisory", "not_ours")
@@ -145,16 +154,20 @@ def _relative(path: Path) -> str:
 # --- stages ------------------------------------------------------------------------------------------------------
 
 
-def submit_job(stack: Stack, say: Narrator) -> str:
+def submit_job(stack: Stack, say: Narrator, trainer: str) -> str:
     """Submit the two-node training job and wait until both ranks train and have checkpointed."""
-    job = stack.submit_trainer(JOB_NAME, JOB_NODES)
+    if trainer == "torch":
+        job = stack.submit_torch(JOB_NAME, JOB_NODES)
+        launch = "srun node.sh → torchrun --nnodes 2 --rdzv-backend c10d -m sim.torch_trainer (DDP, gloo)"
+        saved = f"DCP checkpoints every 10 steps into checkpoints/{JOB_NAME}/step-<N>"
+    else:
+        job = stack.submit_trainer(JOB_NAME, JOB_NODES)
+        launch = "--wrap 'srun python -m sim.trainer'"
+        saved = f"checkpoints every 25 steps into checkpoints/{JOB_NAME}/rank0 and rank1"
     nodes = ",".join(JOB_NODES)
-    say.say(
-        f"training job {job} ({JOB_NAME}) submitted: sbatch --requeue --nodes=2 -w {nodes} --wrap "
-        "'srun python -m sim.trainer' (one rank per node)"
-    )
+    say.say(f"training job {job} ({JOB_NAME}) submitted: sbatch --requeue --nodes=2 -w {nodes}: {launch}")
     with explained_by(_logs(stack)["slurm"]):
-        step = stack.wait_training(job, JOB_NODES)
+        step = stack.wait_training(job, JOB_NODES, timeout=START_TIMEOUT[trainer])
     say.say(f"job {job} RUNNING on {' + '.join(JOB_NODES)}, training: step {step}")
     query = f'min(training_last_checkpoint_timestamp_seconds{{slurm_job_id="{job}"}}) > 0'
     wait_for(
@@ -163,7 +176,7 @@ def submit_job(stack: Stack, say: Narrator) -> str:
         60,
         _logs(stack)["prometheus"],
     )
-    say.say(f"both ranks checkpointed (every 25 steps, into checkpoints/{JOB_NAME}/rank0 and rank1)")
+    say.say(f"both ranks checkpointed ({saved})")
     return job
 
 
@@ -191,7 +204,7 @@ def alerts_firing(stack: Stack, say: Narrator, expected: set[tuple[str, str]]) -
     return len(told)
 
 
-def job_incident(stack: Stack, say: Narrator, job: str) -> dict[str, Any]:
+def job_incident(stack: Stack, say: Narrator, job: str, restart_timeout: float) -> dict[str, Any]:
     """Narrate the job's one incident from the webhook to its closing; the incident once closed."""
     logs = _logs(stack)
     nightshift = stack.nightshift
@@ -247,7 +260,7 @@ def job_incident(stack: Stack, say: Narrator, job: str) -> dict[str, Any]:
 
     with explained_by(logs["slurm"]):
         nodes = stack.wait_running(job, avoid=[CULPRIT])
-    wait_for(f"job {job} resumed", lambda: stack.resumes(job), 30, logs["slurm"])
+    wait_for(f"job {job} resumed", lambda: stack.resumes(job), restart_timeout, logs["slurm"])
     say.say(
         f"job {job} RUNNING on {' + '.join(nodes)}, both ranks resumed from checkpoint step {stack.resumes(job)[-1]}"
     )
@@ -292,15 +305,21 @@ def node_repair(stack: Stack, say: Narrator, node: str) -> dict[str, Any]:
     return current
 
 
-def episode(stack: Stack, say: Narrator, job: str) -> None:
+def episode(stack: Stack, say: Narrator, job: str, trainer: str) -> None:
     say.section(
         f"Xid {XID} (GPU fell off the bus) on {CULPRIT} GPU {XID_GPU}, under a job on {' + '.join(JOB_NODES)}"
     )
     stack.inject_xid(CULPRIT, XID, XID_GPU)
-    say.say(f"fault injected: Xid {XID} on {CULPRIT} GPU {XID_GPU}")
-    expected = {("GpuXidError", CULPRIT), *(("TrainingJobError", node) for node in JOB_NODES)}
+    if trainer == "torch":
+        # The rank on the faulty node dies with its GPU; its peer's all-reduce fails (gloo: connection reset).
+        pid = faults.signal_rank(stack.sim.state_dir, JOB_NAME, signal.SIGKILL, node=CULPRIT)
+        say.say(f"fault injected: Xid {XID} on {CULPRIT} GPU {XID_GPU}, its rank (pid {pid}) killed with it")
+        expected = {("GpuXidError", CULPRIT), ("TrainingJobError", JOB_NODES[0])}
+    else:
+        say.say(f"fault injected: Xid {XID} on {CULPRIT} GPU {XID_GPU}")
+        expected = {("GpuXidError", CULPRIT), *(("TrainingJobError", node) for node in JOB_NODES)}
     fired = alerts_firing(stack, say, expected)
-    detail = job_incident(stack, say, job)
+    detail = job_incident(stack, say, job, START_TIMEOUT[trainer])
     repair = node_repair(stack, say, CULPRIT)
     number = detail["incident"]["id"]
     others = [i for i in stack.nightshift.incidents() if i["id"] != number]
@@ -376,6 +395,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m sim.demo", description=__doc__.split("\n")[0])
     parser.add_argument("--keep", action="store_true", help="stay up after the scenarios until Ctrl-C")
     parser.add_argument("--dir", type=Path, default=DEMO_DIR, help="state directory, emptied first")
+    parser.add_argument(
+        "--trainer", choices=TRAINERS, default="sim",
+        help="torch: a real torch.distributed DDP job (torchrun, gloo, DCP checkpoints); sim: the simulated one",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -410,8 +433,8 @@ def run(args: argparse.Namespace, say: Narrator, stop: contextlib.ExitStack) -> 
         f"playbooks: {_relative(stack.playbooks)}/, copies of playbooks/ with recheck/verify windows of "
         f"{FAST_WINDOW}, polled every {FAST_VERIFY_INTERVAL} (the fast rules of rules/sim/ judge 10 s windows)"
     )
-    job = submit_job(stack, say)
-    episode(stack, say, job)
+    job = submit_job(stack, say, args.trainer)
+    episode(stack, say, job, args.trainer)
     say.section(f"done in {say.clock() - say.start:.0f} s")
     where_to_look(stack, say, args.keep)
     if args.keep:

@@ -25,6 +25,7 @@ crash faults of :data:`CRASH_FAULTS`.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -90,6 +91,10 @@ class FaultState:
     def job(self, name: str) -> dict[str, Any]:
         """The job's pending faults, kind → value (True, or the slowdown factor)."""
         return dict(self.data.get("jobs", {}).get(name, {}))
+
+    def rank_faults(self, name: str, rank: int) -> dict[str, dict[str, Any]]:
+        """The pending faults of one rank of a real torch job (:func:`inject_rank_fault`), kind → options."""
+        return dict(self.data.get("ranks", {}).get(name, {}).get(str(rank), {}))
 
 
 def load(state_dir: Path) -> FaultState:
@@ -195,6 +200,64 @@ def consume_job_fault(state_dir: Path, job: str, kind: str) -> bool:
     return found
 
 
+# Faults of one rank of a real torch.distributed job (sim.torch_trainer), acted on inside the rank's process.
+RANK_FAULTS = ("exception", "nan", "oom")
+
+
+def inject_rank_fault(state_dir: Path, job: str, rank: int, kind: str, **options: Any) -> None:
+    """Queue fault ``kind`` (one of :data:`RANK_FAULTS`) for ``rank`` of the torch job ``job``; ``options``:
+    ``count`` (nan: for this many steps, default every step from now)."""
+    if kind not in RANK_FAULTS:
+        raise ValueError(f"unknown rank fault {kind!r}; expected one of {', '.join(RANK_FAULTS)}")
+    _update(
+        state_dir,
+        lambda data: (
+            data.setdefault("ranks", {})
+            .setdefault(job, {})
+            .setdefault(str(rank), {})
+            .__setitem__(kind, dict(options))
+        ),
+    )
+
+
+def consume_rank_fault(state_dir: Path, job: str, rank: int, kind: str) -> bool:
+    """Remove fault ``kind`` of ``rank`` of ``job``; True if it was pending (the rank acts on it once)."""
+    found = False
+
+    def change(data: dict[str, Any]) -> None:
+        nonlocal found
+        ranks = data.get("ranks", {}).get(job, {})
+        found = ranks.get(str(rank), {}).pop(kind, None) is not None
+        if not ranks.get(str(rank), True):
+            ranks.pop(str(rank))
+
+    _update(state_dir, change)
+    return found
+
+
+def rank_process(state_dir: Path, job: str, node: str | None = None, rank: int | None = None) -> int:
+    """The pid of the live worker of torch job ``job`` on ``node`` (or of global ``rank``), from the status files
+    the workers write; LookupError when none runs."""
+    for status in statedir.read_trainers(state_dir):
+        if status.get("name") != job or status.get("trainer") != "torch":
+            continue
+        if (node is None or status.get("hostname") == node) and (rank is None or status.get("rank") == rank):
+            pid = int(status.get("pid", 0))
+            if pid and statedir.pid_alive(pid) and status.get("phase") in ("starting", "running"):
+                return pid
+    raise LookupError(f"no live worker of {job} on {node or 'any node'} (rank {rank})")
+
+
+def signal_rank(
+    state_dir: Path, job: str, signum: int, node: str | None = None, rank: int | None = None
+) -> int:
+    """Send ``signum`` to the worker of ``job`` on ``node`` (or of ``rank``): SIGKILL as the OOM killer or a lost
+    node ends it, SIGSTOP for a rank that stops answering (a silent hang). The pid signalled."""
+    pid = rank_process(state_dir, job, node, rank)
+    os.kill(pid, signum)
+    return pid
+
+
 def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job: str | None = None) -> None:
     """Clear faults: of one GPU, of every GPU of a node (and its validation verdict), of one job, or (no
     argument) everything."""
@@ -218,5 +281,6 @@ def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job:
             }
         if job is not None:
             data.get("jobs", {}).pop(job, None)
+            data.get("ranks", {}).pop(job, None)
 
     _update(state_dir, change)

@@ -35,7 +35,7 @@ import requests
 import yaml
 
 from app.config import CheckpointSettings, Settings, SlurmSettings
-from sim import faults
+from sim import faults, torch_job
 from sim.cluster import HPC_JOB_MAPPING, REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
 from sim.procs import Daemon, free_port, wait_until
 from sim.webhook_sink import WebhookSink
@@ -904,6 +904,52 @@ class Stack:
         job = submit_trainer_job(self.slurm, spec, names)
         self.jobs.append(job)
         return job
+
+    def submit_torch(self, name: str, nodes: Sequence[str], **options: Any) -> str:
+        """Submit a real ``torch.distributed`` job (:mod:`sim.torch_job`: sbatch → srun → torchrun →
+        :mod:`sim.torch_trainer`) to ``nodes``; the job id. Like :meth:`submit_trainer`, it serves its metrics on a
+        port of its own at each node's address and checkpoints (DCP) under ``sim/checkpoints/<name>/``.
+        ``options`` are :class:`sim.torch_job.TorchJobSpec` fields (strategy, max_restarts, step_seconds...)."""
+        spec = torch_job.TorchJobSpec(
+            name=name,
+            port=free_port(),
+            rdzv_port=free_port(),
+            state_dir=self.sim.state_dir,
+            checkpoint_dir=self.checkpoint_dir(name),
+            node_hosts=NODE_ADDRESSES,
+            **options,
+        )
+        job = torch_job.submit(self.slurm, spec, nodes, self.base / "torch-jobs" / name)
+        self.jobs.append(job)
+        return job
+
+    def return_node(self, node: str, timeout: float = 180) -> None:
+        """Wait until Nightshift's repair of ``node`` (if it opened one) settles; release it as an operator when it
+        is held (``POST /api/v1/nodes/<node>/release``, what a person does once the node is fixed), and wait until
+        Slurm has it idle again. For scenarios that share a cluster after a culprit node was taken out."""
+
+        def settled() -> str | None:
+            try:
+                current = self.nightshift.get(f"/api/v1/nodes/{node}")["current"]
+            except requests.HTTPError:
+                return "none"  # no repair of the node
+            return current["state"] if current["state"] in ("held", "returned", "not_ours") else None
+
+        state = wait_until(settled, timeout, f"{node}'s repair to settle")
+        if state == "held":
+            token = self.operator_token_file.read_text().strip()
+            response = requests.post(
+                f"{self.nightshift.url}/api/v1/nodes/{node}/release",
+                json={"reason": "fixed by the test between scenarios"},
+                headers={"Authorization": f"Bearer {token}"},
+                timeout=10,
+            )
+            assert response.status_code == 200, f"release {node}: {response.status_code} {response.text}"
+        wait_until(lambda: "drain" not in self.slurm.node_state(node), timeout, f"{node} back in service")
+
+    def checkpoint_dir(self, name: str) -> Path:
+        """Where job ``name`` checkpoints (under checkpoint.allowed_roots)."""
+        return self.sim.base_dir / "checkpoints" / name
 
     def wait_running(
         self, job: str, nodes: Sequence[str] | None = None, avoid: Sequence[str] = (), timeout: float = 60
