@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from app.errors import ConfigError
+from app.fleet import FleetSettings
 
 ENV_PREFIX = "NIGHTSHIFT_"
 # Settings naming a local file or directory: written relative in a settings file, they mean relative to that file.
@@ -307,6 +308,7 @@ class Settings:
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
+    fleet: FleetSettings = field(default_factory=FleetSettings)
 
     @property
     def resolved_store_url(self) -> str:

@@ -178,6 +178,10 @@ class Effects:
             {"incident": inc["id"], "guard": "blast_radius"},
         )
 
+    def fleet_incident(self, incident_id: int, subject: str, text: str, data: Mapping[str, Any]) -> None:
+        """A shared cause held job recoveries (app/engine/fleet_hold.py): told once, asking a person."""
+        self._notify(incident_id, subject, text, data)
+
     def approval_requested(self, inc: Mapping[str, Any], step: Mapping[str, Any]) -> None:
         url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"
         self._notify(

@@ -18,7 +18,7 @@ from sqlalchemy import Connection
 from app import episodes, paging
 from app.actions.notify import send_notification
 from app.alertmanager import Alert, Notification
-from app.engine import transitions
+from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.errors import ParamError
 from app.playbooks import Playbook
@@ -330,6 +330,12 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
                     f"{name} resolved: undo steps scheduled",
                     incident_id=incident["id"],
                 )
+            continue
+        if fleet_hold.is_held(incident):
+            # A job held by a shared cause died: its recovery is released (the hold sees the cause clear).
+            records.update_incident(
+                conn, incident["id"], alert_resolved=True, next_run_at=now, updated_at=now
+            )
             continue
         if incident["state"] in NOT_ACTED and not incident["acted"] and incident["claimed_by"] is None:
             outcome = Outcome.BLOCKED if incident["held_by_guard"] else Outcome.RESOLVED

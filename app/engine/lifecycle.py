@@ -29,6 +29,7 @@ from app.actions.base import ActionContext
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
+from app.engine.fleet_hold import FleetHolds
 from app.engine.jobs import JobPhase, JobStatus, job_status
 from app.engine.repair import pool_facts
 from app.errors import BackendError, ConfigError, ParamError, StoreUnavailable
@@ -71,6 +72,7 @@ class Lifecycle:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
         self.effects = Effects(deps)
+        self.fleet = FleetHolds(deps, self.effects.fleet_incident)
 
     # --- claiming ---------------------------------------------------------------------------------------------
 
@@ -203,6 +205,10 @@ class Lifecycle:
                 node=node,
             )
         )
+        widened = self.fleet.widen(inc, [c["node"] for c in confirmed if c["confirmed"]])
+        if widened is not None:
+            self._ledger(inc, "blame", widened[1], {"nodes": list(widened[0])})
+            return episodes.Exclusion(nodes=widened[0])
         e = self.deps.settings.episodes
         return episodes.exclusion(confirmed, len(status.nodes), e.max_culprits, e.max_culprit_share)
 
@@ -262,15 +268,27 @@ class Lifecycle:
                     logs.append(str(outcome.data["log"]))
         diagnosis = self.deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
         culprit = (diagnosis.get("culprit") or {}).get("node")
+        peers: list[str] = []
+        if inc["kind"] == IncidentKind.JOB:
+            with self.deps.store.read() as conn:
+                reporters = {
+                    a["labels"].get("Hostname", "") for a in records.get_alerts_for_incident(conn, inc["id"])
+                }
+            peers = self.fleet.lost_peers("\n".join(logs), reporters)
+            if peers and culprit in reporters:
+                culprit = None  # a rank that logged a lost peer: the peer is the suspect, never the logger
 
         def record(conn: Connection, now: datetime) -> None:
             values: dict[str, Any] = {"diagnosis": diagnosis}
-            if culprit and inc["kind"] == IncidentKind.JOB:
-                named = episodes.add_culprit(
-                    inc["culprits"], culprit, "diagnosis", diagnosis["summary"][:300]
-                )
-                if named is not None:
-                    values["culprits"] = named
+            named = inc["culprits"]
+            for node, source in [
+                *((p, "lost peer") for p in peers),
+                *([(culprit, "diagnosis")] if culprit else []),
+            ]:
+                if inc["kind"] == IncidentKind.JOB:
+                    named = episodes.add_culprit(named, node, source, diagnosis["summary"][:300]) or named
+            if named is not inc["culprits"]:
+                values["culprits"] = named
             summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
             transitions.update(conn, now, inc, ledger=("diagnosis", summary, diagnosis), **values)
 
@@ -292,6 +310,9 @@ class Lifecycle:
                     f"job {inc['job']} is {status.state}: it ended on purpose or normally, nothing to recover"
                 )
                 return self._close(inc, Closed.COMPLETED, reason)
+            held_until = self.fleet.hold(inc)
+            if held_until is not None:
+                return held_until
             exclusion = self._confirm_culprits(inc, status)
             if exclusion.refused:
                 return self._close(inc, Closed.NEEDS_HUMAN, exclusion.refused)
@@ -346,7 +367,9 @@ class Lifecycle:
             if last.outcome == Closed.ADVISORY:
                 self._run_advisory(inc, planned)
                 # The culprits' repairs record their plans too (advisory themselves unless their steps are granted).
-                self._transition(lambda conn, now: self._request_repairs(conn, now, inc, exclusion.nodes))
+                self._transition(
+                    lambda conn, now: self._request_repairs(conn, now, inc, _repairable(inc, exclusion.nodes))
+                )
             return self._close(inc, Closed(last.outcome or Closed.NEEDS_HUMAN), last.reason)
         return self._start_attempt(inc, playbook, planned, exclusion.nodes)
 
@@ -401,7 +424,7 @@ class Lifecycle:
 
         def start(conn: Connection, now: datetime) -> None:
             transitions.start_attempt(conn, now, inc, planned, playbook=playbook.name, note=note)
-            self._request_repairs(conn, now, inc, exclude)
+            self._request_repairs(conn, now, inc, _repairable(inc, exclude))
 
         self._transition(start)
         self._count_unrun(planned)
@@ -771,3 +794,10 @@ def _culprit(inc: Incident, node: str) -> Mapping[str, Any]:
 def _culprit_reason(inc: Incident, node: str) -> str:
     named = _culprit(inc, node)
     return f"{named['source']}: {named['reason']}" if named else "named by the diagnosis"
+
+
+def _repairable(inc: Incident, excluded: Sequence[str]) -> Sequence[str]:
+    """The excluded nodes to hand to repair: all of them when they are the job's culprits; none when the exclusion
+    is a leaf's, a rack's or a block's nodes (the domain is at fault, not its nodes: app/engine/fleet_hold.py)."""
+    culprits = {c["node"] for c in inc["culprits"] or ()}
+    return excluded if set(excluded) <= culprits else ()

@@ -1,0 +1,223 @@
+"""The engine's side of fleet incidents (app/fleet.py decides): hold a job's recovery while a shared cause lasts.
+
+Called by the lifecycle before a job incident plans its recovery. The shared cause is one record (a control row
+``fleet:<key>``: its incidents, when it opened, whether it cleared), told once (one notice, asking a person). Each
+held incident is looked at again every ``fleet.recheck_seconds``: once its own alerts have all resolved the cause
+is marked cleared, and every held job goes on to its recovery after its jitter (:func:`app.fleet.release_delay`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app import fleet
+from app.engine import transitions
+from app.engine.deps import EngineDeps
+from app.errors import ConfigError
+from app.states import IncidentKind
+from app.store import records
+from app.topology import EMPTY, Topology, TopologyError, parse_slurm, peer_nodes, with_addresses
+
+HOLD_PREFIX = "held by fleet incident"
+MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
+MAX_ADDRESSED_NODES = 100_000  # nodes in fleet.addresses_file
+
+Notify = Callable[[int, str, str, dict[str, Any]], Any]
+
+
+def _failure(row: records.Row) -> fleet.JobFailure:
+    diagnosis = row.get("diagnosis") or {}
+    category = diagnosis.get("category") or (row.get("labels") or {}).get("error_class")
+    culprits = frozenset(c["node"] for c in row.get("culprits") or () if c.get("confirmed") is not False)
+    return fleet.JobFailure(row["id"], row.get("job") or "", row["opened_at"], category, culprits)
+
+
+class FleetHolds:
+    def __init__(self, deps: EngineDeps, notify: Notify):
+        self.deps = deps
+        self.notify = notify
+        self.topology = load_topology(deps.settings.fleet)
+
+    def lost_peers(self, log: str, reporters: Iterable[str]) -> list[str]:
+        """The nodes of the peers the job's log says its ranks lost (never a reporting rank's own node)."""
+        return peer_nodes(log, self.topology, reporters) if self.topology.addresses else []
+
+    def widen(self, inc: records.Row, culprits: Iterable[str]) -> tuple[tuple[str, ...], str] | None:
+        """The nodes to exclude instead of ``culprits`` when they, or the culprits of the other jobs failing in
+        the window, are all behind one leaf, rack or block: the domain's nodes, and why. Told once a domain."""
+        if not self.topology.domains:
+            return None
+        with self.deps.store.read() as conn:
+            others = [
+                _failure(r)
+                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
+                if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
+            ]
+        me = fleet.JobFailure(inc["id"], inc.get("job") or "", inc["opened_at"], None, frozenset(culprits))
+        cause = fleet.shared_cause(
+            me, others, self.topology, self.deps.settings.fleet, self.deps.settings.episodes.max_culprits
+        )
+        if cause is None or cause.kind == "storage":
+            return None
+        domain = self.topology.domains[tuple(cause.key.split(":", 1))]  # type: ignore[index]
+        if len(domain.nodes) > self.deps.settings.fleet.max_domain_nodes:
+            return None  # never a fleet-wide exclusion: the culprits' own limits apply (and a person)
+        key = f"fleet:{cause.key}"
+        with self.deps.store.read() as conn:
+            record = records.get_control(conn, key)
+        window = timedelta(seconds=self.deps.settings.fleet.window_seconds)
+        if record is None or datetime.fromisoformat(record["opened_at"]) < inc["opened_at"] - window:
+            record = {
+                "summary": cause.summary,
+                "opened_at": self.deps.clock.now().isoformat(),
+                "incidents": [],
+            }
+            self._open(inc, key, record, cause, held=False)
+        return tuple(
+            sorted(domain.nodes)
+        ), f"{cause.summary}: excluding {domain.label}'s {len(domain.nodes)} nodes"
+
+    def hold(self, inc: records.Row) -> datetime | None:
+        """When to look at ``inc`` again if its recovery is held by a shared cause; None: go on with it."""
+        deps, settings = self.deps, self.deps.settings.fleet
+        if inc["kind"] != IncidentKind.JOB:
+            return None
+        now = deps.clock.now()
+        with deps.store.read() as conn:
+            others = [
+                _failure(r)
+                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
+                if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
+            ]
+        cause = fleet.shared_cause(_failure(inc), others, self.topology, settings)
+        if cause is None or cause.kind != "storage":
+            return None  # a domain's jobs are recovered off it (exclusion), not held
+        key = f"fleet:{cause.key}"
+        with deps.store.read() as conn:
+            record = records.get_control(conn, key)
+            resolved = _all_resolved(records.get_alerts_for_incident(conn, inc["id"]))
+        window = timedelta(seconds=settings.window_seconds)
+        if record and record.get("cleared_at"):
+            cleared = datetime.fromisoformat(record["cleared_at"])
+            if inc["opened_at"] > cleared + window:
+                record = None  # a new outage of the same kind: a new record
+            else:
+                due = cleared + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
+                return None if now >= due else due
+        if record is None:
+            record = {
+                "summary": cause.summary,
+                "opened_at": now.isoformat(),
+                "incidents": [],
+                "cleared_at": None,
+            }
+            self._open(inc, key, record, cause)
+        if resolved:
+            self._clear(inc, key, record, now)
+            return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
+        if inc["id"] not in record["incidents"]:
+            self._join(inc, key, record, now)
+        return now + timedelta(seconds=settings.recheck_seconds)
+
+    def _open(
+        self, inc: records.Row, key: str, record: dict[str, Any], cause: fleet.SharedCause, held: bool = True
+    ) -> None:
+        now = self.deps.clock.now()
+        with self.deps.store.transaction() as conn:
+            records.set_control(conn, key, record, now)
+            records.record(
+                conn, now, "fleet_incident", f"{key}: {cause.summary}", incident_id=inc["id"], data=record
+            )
+        jitter = self.deps.settings.fleet.release_jitter_seconds
+        then = (
+            "Every job failing with it is held, not requeued into the outage, until its alerts resolve (or a "
+            f"person closes the job incidents); then they restart together, spread over {jitter}s."
+            if held
+            else "The jobs behind it are requeued off it; the domain itself needs a person (switch, rack power)."
+        )
+        self.notify(
+            inc["id"],
+            f"[nightshift] fleet incident {cause.key}" + (": job recoveries held" if held else ""),
+            f"{cause.summary}.\n{then} First incident #{inc['id']}.",
+            {"incident": inc["id"], "fleet": cause.key, "outcome": "needs_human"},
+        )
+
+    def _join(self, inc: records.Row, key: str, record: dict[str, Any], now: datetime) -> None:
+        record["incidents"] = sorted({*record["incidents"], inc["id"]})
+        reason = f"{HOLD_PREFIX} {key.removeprefix('fleet:')}: {record['summary']}"
+        with self.deps.store.transaction() as conn:
+            records.set_control(conn, key, record, now)
+            transitions.wait(conn, now, inc, reason, kind="fleet_hold")
+
+    def _clear(self, inc: records.Row, key: str, record: dict[str, Any], now: datetime) -> None:
+        record["cleared_at"] = now.isoformat()
+        with self.deps.store.transaction() as conn:
+            records.set_control(conn, key, record, now)
+            records.record(
+                conn,
+                now,
+                "fleet_cleared",
+                f"{key}: the alerts of incident #{inc['id']} resolved: {len(record['incidents'])} held job(s) "
+                f"released, spread over {self.deps.settings.fleet.release_jitter_seconds}s",
+                incident_id=inc["id"],
+                data=record,
+            )
+
+
+def is_held(incident: records.Row) -> bool:
+    """Whether a job incident waits on a shared cause (its recovery held, not to be closed when its alerts resolve)."""
+    return (
+        incident["kind"] == IncidentKind.JOB
+        and incident["open_key"] is not None
+        and (incident.get("reason") or "").startswith(HOLD_PREFIX)
+    )
+
+
+def _all_resolved(alerts: list[records.Row]) -> bool:
+    return bool(alerts) and all(a["status"] == "resolved" for a in alerts)
+
+
+def load_topology(settings: fleet.FleetSettings) -> Topology:
+    """The topology the settings name (``fleet.topology_file``, ``fleet.addresses_file``), or none. A file that
+    cannot be read or is malformed is a :class:`ConfigError` at start, with the file and line."""
+    topology = EMPTY
+    if settings.topology_file:
+        try:
+            text = Path(settings.topology_file).read_text()
+        except OSError as exc:
+            raise ConfigError(f"fleet.topology_file: {settings.topology_file}: {exc.strerror}") from None
+        try:
+            topology = parse_slurm(text, settings.topology_file, max_switch_nodes=settings.max_domain_nodes)
+        except TopologyError as exc:
+            raise ConfigError(f"fleet.topology_file: {exc}") from None
+    if settings.addresses_file:
+        topology = with_addresses(topology, _addresses(settings.addresses_file))
+    return topology
+
+
+def _addresses(path: str) -> dict[str, str]:
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"fleet.addresses_file: {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"fleet.addresses_file: {path}: invalid YAML: {exc}") from None
+    if not isinstance(loaded, dict) or len(loaded) > MAX_ADDRESSED_NODES:
+        raise ConfigError(f"fleet.addresses_file: {path}: a mapping of at most {MAX_ADDRESSED_NODES} nodes")
+    addresses: dict[str, str] = {}
+    for node, values in loaded.items():
+        listed = values if isinstance(values, list) else [values]
+        if not isinstance(node, str) or not all(isinstance(v, str) for v in listed) or len(listed) > 16:
+            raise ConfigError(f"fleet.addresses_file: {path}: {node!r}: a node name and up to 16 addresses")
+        for value in listed:
+            if value in addresses and addresses[value] != node:
+                raise ConfigError(
+                    f"fleet.addresses_file: {path}: {value} is both {addresses[value]} and {node}"
+                )
+            addresses[value] = node
+    return addresses

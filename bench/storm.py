@@ -1,0 +1,768 @@
+"""Alert storms from one shared cause, through the real engine's inbox: what Nightshift does, and how fast.
+
+Each scenario builds a simulated fleet (nodes behind leaf switches, jobs of 8 ranks a node) and breaks one thing
+all its jobs depend on. The alerts the shipped rules raise (``TrainingJobError`` per rank with its error class,
+``DcgmExporterDown`` per silent exporter; labels as rules/README.md states them) are grouped the way
+alerts/alertmanager.yml groups them (by alertname, Hostname, slurm_job_id, ...) into Alertmanager webhook bodies,
+accepted by :meth:`Engine.accept` (the webhook's commit) and ingested by the worker (``ingest_next``, its
+batches), over the shipped ``playbooks/`` with every Slurm action granted, as ``bench/ettr.py`` does. The
+scheduler is simulated at Nightshift's command seam (the ``scontrol``/``squeue``/``tail`` argv the Slurm client
+sends, answered by :class:`FleetSlurm`); the job logs are those of sim/logtext.py (NCCL's lost peer naming the
+peer's InfiniBand address, PyTorch's watchdog, the OSError of a dead file system). A requeued job restarts on
+its allocation minus its exclusions after a minute and, while the cause lasts, fails again the same way.
+
+Scenarios (``--scenarios``; every one by default):
+
+* ``leaf-1job``: a leaf switch (64 nodes) dies under 64 of one 128-node job's nodes; the 512 ranks on the
+  other 64 nodes log the lost peers behind it.
+* ``leaf-8jobs``: the same leaf under 8 jobs of 8 nodes (4 behind it, 4 not); 512 ranks log it.
+* ``leaf-exporters``: ``leaf-8jobs`` plus the 64 exporters behind the leaf going silent (576 alerts).
+* ``storage-1000``, ``storage-2000``, ``storage-10000``: a shared file system fails under 1,000 / 2,000 / 10,000
+  nodes (125 / 250 / 1,250 jobs of 8 nodes); every rank's reads fail (8,000 / 16,000 / 80,000 alerts).
+
+The shared cause lasts ``--outage-minutes`` (20) of simulated time, then clears (the alerts resolve); the run
+goes on for ``--horizon-minutes`` (45). Simulated time is an injected clock that advances with the real time
+the engine spends and jumps ahead when nothing is due, so latencies include Nightshift's own work and waits.
+
+Per scenario: alerts/s ingested (alerts over the CPU seconds of the webhook's accept plus the worker's
+ingestion), alert → first action latency (the first alert accepted to the first scheduler change or message
+sent), incidents opened, pages (messages that ask a person to act), requeues (and the restarts onto nodes the
+cause still reaches while it lasts: into the outage), healthy nodes excluded (nodes put on a job's exclusion
+list whose hardware is fine and whose leaf works), nodes drained, and the peak RSS of the process that ran it
+(one child process a scenario). The floor, in the same run: the same bodies parsed (``json.loads``) and their
+alerts inserted into SQLite (WAL, a commit a body).
+
+    python -m bench.storm [--scenarios leaf-1job,storage-1000] [--out bench/results/storm.json] [--no-readme]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import re
+import resource
+import sqlite3
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from app.actions import default_registry
+from app.alertmanager import parse_notification
+from app.clients import Clients
+from app.clients.prometheus import Sample
+from app.clients.slurm import SlurmClient
+from app.clients.ssh import CommandResult
+from app.config import Settings
+from app.diagnosis import diagnose
+from app.engine import Engine, EngineDeps
+from app.hostlist import expand_hostlist
+from app.metrics import Metrics
+from app.permissions import Grant, Permissions
+from app.playbooks import load_playbooks
+from app.store import Store
+from bench import record
+from sim import logtext
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "bench" / "README.md"
+START = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)  # a Monday, 02:00: nobody is awake
+RANKS_PER_NODE = 8
+LEAF_NODES = 64
+IDLE_TICK = 5.0  # simulated seconds skipped when the engine has nothing due
+DELIVERY_AT = 40.0  # the first notification: the rule's evaluation plus Alertmanager's group_wait
+RESTART_SECONDS = 60.0  # a requeued job's wait in the queue before it runs again
+REFAIL_SECONDS = 90.0  # a restarted job meets the cause again after this long
+OUTCOMES_FOR_A_PERSON = {"needs_human", "failed", "advisory", "credential_error", "unverified"}
+BEGIN, END = "<!-- storm:begin -->", "<!-- storm:end -->"
+
+
+def node_name(i: int) -> str:
+    return f"gpu{i:05d}"
+
+
+def ib_address(i: int) -> str:
+    """The InfiniBand address NCCL prints for node ``i``: 10.<i // 65536>.<i // 256 % 256>.<i % 256>."""
+    return f"10.{i // 65536}.{i // 256 % 256}.{i % 256}"
+
+
+@dataclass
+class SimJob:
+    job_id: str
+    allocation: list[str]
+    state: str = "RUNNING"
+    restarts: int = 0
+    exc: set[str] = field(default_factory=set)
+    log: str = ""
+    runs_at: float = -1.0  # PENDING until then
+    fails_at: float = -1.0  # meets the shared cause again at this time
+
+
+@dataclass
+class Fleet:
+    """Nodes, leaves and jobs; ``dead_leaf``'s nodes cannot talk to the rest while the cause lasts."""
+
+    size: int
+    jobs: dict[str, SimJob]
+    dead_leaf: set[str]
+    cause: str  # "leaf" or "storage"
+    outage_until: float
+    now: float = 0.0
+    drained: set[str] = field(default_factory=set)
+    requeues: int = 0
+    requeues_into_outage: int = 0
+    healthy_excluded: set[str] = field(default_factory=set)
+    first_change_at: float | None = None
+
+    @property
+    def cause_live(self) -> bool:
+        return self.now < self.outage_until
+
+    def healthy(self, name: str) -> bool:
+        """Its hardware is fine and its leaf works (while the leaf is down, its nodes are not healthy)."""
+        return not (name in self.dead_leaf and self.cause_live)
+
+    def changed(self) -> None:
+        if self.first_change_at is None:
+            self.first_change_at = self.now
+
+
+class FleetSlurm:
+    """The Slurm host at Nightshift's CommandRunner seam, for many jobs."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+
+    def run(self, argv: Any, timeout: float | None = None) -> CommandResult:
+        argv = tuple(argv)
+        out, code = self._answer(argv)
+        return CommandResult(
+            argv, " ".join(argv), code, out if code == 0 else "", "" if code == 0 else out, 0.01
+        )
+
+    def run_all(self, argvs: Sequence[Sequence[str]], timeout: float | None = None) -> list[CommandResult]:
+        return [self.run(argv) for argv in argvs]
+
+    def close(self) -> None:
+        pass
+
+    def _answer(self, argv: tuple[str, ...]) -> tuple[str, int]:
+        fleet = self.fleet
+        match argv:
+            case ("scontrol", "show", "job", "-o", job_id):
+                job = fleet.jobs.get(job_id)
+                if job is None:
+                    return f"slurm_load_jobs error: Invalid job id specified ({job_id})", 1
+                nodes = ",".join(job.allocation) if job.state in ("RUNNING", "FAILED") else ""
+                return (
+                    f"JobId={job_id} JobName=train-{job_id} UserId=train(1000) JobState={job.state} "
+                    f"Reason=None Requeue=1 Restarts={job.restarts} NodeList={nodes or '(null)'} "
+                    f"ReqNodeList=(null) ExcNodeList={','.join(sorted(job.exc)) or '(null)'} "
+                    f"StdErr=/shared/logs/{job_id}.out StdOut=/shared/logs/{job_id}.out\n",
+                    0,
+                )
+            case ("squeue", "--noheader", "--states=RUNNING", nodelist, "--format=%i"):
+                node = nodelist.removeprefix("--nodelist=")
+                running = [
+                    j.job_id for j in fleet.jobs.values() if j.state == "RUNNING" and node in j.allocation
+                ]
+                return "".join(f"{j}\n" for j in running), 0
+            case ("squeue", *_):
+                return "1000 1000\n", 0
+            case ("scontrol", "requeue", job_id):
+                job = fleet.jobs[job_id]
+                if job.state == "PENDING":
+                    return f"scontrol: error: Job {job_id} is pending execution", 1
+                fleet.changed()
+                fleet.requeues += 1
+                job.state, job.restarts, job.runs_at = (
+                    "PENDING",
+                    job.restarts + 1,
+                    fleet.now + RESTART_SECONDS,
+                )
+                return "", 0
+            case ("scontrol", "update", jobid, exc, *_) if jobid.startswith("JobId="):
+                job = fleet.jobs[jobid.removeprefix("JobId=")]
+                excluded = (
+                    set(expand_hostlist(exc.removeprefix("ExcNodeList="))) if exc != "ExcNodeList=" else set()
+                )
+                fleet.changed()
+                fleet.healthy_excluded |= {n for n in excluded - job.exc if fleet.healthy(n)}
+                job.exc = excluded
+                return "", 0
+            case ("scontrol", "show", "hostnames", hostlist):
+                return "".join(f"{n}\n" for n in expand_hostlist(hostlist)), 0
+            case ("setpriv", *rest) if "tail" in rest:
+                return self._log(rest[-1])
+            case ("tail", *rest):
+                return self._log(rest[-1])
+            case ("scontrol", "show", "node", "-o", name):
+                base = "IDLE"
+                flags = "+DRAIN" if name in fleet.drained else ""
+                return f"NodeName={name} Arch=x86_64 State={base}{flags} Partitions=gpu\n", 0
+            case ("scontrol", "show", "partition", "-o", part):
+                return f"PartitionName={part} Nodes=gpu[00000-{fleet.size - 1:05d}] State=UP\n", 0
+            case ("scontrol", "update", node_arg, "State=DRAIN", _):
+                fleet.changed()
+                fleet.drained.add(node_arg.removeprefix("NodeName="))
+                return "", 0
+            case ("scontrol", "update", node_arg, "State=RESUME"):
+                fleet.changed()
+                fleet.drained.discard(node_arg.removeprefix("NodeName="))
+                return "", 0
+            case ("scontrol", "reboot", "ASAP", "nextstate=DOWN", _, name):
+                fleet.changed()
+                fleet.drained.add(name)
+                return "", 0
+        return f"unexpected command {argv}", 1
+
+    def _log(self, path: str) -> tuple[str, int]:
+        match = re.search(r"/(\d+)\.out$", path)
+        job = self.fleet.jobs.get(match.group(1)) if match else None
+        return (job.log + "\n", 0) if job else (f"tail: cannot open '{path}'", 1)
+
+
+class NoNodeShell:
+    """A node's shell for validation: the storm's nodes are never validated within the horizon."""
+
+    def run(self, argv: Any, timeout: float | None = None) -> CommandResult:
+        return CommandResult(tuple(argv), " ".join(argv), 0, "absent\n", "", 0.01)
+
+    def close(self) -> None:
+        pass
+
+
+class FleetPrometheus:
+    """Re-checks: an alert fires while its cause lasts; a job progresses when it runs and the cause is gone."""
+
+    name = "prometheus"
+
+    def __init__(self, fleet: Fleet, firing: dict[str, dict[str, str]]):
+        self.fleet, self.firing = fleet, firing
+
+    def query(self, expr: str, at: datetime | None = None) -> list[Sample]:
+        job_id = re.search(r'slurm_job_id="(\d+)"', expr)
+        if "training_step_total" in expr or "training_samples_total" in expr:
+            job = self.fleet.jobs.get(job_id.group(1)) if job_id else None
+            progressing = job is not None and job.state == "RUNNING" and job.fails_at < 0
+            if "changes(" in expr and "== 0" in expr:
+                return []
+            return [Sample({"slurm_job_id": job.job_id}, 1.0, 0.0)] if progressing and job else []
+        host = re.search(r'Hostname="([^"]+)"', expr)
+        for labels in self.firing.values():
+            same_host = host is None or labels.get("Hostname") == host.group(1)
+            if same_host and (job_id is None or labels.get("slurm_job_id") == job_id.group(1)):
+                return [Sample(dict(labels), 1.0, 0.0)]
+        return []
+
+    def ready(self) -> bool:
+        return True
+
+
+class Messages:
+    """The notification webhook: every message Nightshift sends, and when."""
+
+    def __init__(self, fleet: Fleet) -> None:
+        self.fleet = fleet
+        self.bodies: list[dict[str, Any]] = []
+        self.first_at: float | None = None
+
+    def post_json(self, url: str, body: dict[str, Any], headers: Any = None) -> int:
+        if self.first_at is None:
+            self.first_at = self.fleet.now
+        self.bodies.append(body)
+        return 200
+
+    @property
+    def pages(self) -> int:
+        return sum(1 for b in self.bodies if b.get("nightshift", {}).get("outcome") in OUTCOMES_FOR_A_PERSON)
+
+
+class SimClock:
+    """Simulated time that advances with the real time spent and jumps when nothing is due."""
+
+    def __init__(self, fleet: Fleet):
+        self.fleet = fleet
+        self.origin = time.perf_counter()
+        self.skipped = 0.0
+
+    def tick(self) -> None:
+        self.fleet.now = time.perf_counter() - self.origin + self.skipped
+
+    def now(self) -> datetime:
+        self.tick()
+        return START + timedelta(seconds=self.fleet.now)
+
+    def sleep(self, seconds: float) -> None:
+        self.skipped += seconds
+        self.tick()
+
+
+# --- scenarios ---------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    description: str
+    nodes: int
+    build: Callable[[argparse.Namespace], tuple[Fleet, list[dict[str, Any]]]]
+
+
+def stamp(at: float) -> str:
+    return (START + timedelta(seconds=at)).isoformat().replace("+00:00", "Z")
+
+
+def rank_alert(job: SimJob, node: str, rank: int, error_class: str) -> dict[str, Any]:
+    labels = {
+        "alertname": "TrainingJobError",
+        "severity": "critical",
+        "slurm_job_id": job.job_id,
+        "train_job": f"train-{job.job_id}",
+        "Hostname": node,
+        "instance": f"{node}:9400{rank % RANKS_PER_NODE}",
+        "rank": str(rank),
+        "error_class": error_class,
+        "job": "training",
+    }
+    return {"labels": labels, "at": 0.0}
+
+
+def exporter_alert(node: str) -> dict[str, Any]:
+    labels = {
+        "alertname": "DcgmExporterDown",
+        "severity": "warning",
+        "Hostname": node,
+        "instance": f"{node}:9400",
+        "job": "dcgm-exporter",
+    }
+    return {"labels": labels, "at": 30.0}
+
+
+def job_alerts(job: SimJob, nodes: Sequence[str], error_class: str) -> list[dict[str, Any]]:
+    index = {n: i for i, n in enumerate(job.allocation)}
+    return [
+        rank_alert(job, node, index[node] * RANKS_PER_NODE + r, error_class)
+        for node in nodes
+        for r in range(RANKS_PER_NODE)
+    ]
+
+
+def leaf_log(job: SimJob, loggers: Sequence[int], peers: Sequence[int], now: float) -> str:
+    """The tail of the job's output: ranks on the nodes ``loggers`` each lose a peer on ``peers`` (in turn)."""
+    parts = []
+    for k, logger in enumerate(loggers):
+        ctx = logtext.Context(
+            hostname=node_name(logger), pid=4242 + k, job=f"train-{job.job_id}", step=1200, rank=8 * k
+        )
+        text = logtext.peer_lost(ctx, now, "x")
+        parts.append(text.replace(logtext.ib_address("x"), ib_address(peers[k % len(peers)])))
+    return "\n".join(parts)
+
+
+def storage_log(job: SimJob) -> str:
+    ctx = logtext.Context(hostname=job.allocation[0], pid=4242, job=f"train-{job.job_id}", step=1200)
+    return logtext.storage_io(ctx)
+
+
+def _fleet(size: int, jobs: list[SimJob], dead_leaf: set[str], cause: str, args: argparse.Namespace) -> Fleet:
+    return Fleet(size, {j.job_id: j for j in jobs}, dead_leaf, cause, args.outage_minutes * 60.0)
+
+
+def leaf_one_job(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    size = 4 * LEAF_NODES  # leaves 0..3; the job on leaves 0 and 1; leaf 1 dies
+    job = SimJob("1000", [node_name(i) for i in range(2 * LEAF_NODES)])
+    dead = {node_name(i) for i in range(LEAF_NODES, 2 * LEAF_NODES)}
+    fleet = _fleet(size, [job], dead, "leaf", args)
+    job.log = leaf_log(
+        job, [0, 9, 17, 33], [LEAF_NODES + 3, LEAF_NODES + 12, LEAF_NODES + 40, LEAF_NODES + 51], 0.0
+    )
+    job.state = "FAILED"
+    return fleet, job_alerts(job, job.allocation[:LEAF_NODES], "nccl")
+
+
+def _eight_jobs(args: argparse.Namespace) -> tuple[Fleet, list[SimJob]]:
+    # Leaf 1 (nodes 64..127) dies; job k has 4 nodes behind it and 4 on leaf 0.
+    size = 4 * LEAF_NODES
+    jobs = []
+    for k in range(8):
+        behind = [node_name(LEAF_NODES + 4 * k + i) for i in range(4)]
+        before = [node_name(4 * k + i) for i in range(4)]
+        jobs.append(SimJob(str(2000 + k), before + behind))
+    dead = {node_name(i) for i in range(LEAF_NODES, 2 * LEAF_NODES)}
+    fleet = _fleet(size, jobs, dead, "leaf", args)
+    for k, job in enumerate(jobs):
+        job.log = leaf_log(job, [4 * k, 4 * k + 2], [LEAF_NODES + 4 * k + 1, LEAF_NODES + 4 * k + 3], 0.0)
+        job.state = "FAILED"
+    return fleet, jobs
+
+
+def leaf_eight_jobs(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    fleet, jobs = _eight_jobs(args)
+    return fleet, [a for job in jobs for a in job_alerts(job, job.allocation, "nccl")]
+
+
+def leaf_exporters(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    fleet, jobs = _eight_jobs(args)
+    alerts = [a for job in jobs for a in job_alerts(job, job.allocation, "nccl")]
+    return fleet, alerts + [exporter_alert(n) for n in sorted(fleet.dead_leaf)]
+
+
+def storage(nodes: int) -> Callable[[argparse.Namespace], tuple[Fleet, list[dict[str, Any]]]]:
+    def build(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+        jobs = [SimJob(str(10_000 + k), [node_name(8 * k + i) for i in range(8)]) for k in range(nodes // 8)]
+        fleet = _fleet(nodes + 2 * LEAF_NODES, jobs, set(), "storage", args)
+        for job in jobs:
+            job.log, job.state = storage_log(job), "FAILED"
+        return fleet, [a for job in jobs for a in job_alerts(job, job.allocation, "storage_io")]
+
+    return build
+
+
+SCENARIOS = [
+    Scenario("leaf-1job", "a leaf under 64 of one 128-node job's nodes", 256, leaf_one_job),
+    Scenario("leaf-8jobs", "the same leaf under 8 jobs of 8 nodes", 256, leaf_eight_jobs),
+    Scenario("leaf-exporters", "the leaf, and its 64 exporters silent", 256, leaf_exporters),
+    Scenario("storage-1000", "storage outage under 1,000 nodes (125 jobs)", 1000, storage(1000)),
+    Scenario("storage-2000", "storage outage under 2,000 nodes (250 jobs)", 2000, storage(2000)),
+    Scenario("storage-10000", "storage outage under 10,000 nodes (1,250 jobs)", 10_000, storage(10_000)),
+]
+
+
+# --- Alertmanager's side -----------------------------------------------------------------------------------------
+
+GROUP_BY = ("alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod")
+
+
+def fingerprint(labels: dict[str, str]) -> str:
+    return f"{abs(hash(json.dumps(labels, sort_keys=True))):016x}"
+
+
+def bodies(alerts: Sequence[dict[str, Any]], status: str, starts: dict[str, float], now: float) -> list[str]:
+    """Webhook bodies, one per Alertmanager group (alerts/alertmanager.yml's group_by)."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for a in alerts:
+        groups.setdefault(tuple(a["labels"].get(k, "") for k in GROUP_BY), []).append(a)
+    out = []
+    for key, members in groups.items():
+        items = [
+            {
+                "status": status,
+                "labels": a["labels"],
+                "annotations": {"summary": a["labels"]["alertname"]},
+                "startsAt": stamp(starts[fingerprint(a["labels"])]),
+                "endsAt": stamp(now) if status == "resolved" else "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": fingerprint(a["labels"]),
+            }
+            for a in members
+        ]
+        group_labels = {k: v for k, v in zip(GROUP_BY, key, strict=True) if v}
+        out.append(
+            json.dumps(
+                {
+                    "version": "4",
+                    "groupKey": json.dumps(group_labels, sort_keys=True),
+                    "truncatedAlerts": 0,
+                    "status": status,
+                    "receiver": "nightshift",
+                    "groupLabels": group_labels,
+                    "commonLabels": group_labels,
+                    "commonAnnotations": {},
+                    "externalURL": "http://alertmanager",
+                    "alerts": items,
+                }
+            )
+        )
+    return out
+
+
+# --- one run -----------------------------------------------------------------------------------------------------
+
+
+def write_topology(fleet: Fleet, workdir: Path) -> Path:
+    """topology.conf: leaves of LEAF_NODES nodes under one spine."""
+    leaves = range((fleet.size + LEAF_NODES - 1) // LEAF_NODES)
+    lines = [
+        f"SwitchName=leaf{k} Nodes=gpu[{k * LEAF_NODES:05d}-{min(fleet.size, (k + 1) * LEAF_NODES) - 1:05d}]"
+        for k in leaves
+    ]
+    lines.append(f"SwitchName=spine Switches=leaf[0-{len(leaves) - 1}]")
+    path = workdir / "topology.conf"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_addresses(fleet: Fleet, workdir: Path) -> Path:
+    """Each node's InfiniBand address, as its peers' NCCL lines print it."""
+    path = workdir / "addresses.yaml"
+    path.write_text("".join(f"{node_name(i)}: [{ib_address(i)}]\n" for i in range(fleet.size)))
+    return path
+
+
+def build_engine_for(
+    fleet: Fleet, firing: dict[str, dict[str, str]], workdir: Path
+) -> tuple[Engine, Messages]:
+    messages = Messages(fleet)
+    registry = default_registry()
+    settings = Settings(data_dir=str(workdir))
+    settings.notify.webhook_url = "http://people.example/hook"
+    settings.slurm.host = "slurm-login"
+    if hasattr(settings, "fleet"):  # the topology, where the code reads one
+        settings.fleet.topology_file = str(write_topology(fleet, workdir))
+        settings.fleet.addresses_file = str(write_addresses(fleet, workdir))
+    clock = SimClock(fleet)
+    clients = Clients(
+        settings,
+        slurm=SlurmClient(FleetSlurm(fleet)),
+        prometheus=FleetPrometheus(fleet, firing),
+        http=messages,
+        **{f"node:{node_name(i)}": NoNodeShell() for i in range(fleet.size)},
+    )
+    store = Store.from_url(settings.resolved_store_url, clock)
+    store.create_schema()
+    grants = [a.name for a in registry if a.name.startswith(("slurm.", "checkpoint.")) and not a.read_only]
+    engine = Engine(
+        EngineDeps(
+            settings=settings,
+            store=store,
+            playbooks=load_playbooks([REPO / "playbooks"], registry),
+            registry=registry,
+            permissions=Permissions(Grant(action=name) for name in grants),
+            clients=clients,
+            clock=clock,
+            metrics=Metrics(),
+            diagnose=diagnose,
+        )
+    )
+    engine.deps.clock = clock
+    return engine, messages
+
+
+def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    fleet, alerts = scenario.build(args)
+    firing: dict[str, dict[str, str]] = {}
+    engine, messages = build_engine_for(fleet, firing, workdir)
+    clock: SimClock = engine.deps.clock  # type: ignore[assignment]
+    starts: dict[str, float] = {}
+    horizon = args.horizon_minutes * 60.0
+    clock.sleep(DELIVERY_AT)
+    first_alert_at = fleet.now
+    for a in alerts:
+        starts[fingerprint(a["labels"])] = first_alert_at - 30.0 + a["at"]
+        firing[fingerprint(a["labels"])] = a["labels"]
+    pending = bodies(alerts, "firing", starts, fleet.now)
+    accept_cpu = ingest_cpu = 0.0
+    accepted = 0
+    delivered_alerts = 0
+    resolved_sent = False
+    while fleet.now < horizon:
+        clock.tick()
+        if pending:
+            begin = time.process_time()
+            for body in pending:
+                notification = parse_notification(body)
+                engine.accept(notification, body.encode())
+                accepted += 1
+                delivered_alerts += len(notification.alerts)
+            accept_cpu += time.process_time() - begin
+            pending = []
+        if not fleet.cause_live and not resolved_sent:
+            resolved_sent = True
+            done = [{"labels": labels} for labels in firing.values()]
+            firing.clear()
+            pending = bodies(done, "resolved", starts, fleet.now)
+            continue
+        begin = time.process_time()
+        ingested = engine.inbox.ingest_next()
+        ingest_cpu += time.process_time() - begin
+        ticked = engine.lifecycle.work_once("storm")
+        repaired = engine.repairs.work_once("storm")
+        refail = advance_jobs(fleet, firing, starts)
+        if refail:
+            pending = bodies(refail, "firing", starts, fleet.now)
+        if ingested is None and ticked is None and repaired is None and not pending:
+            clock.sleep(IDLE_TICK)
+    incidents = engine.incidents(limit=100_000)
+    engine.deps.store.dispose()
+    first_action = min((t for t in (fleet.first_change_at, messages.first_at) if t is not None), default=None)
+    ingest_total = accept_cpu + ingest_cpu
+    return {
+        "scenario": scenario.name,
+        "description": scenario.description,
+        "nodes": scenario.nodes,
+        "jobs": len(fleet.jobs),
+        "alerts": len(alerts),
+        "alerts_delivered": delivered_alerts,
+        "notifications": accepted,
+        "accept_cpu_s": round(accept_cpu, 3),
+        "ingest_cpu_s": round(ingest_cpu, 3),
+        "alerts_per_cpu_s": round(delivered_alerts / ingest_total, 1) if ingest_total else None,
+        "first_action_s": round(first_action - first_alert_at, 2) if first_action is not None else None,
+        "incidents": len(incidents),
+        "incidents_by_kind": _count(incidents, "kind"),
+        "pages": messages.pages,
+        "messages": len(messages.bodies),
+        "requeues": fleet.requeues,
+        "requeues_into_outage": fleet.requeues_into_outage,
+        "healthy_nodes_excluded": len(fleet.healthy_excluded),
+        "nodes_drained": len(fleet.drained),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "floor_alerts_per_cpu_s": floor(bodies(alerts, "firing", starts, first_alert_at), workdir),
+    }
+
+
+def _count(rows: list[dict[str, Any]], key: str) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[str(row.get(key))] = counts.get(str(row.get(key)), 0) + 1
+    return counts
+
+
+def advance_jobs(
+    fleet: Fleet, firing: dict[str, dict[str, str]], starts: dict[str, float]
+) -> list[dict[str, Any]]:
+    """Requeued jobs start when their wait is over; one that starts while the cause lasts fails again."""
+    again: list[dict[str, Any]] = []
+    for job in fleet.jobs.values():
+        if job.state == "PENDING" and 0 <= job.runs_at <= fleet.now:
+            job.state, job.runs_at = "RUNNING", -1.0
+            job.allocation = [n for n in job.allocation if n not in job.exc]
+            meets_it = fleet.cause == "storage" or bool(fleet.dead_leaf.intersection(job.allocation))
+            if fleet.cause_live and meets_it:
+                fleet.requeues_into_outage += 1
+                job.fails_at = fleet.now + REFAIL_SECONDS
+        elif job.state == "RUNNING" and 0 <= job.fails_at <= fleet.now:
+            job.fails_at = -1.0
+            if not fleet.cause_live:
+                continue
+            job.state = "FAILED"
+            nodes = [n for n in job.allocation if n not in fleet.dead_leaf] or job.allocation
+            for a in job_alerts(job, nodes, "storage_io" if fleet.cause == "storage" else "nccl"):
+                key = fingerprint(a["labels"])
+                starts[key] = fleet.now
+                firing[key] = a["labels"]
+                again.append(a)
+    return again
+
+
+def floor(payloads: Sequence[str], workdir: Path) -> float:
+    """Alerts per CPU-second to parse the same bodies and insert their alerts into SQLite, a commit a body."""
+    db = sqlite3.connect(workdir / "floor.db", isolation_level=None)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.execute(
+        "CREATE TABLE alerts (id INTEGER PRIMARY KEY, fingerprint TEXT, starts_at TEXT, status TEXT, labels TEXT)"
+    )
+    alerts = 0
+    begin = time.process_time()
+    for body in payloads:
+        doc = json.loads(body)
+        db.execute("BEGIN IMMEDIATE")
+        db.executemany(
+            "INSERT INTO alerts (fingerprint, starts_at, status, labels) VALUES (?, ?, ?, ?)",
+            [(a["fingerprint"], a["startsAt"], a["status"], json.dumps(a["labels"])) for a in doc["alerts"]],
+        )
+        db.execute("COMMIT")
+        alerts += len(doc["alerts"])
+    spent = time.process_time() - begin
+    db.close()
+    return round(alerts / spent, 1)
+
+
+def _child(scenario: Scenario, args: argparse.Namespace, conn: Any) -> None:
+    with tempfile.TemporaryDirectory(prefix=f"bench-storm-{scenario.name}-") as tmp:
+        conn.send(run_scenario(scenario, args, Path(tmp)))
+    conn.close()
+
+
+def run_isolated(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]:
+    """One scenario in a child process of its own, so that its peak RSS is its own."""
+    context = multiprocessing.get_context("fork")
+    parent, child = context.Pipe(duplex=False)
+    process = context.Process(target=_child, args=(scenario, args, child))
+    process.start()
+    child.close()
+    result = parent.recv()
+    process.join()
+    return result
+
+
+# --- the table ---------------------------------------------------------------------------------------------------
+
+
+def markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
+    lines = [
+        f"Storms through the inbox ({label}): `python -m bench.storm`. Alerts/s is alerts over the CPU seconds of "
+        "the webhook's accept and the worker's ingestion; the floor parses the same bodies and inserts them into "
+        "SQLite in the same run.",
+        "",
+        "| scenario | alerts | alerts/CPU-s | floor alerts/CPU-s | floor / Nightshift | first action s | incidents "
+        "| pages | requeues (restarts into the cause) | healthy nodes excluded | nodes drained | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        ratio = r["floor_alerts_per_cpu_s"] / r["alerts_per_cpu_s"] if r["alerts_per_cpu_s"] else float("nan")
+        first = f"{r['first_action_s']:.1f}" if r["first_action_s"] is not None else "none"
+        lines.append(
+            f"| {r['scenario']}: {r['description']} | {r['alerts_delivered']:,} | {r['alerts_per_cpu_s']:,.0f} "
+            f"| {r['floor_alerts_per_cpu_s']:,.0f} | {ratio:.1f}x | {first} | {r['incidents']} | {r['pages']} "
+            f"| {r['requeues']} ({r['requeues_into_outage']}) | {r['healthy_nodes_excluded']} "
+            f"| {r['nodes_drained']} | {r['peak_rss_mib']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_readme(table: str) -> None:
+    text = README.read_text()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN, 1)
+        _, tail = rest.split(END, 1)
+        README.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    else:
+        README.write_text(
+            text.rstrip("\n") + f"\n\n### Storms (`python -m bench.storm`)\n\n{BEGIN}\n{table}\n{END}\n"
+        )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    parser.add_argument("--outage-minutes", type=float, default=20.0)
+    parser.add_argument("--horizon-minutes", type=float, default=45.0)
+    parser.add_argument("--label", default="the code as it is now")
+    parser.add_argument("--out", type=Path, default=record.RESULTS / "storm.json")
+    parser.add_argument(
+        "--no-readme", action="store_true", help="do not rewrite the table in bench/README.md"
+    )
+    args = parser.parse_args(argv)
+    wanted = args.scenarios.split(",")
+    unknown = set(wanted) - {s.name for s in SCENARIOS}
+    if unknown:
+        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+    rows = []
+    for scenario in (s for s in SCENARIOS if s.name in wanted):
+        rows.append(run_isolated(scenario, args))
+        r = rows[-1]
+        print(
+            f"{r['scenario']}: {r['alerts_delivered']} alerts, {r['alerts_per_cpu_s']} alerts/CPU-s "
+            f"(floor {r['floor_alerts_per_cpu_s']}), first action {r['first_action_s']} s, "
+            f"{r['incidents']} incidents, {r['pages']} pages, {r['requeues']} requeues, "
+            f"{r['healthy_nodes_excluded']} healthy excluded, {r['peak_rss_mib']} MiB",
+            flush=True,
+        )
+    params = {k: v for k, v in vars(args).items() if k not in ("out", "no_readme")}
+    print(f"wrote {record.write(args.out, 'storm', params, {'rows': rows})}")
+    table = markdown(rows, args.label)
+    print(table)
+    if not args.no_readme:
+        write_readme(table)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

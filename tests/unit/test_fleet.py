@@ -1,0 +1,102 @@
+"""app/fleet.py: which job failures share one cause, the storm guard, the release jitter, the settings' bounds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from app.errors import ConfigError
+from app.fleet import FleetSettings, JobFailure, release_delay, shared_cause, storm_tripped
+from app.topology import parse_slurm
+
+T0 = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)
+TOPO = parse_slurm("SwitchName=leaf0 Nodes=n[0-7]\nSwitchName=leaf1 Nodes=n[8-15]\n")
+SETTINGS = FleetSettings(min_jobs=3, window_seconds=300)
+
+
+def failure(i: int, category: str | None, culprits: set[str] = frozenset(), seconds: int = 0) -> JobFailure:
+    return JobFailure(i, f"slurm/{100 + i}", T0 + timedelta(seconds=seconds), category, frozenset(culprits))
+
+
+@pytest.mark.parametrize(
+    ("me", "others", "key", "members"),
+    [
+        # three jobs with storage I/O errors in the window: one storage cause
+        (
+            failure(1, "storage_io"),
+            [failure(2, "storage_io"), failure(3, "storage_io", seconds=200)],
+            "storage_io",
+            (1, 2, 3),
+        ),
+        # two are not enough; one outside the window does not count
+        (
+            failure(1, "storage_io"),
+            [failure(2, "storage_io"), failure(3, "storage_io", seconds=400)],
+            None,
+            (),
+        ),
+        # the same category is needed: an OOM is the job's own
+        (failure(1, "cuda_oom"), [failure(2, "cuda_oom"), failure(3, "cuda_oom")], None, ()),
+        (failure(1, "storage_io"), [failure(2, "cuda_oom"), failure(3, "storage_io")], None, ()),
+        # culprits of two jobs all behind leaf1: one switch cause
+        (
+            failure(1, "nccl_network", {"n9"}),
+            [failure(2, None, {"n10", "n11"}), failure(3, None, {"n2"})],
+            "switch:leaf1",
+            (1, 2),
+        ),
+        # one job, more culprits than the limit, all behind one leaf: the leaf
+        (failure(1, "nccl_network", {"n9", "n12", "n13"}), [], "switch:leaf1", (1,)),
+        # two culprits (the limit): the nodes themselves
+        (failure(1, "nccl_network", {"n9", "n12"}), [], None, ()),
+        # two jobs' single culprits on one leaf: two nodes' own faults
+        (failure(1, "gpu_hardware", {"n9"}), [failure(2, "gpu_hardware", {"n10"})], None, ()),
+        # one culprit, nobody else behind its leaf: the node's own fault
+        (failure(1, "gpu_hardware", {"n9"}), [failure(2, None, {"n2"})], None, ()),
+        # culprits across leaves: no shared domain
+        (failure(1, "nccl_network", {"n1", "n9", "n10"}), [], None, ()),
+    ],
+)
+def test_shared_cause(me, others, key, members):
+    cause = shared_cause(me, others, TOPO, SETTINGS)
+    assert (cause.key if cause else None) == key
+    assert (cause.incidents if cause else ()) == members
+
+
+def test_the_same_job_never_counts_twice():
+    again = [failure(1, "storage_io"), failure(1, "storage_io")]
+    assert shared_cause(failure(1, "storage_io"), again, TOPO, SETTINGS) is None
+
+
+def test_release_jitter_is_stable_and_bounded():
+    delays = [release_delay(i, 120) for i in range(200)]
+    assert delays == [release_delay(i, 120) for i in range(200)]
+    assert all(timedelta(0) <= d < timedelta(seconds=120) for d in delays)
+    assert len(set(delays)) > 50  # spread, not one stampede
+    assert release_delay(7, 0) == timedelta(0)
+
+
+def test_storm_guard_counts_restarts_in_its_window():
+    s = FleetSettings(storm_max_restarts=3, storm_window_seconds=600)
+    recent = [T0 - timedelta(seconds=s) for s in (10, 20)]
+    assert not storm_tripped(recent, T0, s)
+    assert storm_tripped([*recent, T0 - timedelta(seconds=30)], T0, s)
+    assert not storm_tripped([*recent, T0 - timedelta(seconds=700)], T0, s)
+    assert not storm_tripped(recent * 10, T0, FleetSettings(storm_max_restarts=0))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("min_jobs", 1),
+        ("window_seconds", 0),
+        ("release_jitter_seconds", -1),
+        ("max_domain_nodes", 0),
+        ("storm_max_restarts", -1),
+        ("recheck_seconds", 100_000),
+    ],
+)
+def test_settings_out_of_bounds_are_refused(field, value):
+    with pytest.raises(ConfigError, match=f"fleet.{field}"):
+        FleetSettings(**{field: value})
