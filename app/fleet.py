@@ -70,8 +70,9 @@ class JobFailure:
     incident_id: int
     job: str
     opened_at: datetime
-    category: str | None  # the diagnosis category, None before the diagnosis
+    category: str | None  # the diagnosis category (before it, the alert's error_class), None: unknown
     culprits: frozenset[str] = frozenset()
+    diagnosed: bool = True
 
 
 @dataclass(frozen=True)
@@ -123,6 +124,17 @@ def shared_cause(
         summary=f"{len(members)} job(s) with culprits all behind {domain.label} ({len(domain.nodes)} nodes)",
         incidents=members,
     )
+
+
+def may_share(failure: JobFailure, others: Iterable[JobFailure], settings: FleetSettings) -> bool:
+    """Whether ``failure`` could still turn out to share its cause once the other jobs of its window are
+    diagnosed: enough of them are undiagnosed, or diagnosed with its category, to make ``min_jobs``."""
+    if failure.category not in SHARED_CATEGORIES:
+        return False
+    window = timedelta(seconds=settings.window_seconds)
+    near = [f for f in others if f.job != failure.job and abs(f.opened_at - failure.opened_at) <= window]
+    pending = [f for f in near if not f.diagnosed or f.category == failure.category]
+    return any(not f.diagnosed for f in near) and len(pending) + 1 >= settings.min_jobs
 
 
 def release_delay(incident_id: int, jitter_seconds: int) -> timedelta:

@@ -26,6 +26,9 @@ from app.topology import EMPTY, Topology, TopologyError, parse_slurm, peer_nodes
 HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
 MAX_ADDRESSED_NODES = 100_000  # nodes in fleet.addresses_file
+DIAGNOSIS_WAIT = timedelta(
+    seconds=5
+)  # a job that may share its cause waits this long for the others' diagnoses
 
 Notify = Callable[[int, str, str, dict[str, Any]], Any]
 
@@ -34,7 +37,9 @@ def _failure(row: records.Row) -> fleet.JobFailure:
     diagnosis = row.get("diagnosis") or {}
     category = diagnosis.get("category") or (row.get("labels") or {}).get("error_class")
     culprits = frozenset(c["node"] for c in row.get("culprits") or () if c.get("confirmed") is not False)
-    return fleet.JobFailure(row["id"], row.get("job") or "", row["opened_at"], category, culprits)
+    return fleet.JobFailure(
+        row["id"], row.get("job") or "", row["opened_at"], category, culprits, diagnosed=bool(diagnosis)
+    )
 
 
 class FleetHolds:
@@ -85,19 +90,11 @@ class FleetHolds:
     def hold(self, inc: records.Row) -> datetime | None:
         """When to look at ``inc`` again if its recovery is held by a shared cause; None: go on with it."""
         deps, settings = self.deps, self.deps.settings.fleet
-        if inc["kind"] != IncidentKind.JOB:
-            return None
+        failure = _failure(inc)
+        if inc["kind"] != IncidentKind.JOB or failure.category not in fleet.SHARED_CATEGORIES:
+            return None  # a domain's jobs are recovered off it (exclusion: widen), not held
         now = deps.clock.now()
-        with deps.store.read() as conn:
-            others = [
-                _failure(r)
-                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
-            ]
-        cause = fleet.shared_cause(_failure(inc), others, self.topology, settings)
-        if cause is None or cause.kind != "storage":
-            return None  # a domain's jobs are recovered off it (exclusion), not held
-        key = f"fleet:{cause.key}"
+        key = f"fleet:{failure.category}"
         with deps.store.read() as conn:
             record = records.get_control(conn, key)
             resolved = _all_resolved(records.get_alerts_for_incident(conn, inc["id"]))
@@ -109,20 +106,55 @@ class FleetHolds:
             else:
                 due = cleared + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
                 return None if now >= due else due
-        if record is None:
-            record = {
-                "summary": cause.summary,
-                "opened_at": now.isoformat(),
-                "incidents": [],
-                "cleared_at": None,
-            }
-            self._open(inc, key, record, cause)
+        if record is None or inc["id"] not in record["incidents"]:
+            with deps.store.read() as conn:
+                others = [
+                    _failure(r)
+                    for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
+                    if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
+                ]
+            cause = fleet.shared_cause(failure, others, self.topology, settings)
+            if cause is None:
+                # The other jobs of the window may not be diagnosed yet: wait for them, inside the window only.
+                if now >= inc["opened_at"] + window or not fleet.may_share(failure, others, settings):
+                    return None
+                reason = (
+                    f"{failure.category}: waiting for the diagnoses of the other jobs failing in the window"
+                )
+                with deps.store.transaction() as conn:
+                    if inc["reason"] != reason:
+                        transitions.wait(conn, now, inc, reason, kind="fleet_wait")
+                return now + DIAGNOSIS_WAIT
+            if record is None:
+                record = {
+                    "summary": cause.summary,
+                    "opened_at": now.isoformat(),
+                    "incidents": [],
+                    "cleared_at": None,
+                }
+                self._open(inc, key, record, cause)
         if resolved:
-            self._clear(inc, key, record, now)
+            self._clear(inc, key, record, now, f"the alerts of incident #{inc['id']} resolved")
             return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
         if inc["id"] not in record["incidents"]:
             self._join(inc, key, record, now)
         return now + timedelta(seconds=settings.recheck_seconds)
+
+    def release(self, cause: str, by: str) -> dict[str, Any]:
+        """A person says the shared cause ``cause`` (e.g. ``storage_io``) is over: its held jobs are released."""
+        key = f"fleet:{cause}"
+        now = self.deps.clock.now()
+        with self.deps.store.read() as conn:
+            record = records.get_control(conn, key)
+        if record is None:
+            raise LookupError(f"no fleet incident {cause}")
+        if record.get("cleared_at"):
+            raise ValueError(f"fleet incident {cause} already cleared at {record['cleared_at']}")
+        self._clear(None, key, record, now, f"released by {by}")
+        with self.deps.store.transaction() as conn:
+            for incident_id in record["incidents"]:
+                records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+        return record
 
     def _open(
         self, inc: records.Row, key: str, record: dict[str, Any], cause: fleet.SharedCause, held: bool = True
@@ -154,17 +186,19 @@ class FleetHolds:
             records.set_control(conn, key, record, now)
             transitions.wait(conn, now, inc, reason, kind="fleet_hold")
 
-    def _clear(self, inc: records.Row, key: str, record: dict[str, Any], now: datetime) -> None:
+    def _clear(
+        self, inc: records.Row | None, key: str, record: dict[str, Any], now: datetime, why: str
+    ) -> None:
         record["cleared_at"] = now.isoformat()
+        jitter = self.deps.settings.fleet.release_jitter_seconds
         with self.deps.store.transaction() as conn:
             records.set_control(conn, key, record, now)
             records.record(
                 conn,
                 now,
                 "fleet_cleared",
-                f"{key}: the alerts of incident #{inc['id']} resolved: {len(record['incidents'])} held job(s) "
-                f"released, spread over {self.deps.settings.fleet.release_jitter_seconds}s",
-                incident_id=inc["id"],
+                f"{key}: {why}: {len(record['incidents'])} held job(s) released, spread over {jitter}s",
+                incident_id=inc["id"] if inc is not None else None,
                 data=record,
             )
 

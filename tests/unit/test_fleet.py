@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.errors import ConfigError
-from app.fleet import FleetSettings, JobFailure, release_delay, shared_cause, storm_tripped
+from app.fleet import FleetSettings, JobFailure, may_share, release_delay, shared_cause, storm_tripped
 from app.topology import parse_slurm
 
 T0 = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)
@@ -100,3 +100,12 @@ def test_storm_guard_counts_restarts_in_its_window():
 def test_settings_out_of_bounds_are_refused(field, value):
     with pytest.raises(ConfigError, match=f"fleet.{field}"):
         FleetSettings(**{field: value})
+
+
+def test_a_storage_failure_waits_for_the_undiagnosed_jobs_of_its_window():
+    undiagnosed = [JobFailure(i, f"slurm/{i}", T0, "nccl", diagnosed=False) for i in (2, 3)]
+    assert may_share(failure(1, "storage_io"), undiagnosed, SETTINGS)
+    assert not may_share(failure(1, "storage_io"), undiagnosed[:1], SETTINGS)  # 2 jobs at most
+    assert not may_share(failure(1, "cuda_oom"), undiagnosed, SETTINGS)
+    diagnosed = [failure(2, "cuda_oom"), failure(3, "cuda_oom")]
+    assert not may_share(failure(1, "storage_io"), diagnosed, SETTINGS)
