@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from sqlalchemy import Connection
 
 from app import fleet
 from app.engine import transitions
@@ -26,6 +27,7 @@ from app.topology import EMPTY, Topology, TopologyError, parse_slurm, peer_nodes
 HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
 MAX_ADDRESSED_NODES = 100_000  # nodes in fleet.addresses_file
+RESTARTS, STORM_NOTIFIED = "fleet_restarts", "fleet_storm_notified_at"
 DIAGNOSIS_WAIT = timedelta(
     seconds=5
 )  # a job that may share its cause waits this long for the others' diagnoses
@@ -139,6 +141,46 @@ class FleetHolds:
         if inc["id"] not in record["incidents"]:
             self._join(inc, key, record, now)
         return now + timedelta(seconds=settings.recheck_seconds)
+
+    def storm_wait(self, inc: records.Row) -> datetime | None:
+        """The fleet's storm guard: when ``fleet.storm_max_restarts`` jobs were restarted within the storm window,
+        when this job's restart may go ahead (it waits, told once a window); None: now. Jobs released by a cleared
+        fleet incident are not counted against it (their cause is known and over)."""
+        settings = self.deps.settings.fleet
+        if inc["kind"] != IncidentKind.JOB or settings.storm_max_restarts == 0 or is_held(inc):
+            return None
+        now = self.deps.clock.now()
+        with self.deps.store.read() as conn:
+            restarts = [datetime.fromisoformat(t) for t in records.get_control(conn, RESTARTS) or []]
+        if not fleet.storm_tripped(restarts, now, settings):
+            return None
+        window = timedelta(seconds=settings.storm_window_seconds)
+        until = min(t for t in restarts if t > now - window) + window
+        reason = (
+            f"fleet storm guard: {settings.storm_max_restarts} job restarts within {settings.storm_window_seconds}s; "
+            f"job {inc['job']} waits until {until:%H:%M:%S}"
+        )
+        with self.deps.store.transaction() as conn:
+            notified = records.get_control(conn, STORM_NOTIFIED)
+            tell = not notified or datetime.fromisoformat(notified) <= now - window
+            if tell:
+                records.set_control(conn, STORM_NOTIFIED, now.isoformat(), now)
+            transitions.wait(conn, now, inc, reason, held_by_guard=True, kind="fleet_storm")
+        if tell:
+            self.notify(
+                inc["id"],
+                "[nightshift] fleet storm guard: job restarts paused",
+                f"{reason}. Many jobs failing at once usually share a cause Nightshift could not name; "
+                "a person should look.",
+                {"incident": inc["id"], "guard": "fleet_storm", "outcome": "needs_human"},
+            )
+        return until
+
+    def count_restart(self, conn: Connection, now: datetime) -> None:
+        """Count a job restart for the storm guard (in the caller's transaction); the newest few are kept."""
+        keep = max(1, self.deps.settings.fleet.storm_max_restarts)
+        restarts = [*(records.get_control(conn, RESTARTS) or []), now.isoformat()][-keep:]
+        records.set_control(conn, RESTARTS, restarts, now)
 
     def release(self, cause: str, by: str) -> dict[str, Any]:
         """A person says the shared cause ``cause`` (e.g. ``storage_io``) is over: its held jobs are released."""

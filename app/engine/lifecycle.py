@@ -310,7 +310,7 @@ class Lifecycle:
                     f"job {inc['job']} is {status.state}: it ended on purpose or normally, nothing to recover"
                 )
                 return self._close(inc, Closed.COMPLETED, reason)
-            held_until = self.fleet.hold(inc)
+            held_until = self.fleet.hold(inc) or self.fleet.storm_wait(inc)
             if held_until is not None:
                 return held_until
             exclusion = self._confirm_culprits(inc, status)
@@ -425,6 +425,8 @@ class Lifecycle:
         def start(conn: Connection, now: datetime) -> None:
             transitions.start_attempt(conn, now, inc, planned, playbook=playbook.name, note=note)
             self._request_repairs(conn, now, inc, _repairable(inc, exclude))
+            if inc["kind"] == IncidentKind.JOB:
+                self.fleet.count_restart(conn, now)
 
         self._transition(start)
         self._count_unrun(planned)

@@ -86,3 +86,19 @@ def test_a_person_releases_the_held_jobs(tmp_path):
     w.clock.advance(61)
     w.run()
     assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(JOBS)
+
+
+def test_the_storm_guard_counts_job_restarts_across_the_fleet(tmp_path):
+    three = dict(list(JOBS.items())[:3])
+    w = make_world(tmp_path, slurm=FakeSlurm(three))  # the jobs' own failures (NCCL), not a shared cause
+    w.engine.deps.settings.fleet.storm_max_restarts = 2
+    w.engine.deps.settings.fleet.storm_window_seconds = 600
+    w.send(*(firing(j) for j in three))
+    w.clock.advance(46)
+    w.run()
+    assert len(w.requeue.script.calls) == 2
+    waiting = [i for i in w.incidents() if i["reason"].startswith("fleet storm guard")]
+    assert len(waiting) == 1
+    w.clock.advance(601)
+    w.run()
+    assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(three)
