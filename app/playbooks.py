@@ -33,7 +33,16 @@ from app.config_documents import (
 )
 from app.errors import ParamError
 from app.matchers import Matcher, MatcherError, equality_value, matches_all, parse_matchers
-from app.params import K8S_NAME, K8S_NAMESPACE, NODE_NAME, SLURM_JOB_ID, Param, validate_params
+from app.params import (
+    K8S_NAME,
+    K8S_NAMESPACE,
+    NODE_NAME,
+    SLURM_JOB_ID,
+    SLURM_NODE_NAME,
+    SLURM_RESERVED,
+    Param,
+    validate_params,
+)
 from app.templates import (
     NAMESPACES,
     TemplateError,
@@ -70,6 +79,16 @@ TARGET_PARAMS: Mapping[str, Param] = {
     "partition": Param(required=False, pattern=r"[A-Za-z0-9_.-]{1,64}", description="Slurm partition"),
     "kind": Param(
         required=False, choices=("Job", "PyTorchJob", "JobSet"), description="Job, PyTorchJob or JobSet"
+    ),
+}
+
+# A Slurm target's job and node by Slurm's own rules, as the Slurm actions check them (app/actions/slurm.py): a job
+# id is numeric (an array or het-job suffix allowed), never a name (``all`` passed the generic job pattern as a
+# Kubernetes name); a node is one node and never the reserved ``ALL`` in any case.
+SLURM_TARGET_PARAMS: Mapping[str, Param] = {
+    "job": Param(required=False, pattern=SLURM_JOB_ID, description="Slurm job id"),
+    "node": Param(
+        required=False, pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, description="Slurm node (not ALL)"
     ),
 }
 
@@ -174,7 +193,12 @@ class Playbook:
         """
         context = {"labels": labels, "annotations": annotations}
         rendered = {key: render(text, context) for key, text in self.target.items()}
-        return validate_params("target", TARGET_PARAMS, rendered)
+        target = validate_params("target", TARGET_PARAMS, rendered)
+        if target.get("scheduler", "slurm") == "slurm":  # job_identity's default scheduler too
+            validate_params(
+                "target", SLURM_TARGET_PARAMS, {k: v for k, v in target.items() if k in ("job", "node")}
+            )
+        return target
 
 
 class PlaybookSet:

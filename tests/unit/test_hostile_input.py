@@ -559,3 +559,31 @@ def test_the_operator_name_header_is_decoded_as_utf8_and_loses_controls(tmp_path
     )
     assert answer.status_code == 200, answer.json
     assert app.extensions["nightshift"].engine.status()["pause"]["by"] == kept
+
+
+# A Slurm job identity or node name that Slurm reads as something else, or not as one job/node: refused at
+# ingestion (target_invalid, no incident), never an engine_error in the job-status read (issue 22 item 4).
+SLURM_TARGETS = {
+    "job_all_lower": ("slurm_job_id", "all"),
+    "job_all_upper": ("slurm_job_id", "ALL"),
+    "job_all_mixed": ("slurm_job_id", "All"),
+    "job_a_name": ("slurm_job_id", "train-llama"),
+    "job_hex": ("slurm_job_id", "0x10"),
+    "job_step": ("slurm_job_id", "1234.0"),
+    "node_all_lower": ("Hostname", "all"),
+    "node_all_upper": ("Hostname", "ALL"),
+}
+
+
+@pytest.mark.parametrize(("label", "value"), SLURM_TARGETS.values(), ids=SLURM_TARGETS.keys())
+def test_a_slurm_target_slurm_would_misread_is_refused_at_ingestion(app, label, value):
+    response = reader_client(app).post(
+        "/api/v1/alerts", data=body(alert({**xid(), label: value})), headers=headers()
+    )
+    assert response.status_code == 200, response.json
+    assert ingest_inbox(app).opened == []
+    app.extensions["nightshift"].engine.run_until_idle()
+    kinds = ledger_kinds(app)
+    assert "target_invalid" in kinds and "engine_error" not in kinds
+    for action in (*NAMING_ACTIONS, "fake.notice"):
+        assert calls(app, action) == [], action
