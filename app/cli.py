@@ -37,6 +37,15 @@ def _settings(config: str | None):
     return settings
 
 
+def _log_startup(settings: Any, engine: Any) -> None:
+    """The startup summary (app/startup.py), one INFO line each."""
+    from app.startup import startup_summary
+
+    log = logging.getLogger("app.startup")
+    for line in startup_summary(settings, len(engine.deps.playbooks), engine.deps.permissions):
+        log.info("%s", line)
+
+
 def main() -> None:
     logging.basicConfig(
         level=os.environ.get("NIGHTSHIFT_LOG_LEVEL", "INFO"),
@@ -58,6 +67,7 @@ def main() -> None:
 
 
 @click.group()
+@click.version_option(package_name="nightshift", message="nightshift %(version)s")
 def cli() -> None:
     """Nightshift keeps multi-day GPU training jobs alive: Alertmanager webhooks to guarded, audited remediation."""
 
@@ -85,7 +95,8 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
     os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(metrics_dir.resolve())
     from app import create_app, gunicorn_conf
 
-    create_app(settings)  # fail fast in the master on bad settings, playbooks or store
+    checked = create_app(settings)  # fail fast in the master on bad settings, playbooks or store
+    _log_startup(settings, checked.extensions["nightshift"].engine)
 
     class Server(BaseApplication):
         def load_config(self) -> None:
@@ -113,6 +124,100 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
     Server().run()
 
 
+INIT_SETTINGS = """\
+# Written by `nightshift init`. Every key: examples/settings.yaml. Relative paths are relative to this file.
+data_dir: var                        # the SQLite store, next to this file
+webhook: {{token_file: webhook.token}}   # Alertmanager sends this token (http_config.authorization)
+access: {{viewer_token_file: viewer.token}}   # reads: the API and the UI (Authorization: Bearer ...)
+operator_token_file: operator.token  # acting by hand: pause, resume, approve, release
+permissions_file: null               # advisory: nothing is granted, every change is recorded as "would run"
+prometheus: {{url: {prometheus}}}{prometheus_note}
+slurm: {{host: {slurm_host}}}{slurm_note}
+"""
+TOKENS = ("webhook", "viewer", "operator")
+
+
+@cli.command()
+@click.argument("directory", default="nightshift-config", type=click.Path(file_okay=False))
+@click.option(
+    "--prometheus", "prometheus_url", default=None, help="Prometheus URL (re-checks, verification)."
+)
+@click.option("--slurm-host", default=None, help="The Slurm login host Nightshift reaches over SSH.")
+@click.option("--force", is_flag=True, help="Overwrite an existing settings file and tokens.")
+def init(directory: str, prometheus_url: str | None, slurm_host: str | None, force: bool) -> None:
+    """Write DIRECTORY/settings.yaml (advisory) with three distinct random tokens beside it (webhook, viewer,
+    operator; mode 0600), check it loads, and print how to start and read it."""
+    import secrets
+
+    from app.config import load_settings
+
+    root = Path(directory)
+    files = [root / "settings.yaml", *(root / f"{name}.token" for name in TOKENS)]
+    existing = [str(path) for path in files if path.exists()]
+    if existing and not force:
+        raise click.UsageError(f"{', '.join(existing)} already exist(s); --force overwrites")
+    root.mkdir(parents=True, exist_ok=True)
+    for name in TOKENS:
+        path = root / f"{name}.token"
+        path.unlink(missing_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(secrets.token_urlsafe(32) + "\n")
+    (root / "settings.yaml").write_text(
+        INIT_SETTINGS.format(
+            prometheus=json.dumps(prometheus_url) if prometheus_url else "null",
+            prometheus_note="" if prometheus_url else "   # unset: no live re-check or verification",
+            slurm_host=json.dumps(slurm_host) if slurm_host else "null",
+            slurm_note="" if slurm_host else "           # unset: Slurm actions cannot run (docs/slurm.md)",
+        )
+    )
+    load_settings(root / "settings.yaml", env={})
+    config = root / "settings.yaml"
+    click.echo(f"wrote {', '.join(map(str, files))}")
+    click.echo("next:")
+    click.echo(f"  nightshift check-config -c {config}")
+    click.echo(f"  nightshift serve -c {config}")
+    click.echo(
+        f'  curl -H "Authorization: Bearer $(cat {root}/viewer.token)" localhost:8080/api/v1/incidents'
+    )
+    click.echo(
+        f'  curl -X POST -H "Authorization: Bearer $(cat {root}/webhook.token)" -H "Content-Type: application/json" '
+        "--data @alerts/examples/gpu-xid-79.json localhost:8080/api/v1/alerts"
+    )
+
+
+@cli.command("check-config")
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="The summary as JSON.")
+def check_config(config: str | None, as_json: bool) -> None:
+    """Check settings, playbooks, permissions and every file they name the way `serve` loads them, touching no
+    store, network or cluster; print what is configured. Exit 0: `serve` would start with them; 2: it would
+    not (the reason, file:line where there is one). The Helm chart runs it before the server starts."""
+    from app.actions import default_registry
+    from app.config import load_settings, local_files, read_secret
+    from app.permissions import load_permissions
+    from app.playbooks import load_playbooks
+    from app.startup import startup_summary
+    from app.web.access import ReadAccess
+    from app.web.auth import WebhookAuth
+
+    settings = load_settings(config)
+    for name, path in local_files(settings):
+        if not os.access(path, os.R_OK):
+            raise ConfigError(f"{name}: {path}: cannot read it (missing, or not readable by this user)")
+    WebhookAuth.from_settings(settings)
+    ReadAccess.from_settings(settings, read_secret(settings.operator_token_file, "operator_token_file"))
+    registry = default_registry()
+    playbooks = load_playbooks(settings.playbook_paths, registry)
+    summary = startup_summary(settings, len(playbooks), load_permissions(settings.permissions_file, registry))
+    if as_json:
+        click.echo(json.dumps({"ok": True, "summary": summary}, indent=2))
+    else:
+        click.echo(
+            "\n".join([*summary, f"ok: {config or os.environ.get('NIGHTSHIFT_CONFIG') or 'defaults'}"])
+        )
+
+
 @cli.command()
 @config_option
 def worker(config: str | None) -> None:
@@ -122,6 +227,7 @@ def worker(config: str | None) -> None:
 
     settings = _settings(config)
     engine = build_engine(settings)
+    _log_startup(settings, engine)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: (stop.set(), engine.wakeup.set()))
@@ -204,10 +310,23 @@ def actions() -> None:
 
 @cli.command()
 @config_option
-@click.argument("payload", type=click.Path(exists=True, dir_okay=False))
-@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def explain(config: str | None, payload: str, as_json: bool) -> None:
-    """Show the playbook, guard verdicts and steps a payload would get. Touches nothing: no store, no backend."""
+@click.argument("payloads", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))
+@click.option(
+    "--playbooks",
+    "playbook_paths",
+    multiple=True,
+    type=click.Path(exists=True),
+    help="Playbook files or directories instead of the settings' playbook_paths (repeatable).",
+)
+@click.option(
+    "--json", "as_json", is_flag=True, help="Machine-readable output (a list, one report a payload)."
+)
+def explain(
+    config: str | None, payloads: tuple[str, ...], playbook_paths: tuple[str, ...], as_json: bool
+) -> None:
+    """Show the playbook, guard verdicts and steps each payload would get. Touches nothing: no store, no backend.
+
+    Exit 0; 1 when a plan's verdict needs a person (needs_human); 2 on a bad payload or settings."""
     from app.actions import default_registry
     from app.alertmanager import parse_notification
     from app.clients import Clients
@@ -221,14 +340,16 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
 
     settings = _settings(config)
     registry = default_registry()
-    try:
-        notification = parse_notification(Path(payload).read_bytes())
-    except PayloadError as exc:
-        raise click.ClickException(f"{payload}: {exc}") from None
+    notifications = []
+    for payload in payloads:
+        try:
+            notifications.append(parse_notification(Path(payload).read_bytes()))
+        except PayloadError as exc:
+            raise click.UsageError(f"{payload}: {exc}") from None
     deps = EngineDeps(
         settings=settings,
         store=None,
-        playbooks=load_playbooks(settings.playbook_paths, registry),  # type: ignore[arg-type]
+        playbooks=load_playbooks(list(playbook_paths) or settings.playbook_paths, registry),  # type: ignore[arg-type]
         registry=registry,
         permissions=load_permissions(settings.permissions_file, registry),
         clients=Clients(settings),
@@ -236,11 +357,24 @@ def explain(config: str | None, payload: str, as_json: bool) -> None:
         metrics=Metrics(),
         diagnose=for_settings(settings),
     )
-    report = explain_payload(deps, notification)
+    reports = [explain_payload(deps, notification) for notification in notifications]
     if as_json:
-        click.echo(json.dumps(report, indent=2, default=str))
-        return
-    _print_explained(report)
+        click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
+    else:
+        for payload, report in zip(payloads, reports, strict=True):
+            if len(reports) > 1:
+                click.echo(f"== {payload}")
+            _print_explained(report)
+    if any(_needs_a_person(report) for report in reports):
+        raise click.exceptions.Exit(1)
+
+
+def _needs_a_person(report: dict[str, Any]) -> bool:
+    for episode in report.get("episodes", []):
+        plans = [episode.get("job_plan") or episode.get("plan") or {}, *episode.get("node_plans", [])]
+        if any(str(plan.get("outcome", "")).startswith("needs_human") for plan in plans):
+            return True
+    return False
 
 
 def _print_explained(report: dict[str, Any]) -> None:

@@ -317,6 +317,27 @@ class Settings:
         return f"sqlite:///{Path(self.data_dir).resolve() / 'nightshift.db'}"
 
 
+def local_files(settings: Settings) -> list[tuple[str, str]]:
+    """``(dotted.name, path)`` of every local file the settings name (``*_file`` and the kubeconfig), set ones
+    only: what must be readable before the server starts."""
+    found = []
+    for section in (settings, *(getattr(settings, f.name) for f in dataclasses.fields(settings))):
+        if not dataclasses.is_dataclass(section):
+            continue
+        prefix = (
+            ""
+            if section is settings
+            else next(
+                f"{f.name}." for f in dataclasses.fields(settings) if getattr(settings, f.name) is section
+            )
+        )
+        for f in dataclasses.fields(section):
+            value = getattr(section, f.name)
+            if isinstance(value, str) and value and (f.name.endswith("_file") or f.name in PATH_NAMES):
+                found.append((prefix + f.name, value))
+    return found
+
+
 def read_secret(path: str | None, what: str) -> str | None:
     """The stripped content of a secret file, or None when no file is configured."""
     if not path:

@@ -80,7 +80,9 @@ def test_docs_slurm_gives_a_running_advisory_service(
         lint = subprocess.run(
             [str(NIGHTSHIFT), "lint", str(ROOT / "playbooks")], capture_output=True, text=True, cwd="/"
         )
-        assert lint.returncode == 0 and lint.stdout.startswith("ok: "), lint.stdout + lint.stderr
+        assert lint.returncode == 0 and lint.stdout.splitlines()[-1].startswith("ok: "), (
+            lint.stdout + lint.stderr
+        )
         sd = requests.get(f"{url}/api/v1/sd/training", headers=viewer, timeout=30)
         assert sd.status_code == 200 and isinstance(sd.json(), list)
         payload = (ROOT / "alerts" / "examples" / "gpu-xid-79.json").read_text().replace('"4242"', f'"{job}"')
@@ -106,6 +108,9 @@ def test_docs_slurm_gives_a_running_advisory_service(
         assert clean_slurm.squeue_state(job) == "RUNNING" and clean_slurm.job_restarts(job) == 0
         assert "drain" not in clean_slurm.node_state("node1")
         assert list(state.iterdir()), "the store lives in data_dir"
+        log = daemon.log_path.read_text()
+        assert "INFO app.startup: mode: advisory" in log and "reads: with viewer token, operator token" in log
+        assert f"INFO app.ledger: incident {incident['id']}: step: " in log  # the decisions reach the log
     finally:
         daemon.stop()
         print(daemon.log_tail())

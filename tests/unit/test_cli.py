@@ -128,3 +128,47 @@ def test_docs_action_table_matches_the_registry():
     assert actions_table() in (ROOT / "docs" / "playbooks.md").read_text()
     listed = nightshift("actions")
     assert listed.returncode == 0 and "`slurm.drain_node`" in listed.stdout
+
+
+def test_version():
+    result = nightshift("--version")
+    assert result.returncode == 0 and result.stdout.startswith("nightshift ")
+
+
+def test_init_writes_settings_that_check_and_distinct_tokens(tmp_path):
+    target = tmp_path / "ns"
+    result = nightshift("init", str(target), "--prometheus", "http://prometheus:9090")
+    assert result.returncode == 0, result.stdout + result.stderr
+    tokens = [(target / f"{name}.token").read_text() for name in ("webhook", "viewer", "operator")]
+    assert len(set(tokens)) == 3 and all(len(t.strip()) >= 40 for t in tokens)
+    assert all(
+        (target / f"{name}.token").stat().st_mode & 0o077 == 0 for name in ("webhook", "viewer", "operator")
+    )
+    checked = nightshift("check-config", "-c", str(target / "settings.yaml"), "--json")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    summary = json.loads(checked.stdout)["summary"]
+    assert summary[0].startswith("mode: advisory") and "prometheus: http://prometheus:9090" in summary
+    assert "reads: with viewer token, operator token" in summary
+    again = nightshift("init", str(target))
+    assert again.returncode == 2 and "--force" in again.stderr
+    assert [(target / f"{n}.token").read_text() for n in ("webhook", "viewer", "operator")] == tokens
+
+
+def test_check_config_refuses_an_unreadable_file_with_exit_2(tmp_path):
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("webhook: {token_file: missing.token}\n")
+    result = nightshift("check-config", "-c", str(settings))
+    assert result.returncode == 2 and f"webhook.token_file: {tmp_path / 'missing.token'}" in result.stderr
+
+
+def test_explain_takes_many_payloads_and_playbooks_and_exits_1_when_a_person_is_needed(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_bytes(body(alert(xid(node="node1", job="4242")), alert(xid(node="node2", job="4242")),
+                         alert(xid(node="node3", job="4242"))))  # fmt: skip  # 3 culprits > max_culprits 2
+    good = ROOT / "alerts" / "examples" / "gpu-xid-79.json"
+    fine = nightshift("explain", "--playbooks", "playbooks/gpu-xid.yaml", str(good))
+    assert fine.returncode == 0 and "gpu-xid-node-fault-slurm" in fine.stdout
+    both = nightshift("explain", "--playbooks", "playbooks/gpu-xid.yaml", "--json", str(good), str(bad))
+    assert both.returncode == 1, both.stdout + both.stderr
+    reports = json.loads(both.stdout)
+    assert len(reports) == 2 and "needs_human" in reports[1]["episodes"][0]["job_plan"]["outcome"]

@@ -1,0 +1,90 @@
+"""What a starting Nightshift says it is configured to do, and what not: one INFO line per item, so the first
+screen of a new install answers "will it act?", "can it re-check?", "can anyone read?". Pure: the caller logs.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlsplit, urlunsplit
+
+from app.config import Settings
+from app.permissions import Permissions
+
+
+def startup_summary(settings: Settings, playbooks: int, permissions: Permissions) -> list[str]:
+    """The summary lines for ``settings`` with ``playbooks`` loaded and ``permissions`` granted."""
+    granted = sorted({grant.action for grant in permissions.grants})
+    if granted:
+        mode = f"mode: active: {len(granted)} action(s) granted by {settings.permissions_file} ({', '.join(granted)})"
+    else:
+        mode = "mode: advisory: nothing is granted (permissions_file unset or empty): every change is 'would run'"
+    if settings.guards.kill_switch:
+        mode += "; guards.kill_switch is on: nothing acts"
+    lines = [
+        mode,
+        f"playbooks: {playbooks} from {', '.join(settings.playbook_paths)}",
+        f"store: {_without_password(settings.resolved_store_url)}",
+        (
+            f"prometheus: {settings.prometheus.url}"
+            if settings.prometheus.url
+            else "prometheus: unset (prometheus.url): re-checks and verification cannot run, so incidents "
+            "whose playbook has one are held"
+        ),
+        (
+            f"slurm: {settings.slurm.user}@{settings.slurm.host}:{settings.slurm.port}"
+            + (" (sudo -n)" if settings.slurm.sudo and settings.slurm.user != "root" else "")
+            if settings.slurm.host
+            else "slurm: unset (slurm.host): Slurm actions cannot run"
+        ),
+        "kubernetes: " + _kubernetes(settings),
+        "reads: " + _reads(settings),
+        "webhook: "
+        + (
+            "UNAUTHENTICATED (webhook.auth_disabled: true)"
+            if settings.webhook.auth_disabled
+            else "bearer token"
+            if settings.webhook.token_file
+            else "basic auth"
+        ),
+    ]
+    return lines
+
+
+def _kubernetes(settings: Settings) -> str:
+    if settings.kubernetes.kubeconfig:
+        return f"kubeconfig {settings.kubernetes.kubeconfig}" + (
+            f" (context {settings.kubernetes.context})" if settings.kubernetes.context else ""
+        )
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return "in-cluster service account"
+    return "default kubeconfig (~/.kube/config), if any: Kubernetes actions fail without one"
+
+
+def _reads(settings: Settings) -> str:
+    access = settings.access
+    if access.anonymous_read:
+        return "OPEN to anyone (access.anonymous_read: true)"
+    ways = [
+        name
+        for name, on in (
+            ("viewer token", access.viewer_token_file),
+            ("operator token", settings.operator_token_file),
+            (f"proxy header {access.proxy_user_header}", access.proxy_user_header),
+        )
+        if on
+    ]
+    if not ways:
+        return (
+            "closed: no viewer token, operator token or proxy is set, so nobody can read the API or the UI "
+            "(set access.viewer_token_file; `nightshift init` writes one)"
+        )
+    return "with " + ", ".join(ways)
+
+
+def _without_password(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    netloc = f"{parts.username}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
