@@ -26,8 +26,9 @@ from app.hostlist import HostlistError, expand_hostlist
 from app.params import NODE_NAME, SLURM_JOB_ID
 
 PORT_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.progress_port=([0-9]{1,5})(?=$|[\s,;])")
-# A job that answers checkpoint requests says with which signal (a signal it does not handle would terminate it).
-SIGNAL_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.checkpoint_signal=(USR1|USR2)(?=$|[\s,;])")
+# A job that answers checkpoint requests says with which signal (a signal it does not handle would terminate it)
+# and, as sbatch --signal does, whether it goes to the batch shell (B:USR1) or to the job's steps (USR1).
+SIGNAL_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.checkpoint_signal=((?:B:)?(?:USR1|USR2))(?=$|[\s,;])")
 # squeue formats: the first holds no user-controlled text; the second ends with the comment (the rest of the line).
 JOBS_FORMAT = "%i %P %u %N"
 COMMENTS_FORMAT = "%i %k"
@@ -77,7 +78,8 @@ def parse_ports(text: str, job_ids: Iterable[str]) -> tuple[dict[str, int], list
 
 
 def checkpoint_signal(comment: str) -> str | None:
-    """The signal a job's comment announces for checkpoint requests (``nightshift.checkpoint_signal=USR1``)."""
+    """The signal a job's comment announces for checkpoint requests: ``USR1`` (to the job's steps, the processes
+    srun started) or ``B:USR1`` (to the batch step: a script that is, or execs, the training process)."""
     match = SIGNAL_TOKEN.search(comment)
     return match.group(1) if match else None
 

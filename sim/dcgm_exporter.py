@@ -115,6 +115,7 @@ def gpu_values(
         reasons |= HW_SLOWDOWN | HW_THERMAL
         temp, sm_clock = 91 + rng.gauss(0, 0.5), 1185
     nvlink_errors = gpu_faults.nvlink_rate * max(now - gpu_faults.nvlink_since, 0.0)
+    sbe_errors = gpu_faults.ecc_sbe_rate * max(now - gpu_faults.ecc_sbe_since, 0.0)
     return {
         "DCGM_FI_DEV_SM_CLOCK": sm_clock,
         "DCGM_FI_DEV_MEM_CLOCK": 2619,
@@ -124,7 +125,7 @@ def gpu_values(
         "DCGM_FI_DEV_XID_ERRORS": last_xid,
         "DCGM_FI_DEV_FB_FREE": gpus.FB_TOTAL_MIB - 516 - fb_used,
         "DCGM_FI_DEV_FB_USED": fb_used,
-        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": 0,
+        "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": int(sbe_errors),
         "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": gpu_faults.ecc_dbe,
         "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": int(gpu_faults.row_remap_failure),
         "DCGM_FI_DEV_ROW_REMAP_FAILURE": int(gpu_faults.row_remap_failure),

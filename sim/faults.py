@@ -5,6 +5,7 @@ GPU faults (read by :mod:`sim.dcgm_exporter` on every scrape; they last until cl
 
 - ``xid``: an Xid event on one GPU (also appended to ``D/nodes/<node>/kern.log`` as the driver would log it)
 - ``ecc``: one more double-bit (uncorrectable) volatile ECC error
+- ``ecc_sbe``: single-bit (correctable) volatile ECC errors at ``rate`` per second: an early warning
 - ``row_remap``: row remapping failed (flag) and one more uncorrectable remapped row
 - ``nvlink``: NVLink CRC and replay errors at ``rate`` per second
 - ``thermal``: hardware thermal slowdown (clock event reasons HW_SLOWDOWN | HW_THERMAL, 91 C)
@@ -33,11 +34,12 @@ from typing import Any
 
 from sim import gpus, statedir
 
-GPU_FAULTS = ("ecc", "row_remap", "nvlink", "thermal", "vanish")
+GPU_FAULTS = ("ecc", "ecc_sbe", "row_remap", "nvlink", "thermal", "vanish")
 # Crash faults and the training_errors_total error_class each one increments.
 CRASH_FAULTS = {"nccl": "nccl", "oom": "cuda_oom", "io": "storage_io", "s3_timeout": "object_store_timeout"}
 JOB_FAULTS = ("hang", "slowdown", "nan", "corrupt_checkpoint", *CRASH_FAULTS)
 DEFAULT_NVLINK_RATE = 50.0  # errors/s: far above the alert threshold (1/s)
+DEFAULT_SBE_RATE = 2.0  # correctable errors/s: over the fast rule's 5 in 30 s (rules/sim/gpu.yml)
 VALIDATION_VERDICTS = ("fail", "pass", "hang")
 
 
@@ -54,6 +56,8 @@ class GpuFaults:
     """The active hardware faults of one GPU (all off by default)."""
 
     ecc_dbe: int = 0
+    ecc_sbe_rate: float = 0.0
+    ecc_sbe_since: float = 0.0
     row_remap_failure: bool = False
     nvlink_rate: float = 0.0
     nvlink_since: float = 0.0
@@ -152,6 +156,9 @@ def inject_gpu_fault(
         faults = data.setdefault("gpus", {}).setdefault(_gpu_key(node, gpu), {})
         if kind == "ecc":
             faults["ecc_dbe"] = faults.get("ecc_dbe", 0) + 1
+        elif kind == "ecc_sbe":
+            faults["ecc_sbe_rate"] = DEFAULT_SBE_RATE if rate is None else rate
+            faults["ecc_sbe_since"] = time.time() if now is None else now
         elif kind == "row_remap":
             faults["row_remap_failure"] = True
         elif kind == "nvlink":

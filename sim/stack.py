@@ -838,9 +838,10 @@ def submit_trainer_job(slurm: SlurmCluster, spec: TrainerSpec, nodes: Sequence[s
     ``port`` for every node announces it in the job's comment (``nightshift.progress_port``, the convention
     Nightshift's service discovery reads)."""
     launcher = "srun " if len(nodes) > 1 else ""
-    announce = (
-        [f"--comment=nightshift.progress_port={spec.port}"] if spec.port and not spec.node_ports else []
-    )
+    comment = [f"nightshift.progress_port={spec.port}"] if spec.port and not spec.node_ports else []
+    # sim.trainer checkpoints when asked (planned swaps): the ranks srun started, or the batch step that execs it
+    comment.append(f"nightshift.checkpoint_signal={'USR1' if len(nodes) > 1 else 'B:USR1'}")
+    announce = [f"--comment={','.join(comment)}"]
     wrap = f"cd {shlex.quote(str(REPO_ROOT))} && exec {launcher}{shlex.join(batch_argv(spec))}"
     placement = [f"--nodes={len(nodes)}", "--ntasks-per-node=1"] if len(nodes) > 1 else []
     # --open-mode=append: a requeued run adds to the log instead of replacing the first run's lines.

@@ -15,7 +15,8 @@ library real training scripts use) and writes its status to ``D/trainers/<name>[
 Identity: ``--slurm-job-id`` (default ``$SLURM_JOB_ID``), ``--hostname`` (default ``$SLURMD_NODENAME``, then
 the host name), ``--namespace``/``--pod`` (default ``$POD_NAMESPACE``/``$POD_NAME``).
 
-Faults (:mod:`sim.faults`) are read on every step: hang (stops stepping, stays alive), slowdown (factor), nan
+A checkpoint request (SIGUSR1, the progress library's contract) is answered with a checkpoint at the end of the
+step. Faults (:mod:`sim.faults`) are read on every step: hang (stops stepping, stays alive), slowdown (factor), nan
 (loss becomes NaN), corrupt_checkpoint (the newest checkpoint is torn and the process dies as if killed
 mid-save; at start-up, the resume then fails), and nccl/oom/io/s3_timeout (the job logs the real error text,
 increments ``training_errors_total{error_class}``, keeps serving metrics until a scrape has seen the increment,
@@ -259,12 +260,16 @@ class Trainer:
         if self.nan or self.step % self.settings.log_every == 0:
             rate = self.settings.batch_size / (time.monotonic() - start)
             self.log(f"{self.prefix} step {self.step} loss: {loss:.4f} samples/s: {rate:.1f}")
-        if self.step % self.settings.checkpoint_every == 0:
+        if self.progress.checkpoint_requested():  # Nightshift asks (SIGUSR1: a planned swap, a straggler)
+            self.log(f"{self.prefix} checkpoint requested: saving step {self.step}")
+            self.checkpoint(loss)
+        elif self.step % self.settings.checkpoint_every == 0:
             self.checkpoint(loss)
 
     def run(self) -> int:
         """Train until a fault ends the job or a signal stops it; clean up the job mapping and status."""
         self.progress.serve(self.port, self.host)
+        self.progress.checkpoint_request.install_signal(signal.SIGUSR1)
         ident = self.identity
         self.log(
             f"{self.prefix} {ident.name} on {ident.hostname}, rank {ident.rank} of {ident.world_size}, slurm job "

@@ -273,10 +273,15 @@ CHECKPOINT_SIGNALS = ("USR1", "USR2")
 
 
 def signal_command(job_id: str, signal: str) -> list[str]:
-    """``scancel --signal``: the signal goes to every step's tasks (not the batch shell) and the job runs on."""
-    if signal not in CHECKPOINT_SIGNALS:
-        raise ParamError("scancel", "signal", f"must be one of {', '.join(CHECKPOINT_SIGNALS)}")
-    return ["scancel", "--verbose", f"--signal={signal}", _checked(job_id, SLURM_JOB_ID, "job")]
+    """``scancel --signal``: ``USR1`` goes to every step's tasks (not the batch shell), ``B:USR1`` (sbatch
+    --signal's notation) to the batch step only; the job runs on."""
+    batch, _, name = signal.rpartition(":")
+    if name not in CHECKPOINT_SIGNALS or batch not in ("", "B"):
+        raise ParamError(
+            "scancel", "signal", f"must be one of {', '.join(CHECKPOINT_SIGNALS)}, B: for the batch step"
+        )
+    target = ["--batch"] if batch else []
+    return ["scancel", "--verbose", *target, f"--signal={name}", _checked(job_id, SLURM_JOB_ID, "job")]
 
 
 def comment_command(job_id: str) -> list[str]:

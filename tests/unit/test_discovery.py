@@ -124,7 +124,9 @@ def test_a_product_over_the_bound_is_refused_before_it_is_built(expression):
     [
         ("nightshift.checkpoint_signal=USR1", "USR1"),
         ("nightshift.progress_port=9464,nightshift.checkpoint_signal=USR2", "USR2"),
+        ("nightshift.checkpoint_signal=B:USR1", "B:USR1"),
         ("nightshift.checkpoint_signal=KILL", None),
+        ("nightshift.checkpoint_signal=X:USR1", None),
         ("xnightshift.checkpoint_signal=USR1", None),
         ("nightshift.checkpoint_signal=USR1x", None),
         ("", None),
