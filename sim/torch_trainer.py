@@ -33,6 +33,7 @@ import logging
 import math
 import os
 import re
+import signal
 import socket
 import sys
 import time
@@ -132,6 +133,7 @@ class Worker:
         self.port, self.addr = port, addr
         self.step = 0
         self.nan_steps = 0
+        self.checkpoint_asked = False  # whether any rank was asked to checkpoint in the last step
         self.phase = "starting"
 
     @classmethod
@@ -215,16 +217,25 @@ class Worker:
             self.nan_steps -= 1
             x = torch.full_like(x, math.nan)
         optimizer.zero_grad()
-        loss = torch.nn.functional.mse_loss(model(x), y)
+        with (
+            self.progress.timing()
+        ):  # this rank's own work (DDP's forward has no collective): stragglers show here
+            loss = torch.nn.functional.mse_loss(model(x), y)
         loss.backward()
         optimizer.step()
-        mean = loss.detach().clone()
-        dist.all_reduce(mean)  # the job's loss: the mean over ranks
-        return float(mean) / self.world_size
+        # One all-reduce for the job's loss (the mean over ranks) and for whether any rank was asked to checkpoint
+        # (SIGUSR1 or the request file, nightshift_progress.checkpoint_request): a DCP save is collective.
+        packed = torch.stack([loss.detach(), torch.tensor(float(self.progress.checkpoint_requested()))])
+        dist.all_reduce(packed)
+        self.checkpoint_asked = bool(packed[1] > 0)
+        return float(packed[0]) / self.world_size
 
     def start(self) -> None:
         """Serve the progress endpoint, count logged errors, say who and where this rank is."""
         self.progress.serve(self.port, self.addr)
+        self.progress.checkpoint_request.install_signal(
+            signal.SIGUSR1
+        )  # srun-launched; torchrun: the request file
         logging.getLogger().addHandler(self.progress.log_handler())  # error lines -> training_errors_total
         log.info(
             "%s on %s (host name %s): rank %d of %d, slurm job %s", self.name, self.node, socket.gethostname(),
@@ -252,7 +263,9 @@ class Worker:
                 self.progress.loss(loss)
                 if not math.isfinite(loss) or self.step % settings.log_every == 0:
                     log.info("step %d loss: %.4f", self.step, loss)
-                if self.step % settings.checkpoint_every == 0:
+                if self.checkpoint_asked:
+                    log.info("checkpoint requested: saving step %d", self.step)
+                if self.checkpoint_asked or self.step % settings.checkpoint_every == 0:
                     self.save(model, optimizer, loss)
                 self.status()
                 time.sleep(max(0.0, settings.step_seconds - (time.monotonic() - started)))
