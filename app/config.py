@@ -10,17 +10,18 @@ section (double underscore). ``NIGHTSHIFT_CONFIG`` names the YAML file.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
+import re
 import sys
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from app.config_documents import Document, read_documents
 from app.errors import ConfigError
 from app.fleet import FleetSettings
 
@@ -310,11 +311,69 @@ class Settings:
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
     fleet: FleetSettings = field(default_factory=FleetSettings)
 
+    def __post_init__(self) -> None:
+        level = str(self.log_level).upper()
+        if level not in LOG_LEVELS:
+            raise ConfigError(f"log_level: {self.log_level!r} is not a level{_did_you_mean(level, LOG_LEVELS)} "
+                              f"(one of {', '.join(LOG_LEVELS)})")  # fmt: skip
+        if self.log_format not in LOG_FORMATS:
+            raise ConfigError(
+                f"log_format: {self.log_format!r}{_did_you_mean(self.log_format, LOG_FORMATS)} "
+                f"(one of {', '.join(LOG_FORMATS)})"
+            )
+        check_ranges(self)
+
     @property
     def resolved_store_url(self) -> str:
         if self.store_url:
             return self.store_url
         return f"sqlite:///{Path(self.data_dir).resolve() / 'nightshift.db'}"
+
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMATS = ("text", "json")
+# Numbers that must be above 0 (0 would mean "never" or "at once" where that makes no sense); every other number
+# of the settings must be at least 0. Ports are 1..65535. Sections check their own finer bounds too.
+POSITIVE = frozenset(
+    {
+        "guards.defer_seconds",
+        "guards.blast_radius_window_seconds",
+        "guards.job_recoveries_window_seconds",
+        "prometheus.timeout_seconds",
+        "grafana.timeout_seconds",
+        "notify.timeout_seconds",
+        "slurm.connect_timeout_seconds",
+        "slurm.command_timeout_seconds",
+        "kubernetes.request_timeout_seconds",
+        "webhook.max_body_bytes",
+        "webhook.max_alerts_per_payload",
+    }
+)
+PORTS = frozenset({"slurm.port", "notify.smtp_port"})
+
+
+def check_ranges(settings: Settings) -> None:
+    """ConfigError naming the first number of ``settings`` out of its range (see :data:`POSITIVE`)."""
+    for section in dataclasses.fields(settings):
+        value = getattr(settings, section.name)
+        if not dataclasses.is_dataclass(value):
+            continue
+        for item in dataclasses.fields(value):
+            number = getattr(value, item.name)
+            if isinstance(number, bool) or not isinstance(number, int | float):
+                continue
+            name = f"{section.name}.{item.name}"
+            if name in PORTS and not 1 <= number <= 65535:
+                raise ConfigError(f"{name}: a port is 1..65535, got {number!r}")
+            if name in POSITIVE and number <= 0:
+                raise ConfigError(f"{name}: must be positive, got {number!r}")
+            if number < 0:
+                raise ConfigError(f"{name}: must be at least 0, got {number!r}")
+
+
+def _did_you_mean(word: str, options: Sequence[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def local_files(settings: Settings) -> list[tuple[str, str]]:
@@ -358,16 +417,21 @@ def load_settings(
     env = os.environ if env is None else env
     path = path or env.get(f"{ENV_PREFIX}CONFIG")
     data: dict[str, Any] = {}
+    document: Document | None = None
     if path:
         try:
-            loaded = yaml.safe_load(Path(path).read_text())
-        except OSError as exc:
-            raise ConfigError(f"{path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{path}: invalid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(f"{path}: settings must be a mapping")
-        data = _resolve_paths(loaded or {}, Path(path).resolve().parent)
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: {getattr(exc, 'strerror', None) or exc}") from None
+        documents, errors = read_documents(text, str(path))
+        if errors:
+            raise ConfigError("\n".join(errors))
+        if len(documents) > 1:
+            raise ConfigError(f"{path}:{documents[1].line}: one YAML document expected, found several")
+        document = documents[0] if documents else None
+        if document is not None and not isinstance(document.data, dict):
+            raise ConfigError(f"{path}:{document.line}: settings must be a mapping")
+        data = _resolve_paths(document.data if document else {}, Path(path).resolve().parent)
     for key, value in env.items():
         if not key.startswith(ENV_PREFIX) or key == f"{ENV_PREFIX}CONFIG":
             continue
@@ -376,7 +440,26 @@ def load_settings(
         for part in parts[:-1]:
             target = target.setdefault(part, {})
         target[parts[-1]] = value
-    return _build(Settings, data, where=str(path or "settings"))
+    try:
+        return _build(Settings, data, where="")
+    except ConfigError as exc:
+        raise ConfigError(_located(str(exc), path, document)) from None
+
+
+_DOTTED = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)*):")
+
+
+def _located(message: str, path: Any, document: Document | None) -> str:
+    """``file:line: message`` for a message about a dotted setting written in the file; as it is otherwise (a
+    value from the environment, or no file)."""
+    match = _DOTTED.match(message)
+    if not path or document is None or match is None:
+        return message
+    key = tuple(match.group(1).split("."))
+    for end in range(len(key), 0, -1):
+        if key[:end] in document.lines:
+            return f"{path}:{document.lines[key[:end]]}: {message}"
+    return f"{path}: {message}"
 
 
 def _is_path(key: str) -> bool:
@@ -409,11 +492,21 @@ def _build(cls: type, data: Mapping[str, Any], where: str) -> Any:
         raise ConfigError(f"{where}: expected a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)
     known = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - known)
+    unknown = sorted(set(data) - known, key=str)
     if unknown:
-        raise ConfigError(f"{where}: unknown setting {unknown[0]!r} (known: {', '.join(sorted(known))})")
-    kwargs = {name: _coerce(hints[name], value, f"{where}.{name}") for name, value in data.items()}
+        key = str(unknown[0])
+        close = difflib.get_close_matches(key, sorted(known), n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(
+            f"{_join(where, key)}: unknown setting ({hint}known{' in ' + where if where else ''}: "
+            f"{', '.join(sorted(known))})"
+        )
+    kwargs = {name: _coerce(hints[name], value, _join(where, name)) for name, value in data.items()}
     return cls(**kwargs)
+
+
+def _join(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
@@ -441,10 +534,18 @@ def _coerce(hint: Any, value: Any, where: str) -> Any:
             return False
         raise ConfigError(f"{where}: expected a boolean, got {value!r}")
     if hint in (int, float):
-        try:
-            return hint(value)
-        except (TypeError, ValueError):
-            raise ConfigError(f"{where}: expected {hint.__name__}, got {value!r}") from None
+        number: Any = None
+        if not isinstance(value, bool):
+            try:
+                number = float(value) if hint is float or isinstance(value, float) else int(value)
+            except (TypeError, ValueError):
+                number = None
+        if hint is int and isinstance(number, float):
+            number = int(number) if number.is_integer() else None  # 1.9 is not 1
+        if number is None or number != number or number in (float("inf"), float("-inf")):
+            word = "an integer" if hint is int else "a number"
+            raise ConfigError(f"{where}: expected {word}, got {value!r}") from None
+        return number
     if hint is str:
         if isinstance(value, dict | list):
             raise ConfigError(f"{where}: expected a string")

@@ -21,9 +21,9 @@ from typing import Any
 
 from gunicorn import glogging
 
+from app.config import LOG_FORMATS
 from app.errors import ConfigError
 
-LOG_FORMATS = ("text", "json")
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ID_FIELDS = ("incident_id", "repair_id", "alert_id", "inbox_id")
 LEDGER_PREFIX = "ledger_"  # app.ledger_log's lines: kind and the row's fields (ledger_command -> command)

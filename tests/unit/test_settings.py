@@ -55,3 +55,47 @@ def test_the_example_settings_work_from_any_directory(
     settings = load_settings(ROOT / "examples" / "settings.yaml", env={})
     assert settings.playbook_paths == [str(ROOT / "playbooks")]
     assert Path(settings.webhook.token_file or "").is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            "worker:\n  lease_seconds: 1.9\n",
+            "settings.yaml:2: worker.lease_seconds: expected an integer, got 1.9",
+        ),
+        (
+            "guards:\n  blast_radius_max_nodes: -1\n",
+            "settings.yaml:2: guards.blast_radius_max_nodes: must be at least 0",
+        ),
+        ("guards:\n  defer_seconds: 0\n", "settings.yaml:2: guards.defer_seconds: must be positive, got 0"),
+        ("log_level: verbose\n", "settings.yaml:1: log_level: 'verbose' is not a level"),
+        ("log_level: INFOO\n", "(did you mean 'INFO'?)"),
+        (
+            "playbook_path: [x]\n",
+            "settings.yaml:1: playbook_path: unknown setting (did you mean 'playbook_paths'?",
+        ),
+        (
+            "data_dir: x\nslurm:\n  hots: a\n",
+            "settings.yaml:3: slurm.hots: unknown setting (did you mean 'host'?",
+        ),
+        ("slurm:\n  port: 70000\n", "settings.yaml:2: slurm.port: a port is 1..65535"),
+        ("webhook: {token_file: a, token_file: b}\n", "settings.yaml:1: webhook.token_file: duplicate key"),
+    ],
+)
+def test_settings_errors_name_file_line_and_what_to_write(tmp_path, monkeypatch, text, expected):
+    from app.errors import ConfigError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "settings.yaml").write_text(text)
+    with pytest.raises(ConfigError) as caught:
+        load_settings("settings.yaml", env={})
+    assert expected in str(caught.value)
+
+
+def test_an_environment_number_is_checked_too():
+    from app.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"worker\.lease_seconds: expected an integer, got '1\.9'"):
+        load_settings(env={"NIGHTSHIFT_WORKER__LEASE_SECONDS": "1.9"})
+    assert load_settings(env={"NIGHTSHIFT_WORKER__LEASE_SECONDS": "30"}).worker.lease_seconds == 30
