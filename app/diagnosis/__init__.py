@@ -1,8 +1,9 @@
 """Root-cause diagnosis: alert labels and log text in, one :class:`Diagnosis` out.
 
 Pure: no network, store or clock; the only files read are the packaged catalogues (loaded once). Work is
-bounded: at most the last :data:`MAX_LOG_CHARS` characters and :data:`MAX_LINES` lines are examined, each line
-only up to :data:`MAX_LINE_CHARS`.
+bounded: at most the last :data:`MAX_LOG_CHARS` characters are read; the last :data:`MAX_LINES` lines are
+classified in full, each only up to :data:`MAX_LINE_CHARS`, and the lines before them are searched for buried
+causes (:data:`BURIED`: an Xid 20,000 lines before the end is still found).
 
 How a verdict is reached:
 1. One pass over the lines (:mod:`app.diagnosis.evidence`): each line votes for its heaviest matching cause
@@ -38,6 +39,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from app.diagnosis import flight
 from app.diagnosis import launcher as launchers
 from app.diagnosis import stacks as stackdumps
 from app.diagnosis import xid as xids
@@ -68,8 +70,14 @@ __all__ = [
     "render",
 ]
 
-MAX_LOG_CHARS = 2 * 1024 * 1024
+MAX_LOG_CHARS = 8 * 1024 * 1024
 MAX_LINES = 20_000
+MAX_BURIED = 200
+# Causes a flood of later lines must not hide: looked for in every line before the last MAX_LINES.
+BURIED = re.compile(
+    r"NVRM: Xid|SXid \(PCI|fallen off the bus|uncorrectable ECC|Out of memory: Kill|invoked oom-killer|"
+    r"Kernel panic|LustreError: |This client was evicted|nfs: server \S+ not responding|NODE FAILURE"
+)
 MAX_EVIDENCE = 20
 MAX_EVIDENCE_CHARS = 500
 DEFAULT_CONFIDENCE_FLOOR = 0.35
@@ -89,6 +97,12 @@ _LAUNCHER_ERROR = re.compile(
 _PEER_GONE = re.compile(
     r"remote process exited|ncclRemoteError|Connection closed by (?:remote )?peer|socket progress error|"
     r"exiting prematurely|Connection reset by peer|Connection refused|Broken pipe"
+)
+# Communication errors that the waiting side reports: they name a victim, never the culprit.
+_VICTIM = re.compile(
+    _PEER_GONE.pattern
+    + r"|Timed out waiting|Watchdog caught|detected by watchdog|[Tt]imed out|TCPStore|C10d store|"
+    r"[Ff]ailed to recv|DistBackendError|NCCL error in|Some NCCL operations"
 )
 # A line about one worker process, by its pid (torchrun's summary and agent lines, the signal text).
 _PID_NAMED = re.compile(r"\(pid: (?P<a>\d+)\)|\bby PID (?P<b>\d+)\b")
@@ -120,7 +134,8 @@ _SEVERE_XID = frozenset({"reboot", "reset_gpu", "nvlink", "contact_support"})
 _CAUSES: dict[str, frozenset[str]] = {
     "application_error": frozenset(CATEGORIES) - {"application_error"},
     "nccl_network": frozenset(CATEGORIES) - {"nccl_network", "application_error"},
-    "hang": frozenset(CATEGORIES) - {"hang"},
+    # a collective timeout or the tracebacks of the ranks that waited are what a hung rank causes, not its cause
+    "hang": frozenset(CATEGORIES) - {"hang", "nccl_network", "application_error"},
     "numerical_divergence": frozenset({"gpu_hardware", "nvlink"}),
     "checkpoint_corrupt": frozenset({"storage_io", "object_store_timeout"}),
     "node_failure": frozenset({"gpu_hardware", "nvlink"}),
@@ -321,6 +336,7 @@ def diagnose(
             continue
         tallies[signature.category].add_fact(fact, signature.weight, signature.description)
 
+    _launcher_votes(reading, tallies)
     verdict = _xid_votes(labels, reading, tallies, explained)
     _pattern_votes(reading, votes, shutdown, tallies, lines)
 
@@ -381,11 +397,19 @@ def render(diagnosis: Diagnosis) -> str:
 
 
 def tail_lines(logs: str) -> list[str]:
-    """The last :data:`MAX_LINES` lines of the last :data:`MAX_LOG_CHARS` characters: what diagnosis reads."""
+    """What diagnosis reads: the last :data:`MAX_LINES` lines of the last :data:`MAX_LOG_CHARS` characters, after
+    the lines before them that name a buried cause (an Xid, a GPU off the bus, the OOM killer: see
+    :data:`BURIED`), at most :data:`MAX_BURIED` of them, the last ones. Every line is looked at; only the last
+    :data:`MAX_LINES` are classified in full."""
     if len(logs) > MAX_LOG_CHARS:
         logs = logs[-MAX_LOG_CHARS:]
         logs = logs[logs.find("\n") + 1 :]  # drop the cut-off partial first line
-    return logs.splitlines()[-MAX_LINES:]
+    lines = logs.splitlines()
+    if len(lines) <= MAX_LINES:
+        return lines
+    head = lines[:-MAX_LINES]
+    buried = [line for line in head if BURIED.search(line, 0, MAX_LINE_CHARS)][-MAX_BURIED:]
+    return buried + lines[-MAX_LINES:]
 
 
 # --- what a healthy run explains away ---------------------------------------------------------------------
@@ -531,6 +555,35 @@ def _xid_votes(
     return verdict
 
 
+def _launcher_votes(reading: Reading, tallies: dict[str, _Tally]) -> None:
+    """What the launcher saw a worker die of, as one vote per cause: a SIGKILL it did not send (the OOM killer, a
+    lost node, an operator) explains the peers' lost connections and timeouts; a crash signal (SIGSEGV, SIGBUS...)
+    is the program's. A SIGABRT counts as a crash only without a communication timeout: c10d's watchdog aborts
+    the process when a collective times out."""
+    timed_out = bool(reading.timeouts) or any(
+        v.signature.description.startswith("collective") for v in reading.votes
+    )
+    for failure in reading.launcher.killed()[:1]:
+        who = f"rank {_rank_of(failure)}" if _rank_of(failure) is not None else "a worker"
+        if failure.signal_name == "SIGKILL":
+            tallies["host_oom"].add_fact(f"torchrun: {who} was killed by SIGKILL", CAUSE_MIN, _KILLED_ONLY)
+        elif failure.signal_name in launchers.CRASH_SIGNALS and not (
+            failure.signal_name == "SIGABRT" and timed_out
+        ):
+            tallies["application_error"].add_fact(
+                f"the launcher: {who} crashed ({failure.signal_name})",
+                CAUSE_MIN,
+                f"the process crashed ({failure.signal_name})",
+            )
+
+
+def _rank_of(failure: launchers.Failure) -> int | None:
+    """The failure's global rank; its local rank when the launcher names no other (one node: they are equal)."""
+    if failure.rank is not None:
+        return failure.rank
+    return failure.local_rank if failure.host is None else None
+
+
 def _survived(reading: Reading, index: int) -> bool:
     """Whether the job finished, or made :data:`PROGRESS_TO_RESOLVE` progress lines, after line ``index``."""
     after = reading.after("progress", index)
@@ -587,6 +640,24 @@ def _pattern_votes(
             )
             for item in stack_verdict.evidence:
                 tallies[stack_verdict.category].facts.append("py-spy: " + item)
+    if any(line.startswith("==> flight-recorder") for line in lines):
+        recorded = flight.judge(flight.parse_dumps(lines))
+        if recorded is not None:
+            culprit = None
+            if len(recorded.missing) == 1:
+                (rank,) = recorded.missing
+                culprit = Culprit(
+                    reading.rank_hosts.get(rank), rank, reading.rank_gpus.get(rank), recorded.evidence
+                )
+            who = ", ".join(map(str, recorded.missing))
+            tallies["hang"].add_fact(
+                None,
+                8.0,
+                f"rank{'s' if len(recorded.missing) > 1 else ''} {who} never joined {recorded.collective} "
+                "(Flight Recorder)",
+                culprit,
+            )
+            tallies["hang"].facts.extend(recorded.evidence)
 
 
 def _silent_corruption(reading: Reading, votes: list[Vote]) -> tuple[Culprit, str] | None:
@@ -783,6 +854,24 @@ def _no_fault(
 
 def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     """The rank, node and GPU the evidence for ``category`` points at (None when it points nowhere)."""
+    culprit = _pointed_at(category, tally, reading)
+    if culprit is not None and culprit.node is None and culprit.rank is not None:
+        hosts = _hosts_named(reading)
+        if len(hosts) == 1:  # a single-node job (or one node's log): that node
+            return Culprit(next(iter(hosts)), culprit.rank, culprit.gpu, culprit.evidence)
+    return culprit
+
+
+def _hosts_named(reading: Reading) -> set[str]:
+    """Every host the log names: ranks' hosts, voting lines, kernel lines, torchrun's summary."""
+    named = set(reading.rank_hosts.values())
+    named.update(v.line.host for v in reading.votes if v.line.host)
+    named.update(line.host for line, _ in reading.xid_lines if line.host)
+    named.update(h for f in reading.launcher.failures if (h := _host(f)))
+    return named
+
+
+def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     named = tally.culprit  # from the Xid verdict or a pattern across lines
     if named is not None and (named.node or named.rank is not None):
         return _completed(named, reading)
@@ -793,8 +882,15 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
         return _completed(odd, reading)
     if category in _WORKER_DEATH and (worker := _failed_worker(reading)):
         return _completed(worker, reading)
+    if category == "nccl_network" and len(reading.unreachable) == 1:
+        ((host, line),) = reading.unreachable.items()
+        return Culprit(
+            host, None, None, (f"the ranks could not reach the rendezvous store on {host}", line.raw.strip())
+        )
     for vote in sorted(tally.votes, key=lambda v: (-min(v.weight, 5), v.line.index)):
         line = vote.line
+        if category == "nccl_network" and _VICTIM.search(line.body):
+            continue  # the rank that reports a lost peer or a timeout is the one that waited, not the cause
         if line.rank is not None or line.host or line.pci:
             # Evidence of one category from a single host: that host, even on the lines naming only a rank.
             host = line.host or (next(iter(hosts)) if len(hosts) == 1 else None)
@@ -805,9 +901,7 @@ def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     if root is not None and root.rank is not None and category not in ("nccl_network", "hang"):
         return _completed(Culprit(_host(root), root.rank, None, (root.text,)), reading)
     # Last resort: the log names one host in all (a single-node job, or one node's log).
-    named_hosts = set(reading.rank_hosts.values())
-    named_hosts.update(v.line.host for v in reading.votes if v.line.host)
-    named_hosts.update(line.host for line, _ in reading.xid_lines if line.host)
+    named_hosts = _hosts_named(reading)
     if len(named_hosts) == 1 and category not in ("nccl_network", "hang"):
         (host,) = named_hosts
         return Culprit(host, None, None, (f"every line that names a host names {host}",))
@@ -826,11 +920,12 @@ def _failed_worker(reading: Reading) -> Culprit | None:
         (agent.killed(), "was killed by {signal}"),
         (agent.unresponsive(), "did not answer SIGTERM"),
     ):
-        ranked = [f for f in failures if f.rank is not None]
+        ranked = [f for f in failures if _rank_of(f) is not None]
         if ranked:
             first = ranked[0]
-            reason = f"rank {first.rank} {why.format(signal=first.signal_name)} (torchrun: {first.text})"
-            return Culprit(_host(first), first.rank, None, (reason,))
+            rank = _rank_of(first)
+            reason = f"rank {rank} {why.format(signal=first.signal_name)} (the launcher: {first.text})"
+            return Culprit(_host(first), rank, None, (reason,))
     return None
 
 

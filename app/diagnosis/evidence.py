@@ -7,6 +7,7 @@ them (:mod:`app.diagnosis.lines`). Nothing here decides the verdict.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import math
 import re
@@ -35,7 +36,7 @@ _NCCL_NRANKS = re.compile(r"\bn[Rr]anks (?P<n>\d+)")
 _WORLD = re.compile(r"(?i)world[_ ]size['\"]?\s*[:=]\s*(?P<n>\d+)")
 # gloo's timeout of a collective's transfer (third_party/gloo/gloo/transport/tcp/unbound_buffer.cc, pair.cc)
 _GLOO_TIMEOUT = re.compile(
-    r"Timed out waiting \d+ms for (?:recv|send) operation to complete|Application timeout caused pair closure"
+    r"Timed out waiting \d+ms for (?:recv|send) operation|Application timeout caused pair closure"
 )
 _GRAD_NORM = re.compile(r"(?i)grad[_ ]norm['\"]?\s*[:=]\s*(?P<v>[-+]?(?:\d+\.?\d*(?:e[-+]?\d+)?|nan|inf))")
 _RESTART = re.compile(r"(?i)\bresum(?:ing|ed)\b|\bload(?:ing|ed) (?:the )?checkpoint|\brestart(?:ing|ed)?\b")
@@ -43,6 +44,16 @@ _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
 _ENQUEUED = re.compile(r"last enqueued NCCL work: (?P<n>-?\d+)")
 _BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")
+# c10d's TCPStore client failing to reach the store's host (the rendezvous endpoint, MASTER_ADDR).
+_UNREACHABLE = re.compile(
+    r"trying to connect to \((?P<a>[A-Za-z][\w.-]*), \d+\)|"
+    r"failed to connect/validate to host (?P<b>[A-Za-z][\w.-]*):\d+"
+)
+# JAX's coordination barrier names the tasks that never arrived, one a line after this.
+_JAX_TIMED_OUT = "Timed out task names:"
+_JAX_TASK_LINE = re.compile(r"^\s*/job:[\w-]+/replica:\d+/task:(?P<task>\d+)\s*$")
+# kubectl describe pod: the node the pod ran on, for every line of that section.
+_K8S_NODE = re.compile(r"^Node:\s+(?P<host>[A-Za-z0-9][\w.-]*)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _SECTION = re.compile(r"==> (?P<title>.{1,200}) <==\s*$")  # tail's and our collect actions' section headers
 _HOSTNAME = re.compile(r"(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*")
@@ -95,6 +106,7 @@ class Reading:
     # the ranks monitored_barrier names as not arriving, with the line naming them
     barrier_failed: dict[int, LogLine] = field(default_factory=dict)
     enqueued: dict[int, tuple[int, LogLine]] = field(default_factory=dict)  # rank -> last enqueued NCCL work
+    unreachable: dict[str, LogLine] = field(default_factory=dict)  # store hosts the ranks could not reach
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -125,6 +137,9 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
     """Classify and parse ``lines`` (already bounded by the caller) in one pass."""
     reading = Reading(line_count=len(lines))
     agent = reading.launcher
+    jax_barrier: LogLine | None = None  # the barrier timeout whose missing tasks the next lines name
+    section_starts = [0]  # the line each section starts at
+    section_nodes: dict[int, str] = {}  # a section's start -> the Kubernetes node it names ("Node:")
     section_host: str | None = None  # from a "==> dmesg node7 <==" header: where the lines below come from
 
     def parse_line(index: int, text: str) -> LogLine:
@@ -138,6 +153,14 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         parsed: LogLine | None = None
         if raw.startswith("==> ") and (header := _SECTION.match(raw)):
             section_host = next((word for word in header["title"].split() if _HOSTNAME.fullmatch(word)), None)
+            section_starts.append(index)
+        elif raw.startswith("Node:") and (k8s_node := _K8S_NODE.match(raw)):
+            section_nodes[section_starts[-1]] = k8s_node["host"]
+            section_host = k8s_node["host"]
+        if jax_barrier is not None and (task := _JAX_TASK_LINE.match(probe)):
+            reading.barrier_failed.setdefault(int(task["task"]), jax_barrier)
+        elif jax_barrier is not None and probe.strip():
+            jax_barrier = None
         if event := xids.xid_from_line(probe):
             parsed = parse_line(index, probe)
             reading.xid_lines.append((parsed, event))
@@ -176,6 +199,14 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             reading.grad_norms.append((float(norm["v"]), parsed))
         if _RESTART.search(body):
             reading.restarts.append(index)
+        if (
+            "connect" in body
+            and (store := _UNREACHABLE.search(body))
+            and (host := store["a"] or store["b"]) != "localhost"
+        ):
+            reading.unreachable.setdefault(host, parsed)
+        if _JAX_TIMED_OUT in body:
+            jax_barrier = parsed
         if "monitoredBarrier" in body and (barrier := _BARRIER.search(body)):
             for rank_text in barrier["ranks"].split(","):
                 reading.barrier_failed.setdefault(int(rank_text), parsed)
@@ -186,6 +217,13 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         elif parsed.rank is not None and _GLOO_TIMEOUT.search(body):
             reading.timeouts.setdefault(parsed.rank, (-1, "gloo", parsed))
     agent.finish()
+    if section_nodes:  # a pod's section names its node anywhere in it: every line of it is from that node
+        for i, vote in enumerate(reading.votes):
+            start = section_starts[bisect.bisect_right(section_starts, vote.line.index) - 1]
+            if start in section_nodes:
+                reading.votes[i] = Vote(
+                    dataclasses.replace(vote.line, host=section_nodes[start]), vote.signature
+                )
     for failure in agent.failures:
         if failure.rank is None:
             continue

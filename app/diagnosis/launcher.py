@@ -8,6 +8,8 @@ are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
   worker (``[0]:`` then ``time``, ``host``, ``rank : 1 (local_rank: 1)``, ``exitcode : -9 (pid: 16322)
   (SIGKILL)``, ``error_file``, ``traceback``), read as far as it goes: a summary cut off mid-way keeps the fields
   seen;
+- DeepSpeed's launcher: ``[launch.py:434:sigkill_handler] [..., '--local_rank=0', ...] exits with return code = -9``
+  and its ``Killing subprocess N`` (its own teardown);
 - the agent's own kills when it tears the group down: ``Sending process 16321 closing signal SIGTERM``, and
   ``Unable to shutdown process 18542 via 15, forcefully exiting via 9`` (the worker did not answer SIGTERM: it is
   stopped or stuck). A worker the agent killed itself is a victim of the teardown, never evidence of what failed.
@@ -37,6 +39,11 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE"})
 _AGENT_FAILED = re.compile(
     r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
 )
+# DeepSpeed's launcher (deepspeed/launcher/launch.py): the worker's command line, then its exit code.
+_DEEPSPEED_FAILED = re.compile(
+    r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
+)
+_DEEPSPEED_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (?P<pid>\d+)")
 _CLOSING = re.compile(r"\bSending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
 _FORCED = re.compile(r"\bUnable to shutdown process (?P<pid>\d+) via (?P<sig>\d+), forcefully exiting via")
 _SUMMARY_START = re.compile(r"^\s*(?:Failures:|Root Cause \(first observed failure\):)\s*$")
@@ -52,7 +59,7 @@ _TRACEBACK_LINES = 400  # ... or inside a block's traceback
 # Lines worth feeding outside a summary (inside one, every line is fed).
 CONTEXT = re.compile(
     r"Failures:|Root Cause \(first|^\s*\[\d+\]:\s*$|\b(?:time|host|rank|exitcode|error_file|traceback)\s*: |"
-    r"failed \(exitcode: |closing signal SIG|Unable to shutdown process"
+    r"failed \(exitcode: |closing signal SIG|Unable to shutdown process|exits with return code = |Killing subprocess"
 )
 
 
@@ -112,6 +119,21 @@ class LauncherReading:
                     text=body.strip(),
                 )
             )
+            return
+        if match := _DEEPSPEED_FAILED.search(body):
+            first = not self.failures
+            self._add(
+                Failure(
+                    index,
+                    local_rank=int(match["local"]),
+                    exitcode=int(match["code"]),
+                    root=first,
+                    text=body.strip(),
+                )
+            )
+            return
+        if match := _DEEPSPEED_KILLING.search(body):
+            self.closed_pids.add(int(match["pid"]))
             return
         if match := _CLOSING.search(body):
             self.closed_pids.add(int(match["pid"]))
@@ -218,12 +240,14 @@ class LauncherReading:
         )
 
     def killed(self) -> list[Failure]:
-        """Workers ended by a signal that the agent did not send: killed from outside, or crashed."""
-        return [
+        """Workers ended by a signal that the agent did not send: killed from outside, or crashed; torchrun's root
+        cause first, then SIGKILLs (a watchdog's SIGABRT follows a timeout that something else caused)."""
+        killed = [
             f
             for f in self.failures
             if f.signal_name and f.signal_name not in STOP_SIGNALS and not self.victim(f)
         ]
+        return sorted(killed, key=lambda f: (not f.root, f.signal_name != "SIGKILL"))
 
     def unresponsive(self) -> list[Failure]:
         """Workers that ignored the agent's SIGTERM (stopped, or stuck where signals wait): hung."""

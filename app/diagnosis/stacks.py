@@ -11,6 +11,11 @@ named like one), in file I/O, or elsewhere (the innermost frame names the place)
   when it sits in I/O, otherwise a hang in its own code);
 - all ranks in the same collective: the network, or a peer outside the job;
 - ranks in I/O: storage.
+
+A rank waiting in ``loss.backward()`` (``_engine_run_backward``) under DDP or FSDP waits for the gradient
+collectives its reducer launched (py-spy shows Python frames only): it counts as in a collective. A rank py-spy
+could not dump (``Failed to suspend process``: the process is stopped, or stuck where ptrace cannot stop it) while
+the others wait in one collective is the odd one out.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ MAX_PROCESSES = 4096
 _HEADER = re.compile(r"^==> py-spy node=(?P<node>\S*) rank=(?P<rank>\S*) pid=(?P<pid>\d+) <==")
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)")
 _CMD_RANK = re.compile(r"--(?:local[_-])?rank[= ](?P<rank>\d{1,6})\b")  # launchers pass it (--local_rank=3)
-_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?P<state>[\w ]+)\)(?:: "(?P<name>[^"]*)")?')
+_THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?P<state>[\w +]+)\)(?:: "(?P<name>[^"]*)")?')
 _FRAME = re.compile(r"^\s{2,}(?P<func>\S.*?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 
 _COLLECTIVE_FUNCS = frozenset(
@@ -58,7 +63,18 @@ _IO_FILES = (
     "botocore/",
     "s3transfer/",
 )
-_AGENT_FILES = ("torch/distributed/elastic/agent/", "torch/distributed/run.py", "torch/distributed/launch")
+# The gradient synchronisation of DDP/FSDP happens inside the autograd engine's backward pass.
+_BACKWARD = ("_engine_run_backward", "run_backward")
+# py-spy's own failure, for a process it cannot attach to or suspend.
+_DUMP_ERROR = re.compile(
+    r"^Error: (?P<error>Failed to (?:get stack traces|suspend process).*)|"
+    r"^\s*\d+: (?P<cause>Failed to suspend process|unexpected waitpid result.*)"
+)
+_AGENT_FILES = (
+    "torch/distributed/elastic/agent/",
+    "torch/distributed/run.py",
+    "torch/distributed/launch",
+)
 
 
 @dataclass(frozen=True)
@@ -69,12 +85,15 @@ class RankStack:
     rank: int | None
     pid: int
     frames: tuple[str, ...]  # "function (file:line)", innermost first
+    error: str | None = None  # py-spy's error when it could not dump the process
 
     @property
     def kind(self) -> str:
         """``collective``, ``io`` or ``other``."""
         for frame in self.frames[:4]:
             func, _, path = frame.partition(" (")
+            if func in _BACKWARD and "torch/autograd/" in path:
+                return "collective"
             if func in _COLLECTIVE_FUNCS and (
                 "distributed" in path or "comm" in path or "collective" in path or "cuda" in path
             ):
@@ -121,17 +140,20 @@ def parse_dumps(lines: Sequence[str]) -> list[RankStack]:
     rank: int | None = None
     pid: int | None = None
     threads: list[tuple[str, list[str]]] = []
+    error: str | None = None
 
     def finish() -> None:
         if pid is not None and threads and len(stacks) < MAX_PROCESSES:
             main = next((frames for name, frames in threads if name == "MainThread"), threads[0][1])
             stacks.append(RankStack(node, rank, pid, tuple(main)))
+        elif pid is not None and error and len(stacks) < MAX_PROCESSES:
+            stacks.append(RankStack(node, rank, pid, (), error))
 
     for raw in lines:
         line = raw.rstrip()
         if header := _HEADER.match(line):
             finish()
-            node, pid, threads = header["node"] or None, None, []
+            node, pid, threads, error = header["node"] or None, None, [], None
             rank = int(header["rank"]) if header["rank"].isdigit() else None
         elif process := _PROCESS.match(line):
             if pid is not None:  # a second process under one header, or plain dumps without headers
@@ -140,6 +162,8 @@ def parse_dumps(lines: Sequence[str]) -> list[RankStack]:
             pid, threads = int(process["pid"]), []
             if rank is None and (from_cmd := _CMD_RANK.search(process["cmd"])):
                 rank = int(from_cmd["rank"])
+        elif pid is not None and not threads and (failed := _DUMP_ERROR.match(line)):
+            error = "; ".join(filter(None, (error, failed["error"] or failed["cause"])))
         elif pid is not None and (thread := _THREAD.match(line)):
             threads.append((thread["name"] or "", []))
         elif threads and (frame := _FRAME.match(line)) and len(threads[-1][1]) < MAX_FRAMES:
@@ -153,6 +177,7 @@ def judge(stacks: Sequence[RankStack]) -> StackVerdict | None:
     ranks = [s for s in stacks if s.frames]
     if not ranks:
         return None
+    undumped = [s for s in stacks if not s.frames and s.error]
     places = Counter(s.place for s in ranks)
     majority, count = places.most_common(1)[0]
     leaders = [s for s in ranks if s.place == majority]
@@ -160,6 +185,17 @@ def judge(stacks: Sequence[RankStack]) -> StackVerdict | None:
     kind = leaders[0].kind
     summary = f"{count} of {len(ranks)} ranks in {majority}"
     evidence = [summary + f" ({kind})", *(s.describe() for s in odd[:8]), leaders[0].describe()]
+    evidence += [f"{_who(s)} (pid {s.pid}): py-spy: {s.error}" for s in undumped[:8]]
+    if not odd and len(undumped) == 1 and kind == "collective":
+        culprit = undumped[0]
+        return StackVerdict(
+            "hang",
+            8.0,
+            f"{_who(culprit)} could not be dumped (py-spy: {culprit.error}: stopped, or stuck in the kernel) "
+            f"while the other ranks wait in {majority}",
+            culprit,
+            tuple(evidence),
+        )
     if len(ranks) > 1 and len(odd) == 1 and kind == "collective":
         culprit = odd[0]
         if culprit.kind == "io":

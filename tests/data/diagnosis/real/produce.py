@@ -87,10 +87,12 @@ class Job:
             )
 
     def hosts(self) -> Path:
-        """An /etc/hosts naming every node of the scenario at 127.0.0.1."""
+        """An /etc/hosts naming every node of the scenario at a loopback address of its own."""
         path = self.work / "hosts"
-        names = " ".join(node.host for node in self.scenario.nodes if not node.host.endswith(".invalid"))
-        path.write_text(f"127.0.0.1 localhost {names}\n::1 localhost\n")
+        # Each node its own loopback address, its name first: socket.getfqdn() (torchrun's summary "host")
+        # then says the node's name, not "localhost".
+        own = "".join(f"127.0.1.{i} {node.host}\n" for i, node in enumerate(self.scenario.nodes, start=1))
+        path.write_text(f"127.0.0.1 localhost\n{own}::1 localhost\n")
         return path
 
     def wait_for(self, pattern: str, count: int = 1, seconds: float = RUN_SECONDS) -> None:
@@ -102,21 +104,31 @@ class Job:
         raise TimeoutError(f"{self.scenario.name}: {pattern!r} not seen in {seconds}s")
 
     def workers(self, node: int = 0) -> list[tuple[int, int]]:
-        """(rank, pid) of the worker processes under agent ``node``."""
-        found = []
-        session = os.getsid(self.procs[node].pid)
+        """(rank, pid) of the worker processes under agent ``node`` (its descendants: torchrun starts each
+        worker in a session of its own)."""
+        parents: dict[int, int] = {}
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except (OSError, ValueError):
+                continue
+            if entry.name.isdigit():
+                parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
+        found = []
+        for pid in parents:
+            ancestor = parents.get(pid)
+            while ancestor and ancestor != self.procs[node].pid:
+                ancestor = parents.get(ancestor)
+            if not ancestor:
                 continue
             try:
-                if os.getsid(int(entry.name)) != session:
-                    continue
-                environ = (entry / "environ").read_bytes().split(b"\0")
-            except (OSError, ProcessLookupError):
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
                 continue
             ranks = [v[5:] for v in environ if v.startswith(b"RANK=")]
-            if ranks and b"worker.py" in (entry / "cmdline").read_bytes():
-                found.append((int(ranks[0]), int(entry.name)))
+            if ranks and b"worker.py" in cmdline:
+                found.append((int(ranks[0]), pid))
         return sorted(found)
 
     def signal_node(self, node: int, signum: int) -> None:
@@ -274,7 +286,7 @@ SCENARIOS = [
     Scenario(
         "elastic_restart_recovered",
         [Node("trn-a14", standalone(2, "--max-restarts", "2"))],
-        fault("first_attempt", step=3),
+        fault("startup_first_attempt"),
     ),
     Scenario(
         "sigterm_scancel",
@@ -285,12 +297,18 @@ SCENARIOS = [
     Scenario("healthy_with_warnings", [Node("trn-a16", standalone(2))], fault("warnings")),
     Scenario(
         "two_nodes_sigkill_rank3",
-        [Node("trn-b01", multinode(2, 29611)), Node("trn-b02", multinode(2, 29611), delay=2)],
+        [
+            Node("trn-b01", multinode(2, 29611, endpoint="trn-b01")),
+            Node("trn-b02", multinode(2, 29611, endpoint="trn-b01"), delay=2),
+        ],
         fault("sigkill", rank=3),
     ),
     Scenario(
         "two_nodes_rendezvous_host_lost",
-        [Node("trn-c01", multinode(1, 29612)), Node("trn-c02", multinode(1, 29612), delay=2)],
+        [
+            Node("trn-c01", multinode(1, 29612, endpoint="trn-c01")),
+            Node("trn-c02", multinode(1, 29612, endpoint="trn-c01"), delay=2),
+        ],
         {"WORKER_STEPS": "200", "WORKER_TIMEOUT": "20"},
         during=after_steps(3, 2, host_lost),
     ),

@@ -7,7 +7,8 @@ Launched by ``produce.py`` under ``torchrun``; nothing here is imported by Night
 - ``WORKER_FAULT``: what goes wrong (none by default), at step ``WORKER_FAULT_STEP`` on rank ``WORKER_FAULT_RANK``:
   ``sigkill``, ``sigstop``, ``sigabrt``, ``sigsegv``, ``exception``, ``nan`` (every rank), ``stuck`` (a busy
   Python loop: the rank never reaches the next collective), ``first_attempt`` (an exception on the first
-  torchrun attempt only), ``warnings`` (a healthy run that warns);
+  torchrun attempt only), ``startup_first_attempt`` (rank 1 fails before joining the process group, on the first
+  attempt only), ``warnings`` (a healthy run that warns);
 - ``WORKER_CKPT``: a checkpoint path: ``*.pt`` is written with ``torch.save`` by rank 0, a directory with
   ``torch.distributed.checkpoint`` (DCP) by every rank, every ``WORKER_CKPT_EVERY`` steps; ``WORKER_RESUME=1``
   loads it before training;
@@ -143,6 +144,8 @@ def main() -> None:
 
     logging.setLogRecordFactory(factory)
     fault = env("WORKER_FAULT", "none")
+    if fault == "startup_first_attempt" and env("TORCHELASTIC_RESTART_COUNT", "0") == "0" and rank == 1:
+        raise FileNotFoundError("[Errno 2] No such file or directory: '/data/shards/index.json'")
     if env("WORKER_FR_DUMP"):
         fr_dumper(rank)
     dist.init_process_group("gloo", timeout=timedelta(seconds=float(env("WORKER_TIMEOUT", "30"))))

@@ -1,0 +1,119 @@
+"""Diagnosis on the formats real jobs write: buried causes in big logs, torchrun's summary however it is cut,
+py-spy's failure on a stopped rank, Flight Recorder dumps (the real corpus in tests/data/diagnosis/real holds
+the full logs)."""
+
+from __future__ import annotations
+
+import json
+
+from app.diagnosis import MAX_BURIED, MAX_LINES, MAX_LOG_CHARS, diagnose, flight, stacks, tail_lines
+from app.diagnosis.launcher import LauncherReading
+
+XID = (
+    "Dec  3 09:59:58 gpu-n07 kernel: NVRM: Xid (PCI:0000:c1:00): 79, pid='<unknown>', name=<unknown>, "
+    "GPU has fallen off the bus."
+)
+
+
+def progress(count: int) -> list[str]:
+    return [f"[rank{i % 64}]: step {i} | loss 2.{i % 1000:03d} | tokens/s 180000" for i in range(count)]
+
+
+def test_an_xid_20000_lines_before_the_end_of_a_2_mib_log_is_found():
+    after = progress(20_000)
+    before = progress(30_000)
+    text = "\n".join([*before, XID, *after])
+    assert 2 * 1024 * 1024 <= len(text) <= MAX_LOG_CHARS
+    result = diagnose({}, text)
+    assert (result.category, result.xid) == ("gpu_hardware", 79)
+    assert result.culprit is not None and result.culprit.node == "gpu-n07"
+
+
+def test_the_lines_before_the_classified_tail_keep_only_buried_causes_and_a_bounded_number():
+    lines = tail_lines("\n".join([XID] * (MAX_BURIED + 50) + progress(MAX_LINES)))
+    assert len(lines) == MAX_BURIED + MAX_LINES
+    assert lines[:MAX_BURIED] == [XID] * MAX_BURIED
+
+
+def test_a_summary_cut_inside_the_root_cause_keeps_what_it_saw():
+    reading = LauncherReading()
+    for index, line in enumerate(
+        [
+            "Root Cause (first observed failure):",
+            "[0]:",
+            "  host      : gpu-a11",
+            "  rank      : 3 (local_rank: 3)",
+            "  exitcode  : -9 (pi",
+        ]
+    ):
+        reading.feed(index, line)
+    reading.finish()
+    (failure,) = reading.failures
+    assert (failure.rank, failure.host, failure.exitcode, failure.signal_name, failure.root) == (
+        3,
+        "gpu-a11",
+        -9,
+        "SIGKILL",
+        True,
+    )
+
+
+def test_the_agents_own_kills_are_victims_not_causes():
+    reading = LauncherReading()
+    lines = [
+        "Sending process 18542 closing signal SIGTERM",
+        "Unable to shutdown process 18542 via 15, forcefully exiting via 9",
+        "Failures:",
+        "[1]:",
+        "  rank      : 1 (local_rank: 1)",
+        "  exitcode  : -9 (pid: 18542)  (SIGKILL)",
+    ]
+    for index, line in enumerate(lines):
+        reading.feed(index, line)
+    reading.finish()
+    assert reading.killed() == []
+    assert [f.rank for f in reading.unresponsive()] == [1]
+
+
+def test_py_spy_that_cannot_suspend_a_stopped_rank_names_it():
+    dump = []
+    for rank in (0, 1):
+        dump += [f"==> py-spy node=n1 rank={rank} pid={100 + rank} <==", f"Process {100 + rank}: python train.py",
+                 f'Thread {100 + rank} (idle): "MainThread"', "    _engine_run_backward (torch/autograd/graph.py:979)",
+                 "    backward (torch/autograd/__init__.py:395)"]  # fmt: skip
+    dump += ["==> py-spy node=n1 rank=2 pid=102 <==", "Process 102: python train.py", "",
+             "Error: Failed to get stack traces", "", "Caused by:", "    0: Failed to suspend process"]  # fmt: skip
+    verdict = stacks.judge(stacks.parse_dumps(dump))
+    assert verdict is not None and verdict.category == "hang"
+    assert verdict.culprit is not None and verdict.culprit.rank == 2
+
+
+def fr_dump(rank: int, enqueued: int) -> list[str]:
+    entries = [
+        {
+            "collective_seq_id": seq,
+            "profiling_name": "gloo:all_reduce",
+            "retired": seq < enqueued or rank == 1,
+            "pg_id": 0,
+        }
+        for seq in range(1, enqueued + 1)
+    ]
+    status = {
+        "0": {"last_enqueued_collective": str(enqueued), "last_completed_collective": str(enqueued - 1)}
+    }
+    return [
+        f"==> flight-recorder rank={rank} file=trace{rank} <==",
+        json.dumps({"entries": entries, "pg_status": status}),
+    ]
+
+
+def test_the_flight_recorder_names_the_rank_missing_from_the_stuck_collective():
+    lines = fr_dump(0, 9) + fr_dump(1, 8) + fr_dump(2, 9)
+    verdict = flight.judge(flight.parse_dumps(lines))
+    assert verdict is not None
+    assert (verdict.missing, verdict.waiting) == ((1,), (0, 2))
+    assert "gloo:all_reduce #9" in verdict.collective
+
+
+def test_a_flight_recorder_dump_that_is_not_json_is_skipped():
+    assert flight.parse_dumps(["==> flight-recorder rank=0 <==", '{"entries": [', "==> other <=="]) == []
