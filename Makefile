@@ -38,6 +38,7 @@ bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 min
 	$(PY) -m bench.memory
 	$(PY) -m bench.profile
 	$(PY) -m bench.e2e
+	$(PY) -m bench.storm
 	$(PY) -m bench.ettr
 	$(PY) -m bench.report
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from app.errors import ConfigError
-from app.topology import Topology
+from app.topology import Domain, Topology
 
 # Diagnosis categories whose cause lies outside the job's nodes, shared by every job that uses it.
 SHARED_CATEGORIES = frozenset({"storage_io", "object_store_timeout"})
@@ -124,6 +124,21 @@ def shared_cause(
         summary=f"{len(members)} job(s) with culprits all behind {domain.label} ({len(domain.nodes)} nodes)",
         incidents=members,
     )
+
+
+def node_domain(
+    node: str, failing: Iterable[str], topology: Topology, max_nodes: int, max_domain_nodes: int
+) -> Domain | None:
+    """The smallest domain of ``node`` in which more than ``max_nodes`` of the ``failing`` nodes (``node``'s
+    included) failed, no larger than ``max_domain_nodes``: then the domain (a leaf, a rack) is the suspect, not the
+    nodes. None: the node's own fault."""
+    down = {node, *failing}
+    for domain in topology.of(node):
+        if len(domain.nodes) > max_domain_nodes:
+            return None
+        if len(down & domain.nodes) > max_nodes:
+            return domain
+    return None
 
 
 def may_share(failure: JobFailure, others: Iterable[JobFailure], settings: FleetSettings) -> bool:

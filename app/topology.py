@@ -213,20 +213,31 @@ def _normal(address: str) -> str:
         return address
 
 
+_LOGGER = re.compile(r"^\s*([A-Za-z0-9][\w.-]*):\d+:\d+ ")  # NCCL's "host:pid:tid " line prefix
+
+
+def loggers(log: str) -> set[str]:
+    """The hosts that wrote NCCL lines of ``log`` (their ``host:pid:tid`` prefix): reporters, never culprits for
+    what they report."""
+    return {m.group(1) for line in log.splitlines() if (m := _LOGGER.match(line))}
+
+
 def peer_nodes(log: str, topology: Topology, reporters: Iterable[str] = ()) -> list[str]:
     """The nodes whose addresses the lines of ``log`` that speak of a peer name (NCCL's ``Got completion from
     peer 10.0.1.7<47534>``, gloo's ``[10.0.1.7]:29500``, a GID, ``node:mlx5_3``), in order, known ones only,
-    never one of ``reporters`` (the nodes of the ranks that wrote the lines)."""
+    never one of ``reporters`` nor the host that wrote the line."""
     own = set(reporters)
     found: list[str] = []
     for line in log.splitlines():
         if not _PEER_CONTEXT.search(line):
             continue
+        writer = _LOGGER.match(line)
+        line_own = own | ({writer.group(1)} if writer else set())
         candidates = [m.group(1) for m in _IPV4.finditer(line)] + [m.group(1) for m in _IPV6.finditer(line)]
         candidates += [f"{m.group(1)}:{m.group(2)}" for m in _MLX.finditer(line)]
         for address in candidates:
             node = topology.addresses.get(_normal(address))
-            if node and node not in own and node not in found:
+            if node and node not in line_own and node not in found:
                 found.append(node)
     return found
 

@@ -717,6 +717,14 @@ def markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
     return "\n".join(lines)
 
 
+def with_before(table: str, before: Path) -> str:
+    """``table``, and the table of the earlier run saved at ``before`` (the code before a change), if any."""
+    if not before.exists():
+        return table
+    saved = record.read(before)
+    return f"{table}\n\n{markdown(saved['results']['rows'], saved['params']['label'])}"
+
+
 def write_readme(table: str) -> None:
     text = README.read_text()
     if BEGIN in text and END in text:
@@ -739,6 +747,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--no-readme", action="store_true", help="do not rewrite the table in bench/README.md"
     )
+    parser.add_argument(
+        "--before",
+        type=Path,
+        default=record.RESULTS / "storm-before.json",
+        help="an earlier run's results, tabled beside this one's in bench/README.md",
+    )
     args = parser.parse_args(argv)
     wanted = args.scenarios.split(",")
     unknown = set(wanted) - {s.name for s in SCENARIOS}
@@ -755,12 +769,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['healthy_nodes_excluded']} healthy excluded, {r['peak_rss_mib']} MiB",
             flush=True,
         )
-    params = {k: v for k, v in vars(args).items() if k not in ("out", "no_readme")}
+    params = {k: v for k, v in vars(args).items() if k not in ("out", "no_readme", "before")}
     print(f"wrote {record.write(args.out, 'storm', params, {'rows': rows})}")
     table = markdown(rows, args.label)
     print(table)
     if not args.no_readme:
-        write_readme(table)
+        write_readme(with_before(table, args.before))
     return 0
 
 

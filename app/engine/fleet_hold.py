@@ -22,7 +22,7 @@ from app.engine.deps import EngineDeps
 from app.errors import ConfigError
 from app.states import IncidentKind
 from app.store import records
-from app.topology import EMPTY, Topology, TopologyError, parse_slurm, peer_nodes, with_addresses
+from app.topology import EMPTY, Topology, TopologyError, loggers, parse_slurm, peer_nodes, with_addresses
 
 HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
@@ -50,9 +50,12 @@ class FleetHolds:
         self.notify = notify
         self.topology = load_topology(deps.settings.fleet)
 
-    def lost_peers(self, log: str, reporters: Iterable[str]) -> list[str]:
-        """The nodes of the peers the job's log says its ranks lost (never a reporting rank's own node)."""
-        return peer_nodes(log, self.topology, reporters) if self.topology.addresses else []
+    def lost_peers(self, log: str) -> tuple[list[str], set[str]]:
+        """The nodes of the peers the job's log says its ranks lost (never the node that wrote the line), and the
+        nodes that wrote such lines (reporters, not culprits for what they report)."""
+        if not self.topology.addresses:
+            return [], set()
+        return peer_nodes(log, self.topology), loggers(log)
 
     def widen(self, inc: records.Row, culprits: Iterable[str]) -> tuple[tuple[str, ...], str] | None:
         """The nodes to exclude instead of ``culprits`` when they, or the culprits of the other jobs failing in
@@ -140,6 +143,47 @@ class FleetHolds:
             return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
         if inc["id"] not in record["incidents"]:
             self._join(inc, key, record, now)
+        return now + timedelta(seconds=settings.recheck_seconds)
+
+    def hold_node(self, inc: records.Row) -> datetime | None:
+        """A node incident among many at once behind one leaf or rack: the domain is the suspect, told once; the
+        node waits (its alert resolving when the domain is back closes it), never repaired or paged one by one.
+        None: the node's own fault, repaired as usual."""
+        settings = self.deps.settings.fleet
+        if not self.topology.domains or inc["kind"] != IncidentKind.NODE or not inc["node"]:
+            return None
+        now = self.deps.clock.now()
+        window = timedelta(seconds=settings.window_seconds)
+        with self.deps.store.read() as conn:
+            failing = [
+                r["node"]
+                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
+                if r["kind"] == IncidentKind.NODE
+                and r["node"]
+                and abs(r["opened_at"] - inc["opened_at"]) <= window
+            ]
+        domain = fleet.node_domain(
+            inc["node"],
+            failing,
+            self.topology,
+            self.deps.settings.episodes.max_culprits,
+            settings.max_domain_nodes,
+        )
+        if domain is None:
+            return None
+        key = f"fleet:{domain.kind}:{domain.name}"
+        down = len({inc["node"], *failing} & domain.nodes)
+        summary = f"{down} nodes behind {domain.label} failed within {settings.window_seconds}s"
+        with self.deps.store.read() as conn:
+            record = records.get_control(conn, key)
+        if record is None or datetime.fromisoformat(record["opened_at"]) < inc["opened_at"] - window:
+            record = {"summary": summary, "opened_at": now.isoformat(), "incidents": []}
+            cause = fleet.SharedCause(f"{domain.kind}:{domain.name}", domain.kind, summary, (inc["id"],))
+            self._open(inc, key, record, cause, held=False)
+        reason = f"{HOLD_PREFIX} {domain.kind}:{domain.name}: {summary}; the node waits for it"
+        if inc["reason"] != reason:
+            with self.deps.store.transaction() as conn:
+                transitions.wait(conn, now, inc, reason, kind="fleet_hold")
         return now + timedelta(seconds=settings.recheck_seconds)
 
     def storm_wait(self, inc: records.Row) -> datetime | None:

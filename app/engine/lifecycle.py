@@ -121,6 +121,11 @@ class Lifecycle:
             return self._close(inc, Closed.NEEDS_HUMAN, inc["reason"])
         self.effects.open_annotation(inc)
         state = inc["state"]
+        if inc["kind"] == IncidentKind.NODE and state in (State.OPEN, State.DIAGNOSING, State.WAITING):
+            held_until = self.fleet.hold_node(inc)
+            if held_until is not None:
+                return held_until
+            state = State.OPEN if state == State.WAITING else state  # no longer behind a failing domain
         if state == State.OPEN and episodes.must_wait(
             self.deps.clock.now(), inc["act_after"], inc["culprits"] or ()
         ):
@@ -270,11 +275,7 @@ class Lifecycle:
         culprit = (diagnosis.get("culprit") or {}).get("node")
         peers: list[str] = []
         if inc["kind"] == IncidentKind.JOB:
-            with self.deps.store.read() as conn:
-                reporters = {
-                    a["labels"].get("Hostname", "") for a in records.get_alerts_for_incident(conn, inc["id"])
-                }
-            peers = self.fleet.lost_peers("\n".join(logs), reporters)
+            peers, reporters = self.fleet.lost_peers("\n".join(logs))
             if peers and culprit in reporters:
                 culprit = None  # a rank that logged a lost peer: the peer is the suspect, never the logger
 

@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.errors import ConfigError
-from app.fleet import FleetSettings, JobFailure, may_share, release_delay, shared_cause, storm_tripped
+from app.fleet import (
+    FleetSettings,
+    JobFailure,
+    may_share,
+    node_domain,
+    release_delay,
+    shared_cause,
+    storm_tripped,
+)
 from app.topology import parse_slurm
 
 T0 = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)
@@ -109,3 +117,20 @@ def test_a_storage_failure_waits_for_the_undiagnosed_jobs_of_its_window():
     assert not may_share(failure(1, "cuda_oom"), undiagnosed, SETTINGS)
     diagnosed = [failure(2, "cuda_oom"), failure(3, "cuda_oom")]
     assert not may_share(failure(1, "storage_io"), diagnosed, SETTINGS)
+
+
+@pytest.mark.parametrize(
+    ("node", "failing", "domain"),
+    [
+        ("n9", ["n10", "n11"], "leaf1"),  # three behind leaf1: the leaf
+        ("n9", ["n10"], None),  # two: the nodes' own faults
+        ("n9", ["n1", "n2", "n3"], None),  # the others are behind another leaf
+    ],
+)
+def test_many_nodes_failing_behind_one_leaf_blame_the_leaf(node, failing, domain):
+    found = node_domain(node, failing, TOPO, max_nodes=2, max_domain_nodes=1024)
+    assert (found.name if found else None) == domain
+
+
+def test_a_domain_larger_than_the_limit_is_never_the_suspect():
+    assert node_domain("n9", ["n10", "n11"], TOPO, max_nodes=2, max_domain_nodes=4) is None

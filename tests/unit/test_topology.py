@@ -9,6 +9,7 @@ from app.topology import (
     TopologyError,
     blame,
     from_labels,
+    loggers,
     parse_slurm,
     peer_nodes,
     with_addresses,
@@ -151,3 +152,17 @@ def test_blame_names_the_smallest_set_that_explains_the_evidence(failed, peers, 
 def test_without_a_topology_many_suspects_exclude_nothing():
     result = blame(["a", "b", "c"], [], Topology(), max_nodes=2)
     assert result.nodes == () and "share no leaf" in result.refused
+
+
+def test_the_host_that_wrote_a_line_is_a_reporter_never_its_own_peer():
+    log = (
+        "gpu05:4242:4285 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.4<47534> with error 12\n"
+        "gpu04:4243:4286 [0] transport/net_ib.cc:1295 NCCL WARN NET/IB : Got completion from peer "
+        "10.0.0.5<47534> with error 12"
+    )
+    # Each names the other: both are peers someone lost, and both wrote lines.
+    assert peer_nodes(log, TOPO) == ["gpu04", "gpu05"]
+    assert loggers(log) == {"gpu04", "gpu05"}
+    only = log.splitlines()[0]
+    assert peer_nodes(only, TOPO) == ["gpu04"] and loggers(only) == {"gpu05"}
