@@ -349,3 +349,14 @@ def test_the_schema_check_refuses_and_prunes(monitoring_crds: KubeAdmin) -> None
         monitoring_crds.apply(wrong)
     assert refused.value.status == 422
     assert "spec.endpoints.interval" in json.loads(refused.value.body)["message"]
+
+
+def test_the_settings_are_checked_before_the_server_starts(helm: str) -> None:
+    """An init container runs `nightshift check-config` with the server's image, config and mounts, so bad
+    settings stop the pod with their file:line before `serve` starts (docs/deploy.md)."""
+    pod = one(render(helm), "Deployment")["spec"]["template"]["spec"]
+    (check,) = pod["initContainers"]
+    (server,) = pod["containers"]
+    assert check["args"] == ["check-config"] and check["image"] == server["image"]
+    assert check["volumeMounts"] == server["volumeMounts"]
+    assert {"name": "NIGHTSHIFT_CONFIG", "value": "/etc/nightshift/config/config.yaml"} in check["env"]
