@@ -21,9 +21,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.clipping import clip_labels, clip_text
+
 # PagerDuty Events v2 limits (developer.pagerduty.com, "Send an Alert Event").
 MAX_SUMMARY = 1024
 MAX_DEDUP_KEY = 255
+MAX_DETAILS_TEXT = 4000  # the notice's text in custom_details (the whole event must stay under 512 KB)
+# An unmatched alert's notice: its summary and description clipped, its labels through clip_labels.
+MAX_ANNOTATION = 2000
+MAX_NOTICE_LABEL = 200
 SEVERITIES = ("critical", "error", "warning", "info")
 
 # Incident outcomes that need a person, and how loudly.
@@ -66,9 +72,9 @@ def page_for(subject: str, text: str, data: Mapping[str, Any], external_url: str
     """The page a notice deserves, or None when it only informs (a recovery, a resolved alert)."""
     labels: Mapping[str, Any] = data.get("labels") or {}
     source = str(data.get("node") or labels.get("Hostname") or labels.get("node") or "nightshift")
-    details = {"text": text[:4000], **{k: v for k, v in data.items() if k != "labels"}}
+    details = {"text": clip_text(text, MAX_DETAILS_TEXT), **{k: v for k, v in data.items() if k != "labels"}}
     if labels:
-        details["labels"] = dict(labels)
+        details["labels"] = clip_labels(labels)
     group = str(labels.get("slurm_job_id") or labels.get("train_job") or labels.get("namespace") or "")
     incident = data.get("incident")
     link = _incident_link(external_url, incident)
@@ -144,14 +150,15 @@ def unmatched_alert(
         or labels.get("instance")
         or "-"
     )
-    subject = f"[nightshift] no playbook for {alertname} on {where}"
+    subject = _clip(f"[nightshift] no playbook for {alertname} on {where}", MAX_SUMMARY)
     summary = annotations.get("summary") or alertname
-    lines = [summary]
+    lines = [clip_text(summary, MAX_ANNOTATION)]
     if annotations.get("description"):
-        lines.append(annotations["description"])
+        lines.append(clip_text(annotations["description"], MAX_ANNOTATION))
     lines.append("No playbook matches this alert: Nightshift recorded it and did nothing.")
-    lines.append("Labels: " + ", ".join(f"{k}={v}" for k, v in sorted(labels.items())))
-    data = {"unmatched": alertname, "fingerprint": fingerprint, "labels": dict(labels)}
+    shown = clip_labels(labels, value=MAX_NOTICE_LABEL)
+    lines.append("Labels: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
+    data = {"unmatched": clip_text(alertname, MAX_NOTICE_LABEL), "fingerprint": fingerprint, "labels": shown}
     return Notice(subject, "\n".join(lines), data)
 
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.actions.base import Action, ActionContext, Plan
+from app.clipping import ELLIPSIS, clip_data, clip_text
 from app.config import read_secret
 from app.errors import BackendError, ConfigError
 from app.outcome import Failed, Ok, Outcome, outcome_from_error
@@ -30,6 +31,15 @@ if TYPE_CHECKING:
 EMAIL = r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9](?:[A-Za-z0-9.-]{0,251}[A-Za-z0-9])?"
 CONFIGURED_WEBHOOK = "<notify webhook>"
 MAX_TEXT = 4000
+# Slack truncates a message's text past 40,000 characters (api.slack.com/changelog/2018-04-truncating-really-long-
+# messages; the chat.postMessage reference gives the same limit for ``text``): the engine's notices are clipped to
+# it, entities counted, so the cut is ours and ends with an ellipsis.
+MAX_SLACK_TEXT = 40_000
+# Mail has no protocol limit on a body, but servers do (Postfix's message_size_limit defaults to 10,240,000 bytes,
+# Exchange Online's to 25 MB): a notice's body is clipped to 100,000 characters (at most 400 KB of UTF-8), far under
+# them and still a long read; the subject to 250 characters (RFC 5322 lines: 998).
+MAX_MAIL_TEXT = 100_000
+MAX_MAIL_SUBJECT = 250
 
 
 def slack_escape(text: str) -> str:
@@ -99,21 +109,40 @@ class NotifyEmail(Action):
         return _deliver(command, "email", lambda: _mail(ctx.clients, to, params["subject"], params["text"]))
 
 
+def slack_text(text: str, limit: int = MAX_SLACK_TEXT) -> str:
+    """``text`` escaped (:func:`slack_escape`) and clipped to ``limit`` characters without cutting an entity."""
+    escaped = slack_escape(text)
+    if len(escaped) <= limit:
+        return escaped
+    cut = escaped[: limit - 1]
+    entity = cut.rfind("&")
+    if entity >= 0 and ";" not in cut[entity:]:
+        cut = cut[:entity]
+    return cut + ELLIPSIS
+
+
 def send_notification(
-    clients: Clients, settings: Settings, subject: str, text: str, data: Mapping[str, Any]
+    clients: Clients,
+    settings: Settings,
+    subject: str,
+    text: str,
+    data: Mapping[str, Any],
+    skip: Collection[str] = (),
 ) -> list[Outcome]:
     """Send ``subject``/``text`` to every configured channel: one outcome per channel (webhook, email, then
-    PagerDuty when :func:`app.paging.page_for` says the notice needs a person).
+    PagerDuty when :func:`app.paging.page_for` says the notice needs a person), each clipped to its channel's
+    limit. ``skip``: channels that already delivered this notice (a retried finalisation sends each once).
 
     Never raises: a missing secret, an unreachable server or a refusal is that channel's outcome. The webhook
-    body carries ``data`` (made JSON-safe) under ``nightshift``. No channel configured: an empty list.
+    body carries ``data`` (made JSON-safe, labels clipped: :func:`app.clipping.clip_data`) under ``nightshift``.
+    No channel configured: an empty list.
     """
     section = settings.notify
     outcomes: list[Outcome] = []
-    if section.webhook_url or section.webhook_url_file:
+    if (section.webhook_url or section.webhook_url_file) and "webhook" not in skip:
         body = {
-            "text": slack_escape(f"{subject}\n{text}"),
-            "nightshift": json.loads(json.dumps(dict(data), default=str)),
+            "text": slack_text(f"{subject}\n{text}"),
+            "nightshift": json.loads(json.dumps(clip_data(data), default=str)),
         }
         outcomes.append(
             _deliver(
@@ -122,16 +151,18 @@ def send_notification(
                 lambda: _post(clients, configured_webhook_url(settings), body),
             )
         )
-    if section.smtp_host and section.email_to:
+    if section.smtp_host and section.email_to and "email" not in skip:
         to = list(section.email_to)
+        mail_subject, mail_text = clip_text(subject, MAX_MAIL_SUBJECT), clip_text(text, MAX_MAIL_TEXT)
         outcomes.append(
             _deliver(
-                _mail_command(", ".join(to), subject), "email", lambda: _mail(clients, to, subject, text)
+                _mail_command(", ".join(to), mail_subject),
+                "email",
+                lambda: _mail(clients, to, mail_subject, mail_text),
             )
         )
-    page = (
-        page_for(subject, text, data, settings.external_url) if section.pagerduty_routing_key_file else None
-    )
+    paging = section.pagerduty_routing_key_file and "pagerduty" not in skip
+    page = page_for(subject, text, data, settings.external_url) if paging else None
     if page is not None:
         outcomes.append(
             _deliver(

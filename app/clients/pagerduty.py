@@ -24,6 +24,8 @@ from app.paging import MAX_DEDUP_KEY, MAX_SUMMARY, SEVERITIES, Page
 if TYPE_CHECKING:
     from app.config import Settings
 
+# An event is at most 512 KB (developer.pagerduty.com, Events API v2, "Send an Alert Event"; the same docs as
+# PagerDuty/developer-docs docs/events-API-v2/): notices are clipped to fit (app/paging.py, app/clipping.py).
 MAX_BODY_BYTES = 512 * 1024
 ROUTING_KEY_CHARS = 32
 
@@ -106,7 +108,13 @@ class PagerDutyClient:
         body = self.body(page)
         encoded = json.dumps(body, default=str).encode()
         if len(encoded) > MAX_BODY_BYTES:
-            raise errors.BackendError(f"pagerduty: event of {len(encoded)} bytes is over the 512 KB limit")
+            # Clipped details should never get here; if they do, the page still goes, without its details.
+            size = len(encoded)
+            body["payload"]["custom_details"] = {
+                "text": str(page.custom_details.get("text", ""))[:4000],
+                "clipped": f"custom details left out: the event was {size} bytes, over the 512 KB limit",
+            }
+            encoded = json.dumps(body, default=str).encode()
         try:
             response = send(
                 self._session,

@@ -105,8 +105,18 @@ class Effects:
 
     # --- notifications ----------------------------------------------------------------------------------------
 
-    def _notify(self, incident_id: int | None, subject: str, text: str, data: Mapping[str, Any]) -> bool:
-        outcomes = send_notification(self.deps.clients, self.deps.settings, subject, text, data)
+    def _notify(
+        self,
+        incident_id: int | None,
+        subject: str,
+        text: str,
+        data: Mapping[str, Any],
+        notice: str = "",
+        skip: frozenset[str] = frozenset(),
+    ) -> bool:
+        """Send on every channel but ``skip``; each outcome is ledgered with its channel and, failed, its reason
+        (``notice`` names the notice, so a retry can tell which channels already delivered it)."""
+        outcomes = send_notification(self.deps.clients, self.deps.settings, subject, text, data, skip=skip)
         ok = True
         for outcome in outcomes:
             reason = getattr(outcome, "reason", "")
@@ -115,9 +125,28 @@ class Effects:
                 incident_id,
                 "notification",
                 f"{outcome.command}: {outcome.status}" + (f": {reason}" if reason else ""),
-                {"status": outcome.status, "command": outcome.command},
+                {
+                    "status": outcome.status,
+                    "command": outcome.command,
+                    "channel": (outcome.data or {}).get("channel"),
+                    "notice": notice,
+                    **({"reason": reason} if reason else {}),
+                },
             )
         return ok
+
+    def _delivered(self, incident_id: int, notice: str) -> frozenset[str]:
+        """The channels that already delivered ``notice`` of this incident (ledgered ok)."""
+        with self.deps.store.read() as conn:
+            rows = records.ledger_for(conn, incident_id)
+        return frozenset(
+            str(row["data"].get("channel"))
+            for row in rows
+            if row["kind"] == "notification"
+            and isinstance(row.get("data"), dict)
+            and row["data"].get("notice") == notice
+            and row["data"].get("status") == "ok"
+        )
 
     def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
         with self.deps.store.read() as conn:
@@ -146,6 +175,8 @@ class Effects:
                 subject,
                 text,
                 {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})},
+                notice="outcome",
+                skip=self._delivered(inc["id"], "outcome"),  # a retry re-sends only the channels that failed
             )
         with self.deps.store.transaction() as conn:
             tries = sum(1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "finalize_retry")

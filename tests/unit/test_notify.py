@@ -16,6 +16,7 @@ import ssl
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from email import message_from_bytes
+from email.header import decode_header, make_header
 from email.message import Message
 from pathlib import Path
 from typing import Any
@@ -475,3 +476,64 @@ def test_send_notification_never_raises(smtp_server: SmtpServer, tmp_path) -> No
 def test_send_notification_without_channels() -> None:
     settings = Settings(notify=NotifySettings(email_to=["ops@b.test"]))  # recipients but no SMTP host
     assert send_notification(Clients(settings), settings, "s", "t", {}) == []
+
+
+# --- every channel clipped to its limit, each sent once (issue 22 item 2) --------------------------------
+
+BIG_LABELS = {f"label_{i:03d}": "<&>" * 933 for i in range(190)}  # 190 labels of 2,799 characters to escape
+BIG_TEXTS = {
+    "plain": "x" * 900_000,
+    "markup": "<&>" * 300_000,  # escaping triples it
+    "entities_at_the_cut": "a" * 39_990 + "&" * 100,
+    "non_ascii": "山\u202e" * 450_000,
+}
+
+
+@pytest.mark.parametrize("text", BIG_TEXTS.values(), ids=BIG_TEXTS.keys())
+def test_a_huge_notice_is_clipped_for_chat_and_mail(slack: SlackFake, smtp_server: SmtpServer, text) -> None:
+    settings = Settings(
+        notify=NotifySettings(
+            webhook_url=HOOK, smtp_host=smtp_server.host, smtp_port=smtp_server.port, email_to=["ops@b.test"]
+        )
+    )
+    data = {"incident": 7, "outcome": "failed", "labels": BIG_LABELS}
+    outcomes = send_notification(Clients(settings), settings, "S" * 5000, text, data)
+    assert [(o.status, o.data["channel"]) for o in outcomes] == [("ok", "webhook"), ("ok", "email")]
+    (payload,) = slack.payloads
+    assert len(payload["text"]) <= 40_000
+    assert "&" not in payload["text"][-8:] or payload["text"][-8:].count(";") >= payload["text"][-8:].count(
+        "&"
+    )
+    assert len(json.dumps(payload)) < 256 * 1024
+    message = smtp_server.mailbox.messages[0][2]
+    content = message.get_payload(decode=True).decode(message.get_content_charset() or "utf-8")
+    subject = str(make_header(decode_header(message["Subject"])))
+    assert len(content.rstrip("\r\n")) <= 100_000 and len(subject) <= 250
+
+
+def test_channels_that_delivered_are_skipped(slack: SlackFake, smtp_server: SmtpServer) -> None:
+    settings = Settings(
+        notify=NotifySettings(
+            webhook_url=HOOK, smtp_host=smtp_server.host, smtp_port=smtp_server.port, email_to=["ops@b.test"]
+        )
+    )
+    outcomes = send_notification(Clients(settings), settings, "s", "t", {"incident": 1}, skip={"webhook"})
+    assert [o.data["channel"] for o in outcomes] == ["email"] and slack.payloads == []
+
+
+def test_a_retried_finalisation_sends_each_channel_once_and_ledgers_the_failures_reason(tmp_path) -> None:
+    from tests.payloads import alert, xid
+    from tests.unit.test_engine import make_world
+
+    w = make_world(tmp_path)
+    settings = w.engine.deps.settings
+    settings.notify.smtp_host, settings.notify.smtp_port = "127.0.0.1", free_port()  # nothing listens: fails
+    settings.notify.email_to = ["ops@b.test"]
+    (incident_id,) = w.send(alert(xid())).opened
+    for _ in range(8):  # past every finalisation retry
+        w.run()
+        w.clock.advance(seconds=settings.guards.defer_seconds + 1)
+    outcome_notices = [text for _, text in w.notifications if text.startswith("[nightshift] advisory")]
+    assert len(outcome_notices) == 1, outcome_notices
+    emails = [r for r in w.ledger(incident_id, "notification") if r["data"].get("channel") == "email"]
+    assert len(emails) >= 2 and all(r["data"]["status"] != "ok" and r["data"]["reason"] for r in emails)

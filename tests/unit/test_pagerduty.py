@@ -235,3 +235,51 @@ def test_send_notification_reports_a_missing_key_file_as_that_channels_failure(t
         Clients(settings), settings, "s", "t", {"incident": 1, "outcome": "failed"}
     )
     assert outcome.status == "failed" and "cannot read secret file" in outcome.reason
+
+
+# --- every channel clipped to its limit (issue 22 items 2 and 6) -----------------------------------------
+
+# The review's case: 190 labels of 2,800 characters (a 534 KB notification, inside the webhook's bounds).
+BIG_LABELS = {f"label_{i:03d}": chr(0x41 + i % 26) * 2800 for i in range(190)}
+BIG_CASES = {
+    "incident_needs_human": {
+        "incident": 12,
+        "outcome": "needs_human",
+        "labels": {**BIG_LABELS, "Hostname": "n1"},
+    },
+    "node_held": {
+        "node_held": "n1",
+        "node": "n1",
+        "scheduler": "slurm",
+        "repair_id": 3,
+        "incident": 4,
+        "reason": "x" * 600_000,
+    },
+    "non_ascii_labels": {
+        "incident": 13,
+        "outcome": "failed",
+        "labels": {f"l{i}": "\u202e山" * 1400 for i in range(190)},
+    },
+}
+
+
+@pytest.mark.parametrize("data", BIG_CASES.values(), ids=BIG_CASES.keys())
+def test_a_huge_notice_still_pages_within_512_kb(
+    tmp_path: Path, pagerduty: PagerDutyEventsFake, data
+) -> None:
+    settings = settings_with_pagerduty(tmp_path)
+    outcomes = send_notification(Clients(settings), settings, "[nightshift] big", "t" * 200_000, data)
+    assert [(o.status, o.data["channel"]) for o in outcomes] == [("ok", "pagerduty")], outcomes
+    (event,) = pagerduty.events
+    assert len(json.dumps(event).encode()) <= 512 * 1024
+
+
+def test_an_unmatched_alert_with_huge_labels_makes_a_bounded_notice() -> None:
+    notice = unmatched_alert(
+        alertname="A" * 3000,
+        fingerprint="f",
+        labels=BIG_LABELS,
+        annotations={"summary": "s" * 100_000, "description": "d" * 900_000},
+    )
+    assert len(notice.text) < 40_000 and len(notice.subject) <= 1024
+    assert len(json.dumps(notice.data)) < 64 * 1024
