@@ -248,7 +248,9 @@ class WorkloadResolver:
             lookups += 1
             resolution, lasting = self._resolve(key)
             self._transient[key] = resolution
-            if not lasting:  # the API cannot be asked now: the others are not looked up either, at one timeout each
+            if (
+                not lasting
+            ):  # the API cannot be asked now: nor is it for the others (one timeout, not one each)
                 self._transient.update(dict.fromkeys(keys - set(self._transient), resolution))
                 break
             if lasting:
