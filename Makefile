@@ -42,7 +42,7 @@ bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 min
 	$(PY) -m bench.ettr
 	$(PY) -m bench.report
 
-demo: deps  ## the whole loop on a simulated GPU cluster, about a minute (docs/demo.md); DEMO_ARGS=--keep stays up
+demo: deps  ## the whole loop on a simulated GPU cluster with a real PyTorch DDP job, a few minutes (docs/demo.md); DEMO_ARGS=--keep stays up, DEMO_ARGS="--trainer sim" the simulated trainer
 	$(PY) -m sim.demo $(DEMO_ARGS)
 
 clean:

@@ -4,8 +4,8 @@
 (munged, slurmctld, slurmd node1..node4, sshd) and :func:`sim.stack.launch_stack` around it (simulated DCGM
 exporters, Prometheus with the fast rules, Alertmanager, a Grafana stand-in, ``nightshift serve`` acting on Slurm
 over SSH with the Slurm actions whitelisted). It submits a two-node training job to node1 + node2 as a real batch
-job: with ``--trainer torch`` a real ``torch.distributed`` DDP job (sbatch → srun → torchrun c10d →
-:mod:`sim.torch_trainer`, gloo on CPU, DCP checkpoints); by default (``--trainer sim``) the simulated one
+job: by default (``--trainer torch``) a real ``torch.distributed`` DDP job (sbatch → srun → torchrun c10d →
+:mod:`sim.torch_trainer`, gloo on CPU, DCP checkpoints); ``--trainer sim`` the simulated one
 (:mod:`sim.trainer`).
 Then it plays one failure of it: Xid 79 on node2 GPU 3 and the rank there dies (SIGKILL: the real job's other rank
 fails in its all-reduce; the simulated job's ranks log NCCL's errors), node2's exporter reports the Xid (several
@@ -396,7 +396,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="stay up after the scenarios until Ctrl-C")
     parser.add_argument("--dir", type=Path, default=DEMO_DIR, help="state directory, emptied first")
     parser.add_argument(
-        "--trainer", choices=TRAINERS, default="sim",
+        "--trainer", choices=TRAINERS, default="torch",
         help="torch: a real torch.distributed DDP job (torchrun, gloo, DCP checkpoints); sim: the simulated one",
     )  # fmt: skip
     return parser.parse_args(argv)

@@ -22,6 +22,12 @@ Job faults (read by :mod:`sim.trainer` on every step). ``slowdown`` lasts until 
 or file system); every other job fault is *consumed* by the trainer process that acts on it, so a restarted
 job runs clean, as it does after a real transient fault: ``hang``, ``nan``, ``corrupt_checkpoint`` and the
 crash faults of :data:`CRASH_FAULTS`.
+
+Real faults in the real ``torch.distributed`` jobs (:mod:`sim.torch_trainer`), found through the status file each
+worker writes: :func:`signal_rank` (SIGKILL as the OOM killer or a lost node ends a rank, SIGSTOP for a rank that
+stops answering), :func:`inject_rank_fault` (acted on inside the rank at its next step, once: a Python
+exception, NaN inputs, allocation until the memory cap), :func:`limit_rank` (a memory cap or CPU quota on the
+worker's cgroup, :mod:`sim.cgroups`) and :func:`truncate_checkpoint` (a DCP shard cut short).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sim import gpus, statedir
+from sim import cgroups, gpus, statedir
 
 GPU_FAULTS = ("ecc", "ecc_sbe", "row_remap", "nvlink", "thermal", "vanish")
 # Crash faults and the training_errors_total error_class each one increments.
@@ -263,6 +269,39 @@ def signal_rank(
     pid = rank_process(state_dir, job, node, rank)
     os.kill(pid, signum)
     return pid
+
+
+def limit_rank(
+    state_dir: Path, job: str, node: str, memory_bytes: int | None = None, cpu_fraction: float | None = None
+) -> list[Path]:
+    """Cap the worker of ``job`` on ``node`` as a node's kernel would (:mod:`sim.cgroups`): ``memory_bytes`` more
+    than it uses now (then an ``oom`` rank fault makes the OOM killer end it), or ``cpu_fraction`` of one CPU (a
+    slow rank). The groups made, for :func:`sim.cgroups.remove` once the worker is gone."""
+    pid = rank_process(state_dir, job, node)
+    groups = []
+    if memory_bytes is not None:
+        groups.append(cgroups.limit_memory(pid, f"{job}-{node}-memory", _rss(pid) + memory_bytes))
+    if cpu_fraction is not None:
+        groups.append(cgroups.limit_cpu(pid, f"{job}-{node}-cpu", cpu_fraction))
+    return groups
+
+
+def _rss(pid: int) -> int:
+    """Resident bytes of ``pid`` (VmRSS of /proc/<pid>/status)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def truncate_checkpoint(checkpoint: Path) -> Path:
+    """Cut the largest shard (``*.distcp``) of a DCP checkpoint directory to half its size, as a save interrupted
+    by a full or failing file system leaves it; the shard's path."""
+    shards = sorted(checkpoint.glob("*.distcp"), key=lambda path: path.stat().st_size)
+    if not shards:
+        raise LookupError(f"no .distcp shard in {checkpoint}")
+    os.truncate(shards[-1], shards[-1].stat().st_size // 2)
+    return shards[-1]
 
 
 def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job: str | None = None) -> None:

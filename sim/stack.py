@@ -760,13 +760,19 @@ FAST_WINDOW = "10s"
 # written after the steps, so progress from before the fault (or by the process that was just killed) cannot pass.
 FAST_VERIFY_INTERVAL = "12s"
 FAST_VERIFY_TIMEOUT = "3m"
+# Repair states in which a node stays until a person acts (held) or that end a repair.
+REPAIR_SETTLED = ("held", "returned", "released", "advisory", "not_ours")
+# The checkpoint root the shipped playbooks name (``<root>/<train_job>``, a site adjusts it).
+SHIPPED_CHECKPOINT_ROOT = "/shared/checkpoints"
 _MINUTE_RANGE = re.compile(r"\[\d+[mh]\]")
 
 
-def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
+def fast_playbooks(dest: Path, source: Path = PLAYBOOKS, checkpoint_root: Path | None = None) -> Path:
     """Copy the playbooks of ``source`` into ``dest`` with PromQL range windows (``[2m]``) in ``recheck`` and
     ``verify`` shortened to :data:`FAST_WINDOW` and verification polled every :data:`FAST_VERIFY_INTERVAL`, to
-    match the fast rules, and node repairs that this cluster can run (:func:`_simulated_repair`). Everything else
+    match the fast rules, node repairs that this cluster can run (:func:`_simulated_repair`), and (with
+    ``checkpoint_root``) the shipped checkpoint root (:data:`SHIPPED_CHECKPOINT_ROOT`) replaced by the simulated
+    cluster's in the steps' ``dir`` (checkpoint.rollback, checkpoint.latest). Everything else
     is unchanged; ``source`` is never edited. Returns ``dest``."""
     dest.mkdir(parents=True, exist_ok=True)
     for path in sorted(source.glob("*.yaml")):
@@ -774,6 +780,10 @@ def fast_playbooks(dest: Path, source: Path = PLAYBOOKS) -> Path:
         for doc in documents:
             if doc.get("node_repair") and doc["target"]["scheduler"] == "slurm":
                 _simulated_repair(doc["node_repair"])
+            for step in doc.get("steps", []) if checkpoint_root else ():
+                where = step.get("with", {})
+                if isinstance(where.get("dir"), str) and where["dir"].startswith(SHIPPED_CHECKPOINT_ROOT):
+                    where["dir"] = str(checkpoint_root) + where["dir"][len(SHIPPED_CHECKPOINT_ROOT) :]
             for step in doc.get("collect", []):
                 if (
                     step["action"] == "slurm.job_stacks"
@@ -906,11 +916,14 @@ class Stack:
         self.jobs.append(job)
         return job
 
-    def submit_torch(self, name: str, nodes: Sequence[str], **options: Any) -> str:
+    def submit_torch(
+        self, name: str, nodes: Sequence[str], sbatch_args: Sequence[str] = (), **options: Any
+    ) -> str:
         """Submit a real ``torch.distributed`` job (:mod:`sim.torch_job`: sbatch → srun → torchrun →
         :mod:`sim.torch_trainer`) to ``nodes``; the job id. Like :meth:`submit_trainer`, it serves its metrics on a
         port of its own at each node's address and checkpoints (DCP) under ``sim/checkpoints/<name>/``.
-        ``options`` are :class:`sim.torch_job.TorchJobSpec` fields (strategy, max_restarts, step_seconds...)."""
+        ``options`` are :class:`sim.torch_job.TorchJobSpec` fields (strategy, max_restarts, step_seconds...);
+        ``sbatch_args`` more sbatch options (``--time=2``)."""
         spec = torch_job.TorchJobSpec(
             name=name,
             port=free_port(),
@@ -920,7 +933,7 @@ class Stack:
             node_hosts=NODE_ADDRESSES,
             **options,
         )
-        job = torch_job.submit(self.slurm, spec, nodes, self.base / "torch-jobs" / name)
+        job = torch_job.submit(self.slurm, spec, nodes, self.base / "torch-jobs" / name, *sbatch_args)
         self.jobs.append(job)
         return job
 
@@ -934,7 +947,7 @@ class Stack:
                 current = self.nightshift.get(f"/api/v1/nodes/{node}")["current"]
             except requests.HTTPError:
                 return "none"  # no repair of the node
-            return current["state"] if current["state"] in ("held", "returned", "not_ours") else None
+            return current["state"] if current["state"] in REPAIR_SETTLED else None
 
         state = wait_until(settled, timeout, f"{node}'s repair to settle")
         if state == "held":
@@ -1103,7 +1116,7 @@ def launch_stack(
             discovered=[training],
         )
         closers.callback(prometheus.stop)
-        playbooks = fast_playbooks(base / "playbooks")
+        playbooks = fast_playbooks(base / "playbooks", checkpoint_root=sim.base_dir / "checkpoints")
         permissions_file = None
         if permissions:
             permissions_file = base / "permissions.yaml"

@@ -265,8 +265,11 @@ class Worker:
                     log.info("step %d loss: %.4f", self.step, loss)
                 if self.checkpoint_asked:
                     log.info("checkpoint requested: saving step %d", self.step)
-                if self.checkpoint_asked or self.step % settings.checkpoint_every == 0:
+                due = self.checkpoint_asked or self.step % settings.checkpoint_every == 0
+                if due and math.isfinite(loss):
                     self.save(model, optimizer, loss)
+                elif due:  # never a checkpoint of diverged weights
+                    log.warning("step %d: loss is %s, checkpoint skipped", self.step, loss)
                 self.status()
                 time.sleep(max(0.0, settings.step_seconds - (time.monotonic() - started)))
             log.info("training finished at step %d", self.step)

@@ -38,7 +38,7 @@ ALERTS = {
     "GpuVanished",
     "DcgmExporterDown",
     "SlurmNodeDown",
-    "GpuNodeNotReady",
+    "KubeNodeNotReady",
     "HostMemoryPressure",
     "TrainingHang",
     "TrainingThroughputDrop",
