@@ -51,21 +51,24 @@ def build_engine(
     from app.permissions import load_permissions
     from app.playbooks import load_playbooks
     from app.store import Store
+    from app.workloads import workload_resolver
 
     clock = clock or SystemClock()
     registry = registry or default_registry()
     store = Store.from_url(settings.resolved_store_url, clock, settings.store)
     store.create_schema()
+    clients = clients or Clients(settings)
     deps = EngineDeps(
         settings=settings,
         store=store,
-        playbooks=load_playbooks(settings.playbook_paths, registry),
+        playbooks=load_playbooks(settings.playbook_paths, registry, settings.schedulers),
         registry=registry,
         permissions=load_permissions(settings.permissions_file, registry),
-        clients=clients or Clients(settings),
+        clients=clients,
         clock=clock,
         metrics=metrics or Metrics(),
         diagnose=for_settings(settings),
+        workloads=workload_resolver(settings, clients),
     )
     return Engine(deps)
 

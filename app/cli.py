@@ -337,6 +337,7 @@ def explain(
     from app.metrics import Metrics
     from app.permissions import load_permissions
     from app.playbooks import load_playbooks
+    from app.workloads import workload_resolver
 
     settings = _settings(config)
     registry = default_registry()
@@ -346,16 +347,20 @@ def explain(
             notifications.append(parse_notification(Path(payload).read_bytes()))
         except PayloadError as exc:
             raise click.UsageError(f"{payload}: {exc}") from None
+    clients = Clients(settings)
     deps = EngineDeps(
         settings=settings,
-        store=None,
-        playbooks=load_playbooks(list(playbook_paths) or settings.playbook_paths, registry),  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]
+        playbooks=load_playbooks(
+            list(playbook_paths) or settings.playbook_paths, registry, settings.schedulers
+        ),
         registry=registry,
         permissions=load_permissions(settings.permissions_file, registry),
-        clients=Clients(settings),
+        clients=clients,
         clock=SystemClock(),
         metrics=Metrics(),
         diagnose=for_settings(settings),
+        workloads=workload_resolver(settings, clients),
     )
     reports = [explain_payload(deps, notification) for notification in notifications]
     if as_json:
@@ -388,6 +393,10 @@ def _print_explained(report: dict[str, Any]) -> None:
             click.echo(f"  joins {key}")
         for error in entry["errors"]:
             click.echo(f"  invalid: {error}")
+        if entry.get("job_lookup"):
+            click.echo(f"  job from the API: {entry['job_lookup']}")
+        for note in entry.get("not_loaded", []):
+            click.echo(f"  {note}")
         if entry.get("note"):
             click.echo(f"  {entry['note']}")
     for ep in report["episodes"]:

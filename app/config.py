@@ -294,6 +294,8 @@ class Settings:
     embedded_worker: bool = True  # `nightshift serve` runs a worker thread in each gunicorn worker
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one object a line for log shippers (app/logging_setup.py)
+    # The schedulers this deployment acts on (slurm, kubernetes): playbooks for any other are never loaded.
+    schedulers: list[str] = field(default_factory=lambda: ["slurm", "kubernetes"])
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
@@ -322,6 +324,12 @@ class Settings:
                 f"(one of {', '.join(LOG_FORMATS)})"
             )
         check_ranges(self)
+        known = ("slurm", "kubernetes")
+        bad = [s for s in self.schedulers if s not in known]
+        if bad or not self.schedulers or len(set(self.schedulers)) != len(self.schedulers):
+            raise ConfigError(
+                f"schedulers: one or both of {', '.join(known)}, each once; got {self.schedulers!r}"
+            )
 
     @property
     def resolved_store_url(self) -> str:

@@ -61,6 +61,7 @@ SERIALIZE = ("node", "job", "none")
 TARGET_NAMESPACES = ("labels", "annotations")
 NODE_REPAIR_NAMESPACES = (*NAMESPACES, "node")  # {{ node.name }}: the node being repaired
 # What a rendered target may hold; a missing label renders "" and leaves that key out of the target.
+SCHEDULERS = ("slurm", "kubernetes")  # what a deployment can act on (setting ``schedulers``)
 TARGET_PARAMS: Mapping[str, Param] = {
     "scheduler": Param(
         required=False, choices=("slurm", "kubernetes", "none"), description="slurm, kubernetes or none"
@@ -78,7 +79,9 @@ TARGET_PARAMS: Mapping[str, Param] = {
     ),
     "partition": Param(required=False, pattern=r"[A-Za-z0-9_.-]{1,64}", description="Slurm partition"),
     "kind": Param(
-        required=False, choices=("Job", "PyTorchJob", "JobSet"), description="Job, PyTorchJob or JobSet"
+        required=False,
+        choices=("Job", "PyTorchJob", "JobSet", "TrainJob"),
+        description="Job, PyTorchJob, JobSet or TrainJob (from the object itself: app/workloads.py)",
     ),
 }
 
@@ -186,6 +189,22 @@ class Playbook:
         """The line of ``path`` in the playbook's document (its first line when unknown)."""
         return self.document.line_of(path) if self.document is not None else self.line
 
+    @property
+    def schedulers(self) -> frozenset[str]:
+        """The schedulers this playbook acts on: its target's ``scheduler`` and its actions' backends
+        (``slurm.*``, ``kubernetes.*``)."""
+        steps = [*self.collect, *self.steps, *self.on_resolved]
+        if self.node_repair is not None:
+            steps += [
+                *self.node_repair.repair,
+                *([self.node_repair.validate] if self.node_repair.validate else []),
+            ]
+        found = {step.action.partition(".")[0] for step in steps} & set(SCHEDULERS)
+        declared = self.target.get("scheduler", "")
+        if declared in SCHEDULERS:
+            found.add(declared)
+        return frozenset(found)
+
     def render_target(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, str]:
         """The target for one alert: templates rendered, empty values left out, every value checked.
 
@@ -204,12 +223,19 @@ class Playbook:
 class PlaybookSet:
     """Loaded playbooks, indexed by the ``alertname`` each one requires (if any) so matching stays cheap.
 
+    ``schedulers``: those this deployment acts on (setting ``schedulers``); a playbook for another one is set
+    aside in :attr:`excluded`, never matched (:meth:`excluded_matches` says which would have been, for explain).
+
     ``candidates_examined`` counts the playbooks whose matchers :meth:`match` evaluated, over its lifetime: a
     statistic (and the test hook showing that matching is indexed), not a limit.
     """
 
-    def __init__(self, playbooks: Iterable[Playbook] = ()):
-        self.playbooks: tuple[Playbook, ...] = tuple(sorted(playbooks, key=lambda p: p.name))
+    def __init__(self, playbooks: Iterable[Playbook] = (), schedulers: Iterable[str] = SCHEDULERS):
+        chosen = frozenset(schedulers)
+        every = sorted(playbooks, key=lambda p: p.name)
+        self.schedulers = chosen
+        self.excluded: tuple[Playbook, ...] = tuple(p for p in every if not p.schedulers <= chosen)
+        self.playbooks: tuple[Playbook, ...] = tuple(p for p in every if p.schedulers <= chosen)
         self._by_name = {p.name: p for p in self.playbooks}
         if len(self._by_name) != len(self.playbooks):
             raise ValueError("playbook names must be unique")
@@ -228,6 +254,15 @@ class PlaybookSet:
         candidates = self._by_alertname.get(labels.get("alertname", ""), []) + self._any_alertname
         self.candidates_examined += len(candidates)
         return sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
+
+    def excluded_matches(self, labels: Mapping[str, str]) -> list[str]:
+        """Why each playbook set aside for its scheduler would have matched ``labels`` (explain's notes)."""
+        return [
+            f"playbook {p.name} acts on {', '.join(sorted(p.schedulers - self.schedulers))}, which this deployment "
+            f"does not (schedulers: {', '.join(sorted(self.schedulers))}): not loaded"
+            for p in self.excluded
+            if matches_all(p.match, labels)
+        ]
 
     def get(self, name: str) -> Playbook | None:
         """The playbook called ``name``, if loaded."""
@@ -417,8 +452,11 @@ def write_schema(path: str | Path, registry: ActionRegistry) -> None:
 # --- loading -----------------------------------------------------------------------------------------------
 
 
-def load_playbooks(paths: Sequence[str | Path], registry: ActionRegistry) -> PlaybookSet:
-    """Load every ``*.yaml``/``*.yml`` file named (or directly inside a named directory, sorted).
+def load_playbooks(
+    paths: Sequence[str | Path], registry: ActionRegistry, schedulers: Iterable[str] = SCHEDULERS
+) -> PlaybookSet:
+    """Load every ``*.yaml``/``*.yml`` file named (or directly inside a named directory, sorted); those for a
+    scheduler outside ``schedulers`` are checked, then set aside (:class:`PlaybookSet`).
 
     Raises :class:`PlaybookError` listing every problem in every file, including a name defined twice.
     """
@@ -436,7 +474,7 @@ def load_playbooks(paths: Sequence[str | Path], registry: ActionRegistry) -> Pla
     errors.extend(_duplicates(playbooks))
     if errors:
         raise PlaybookError(errors)
-    return PlaybookSet(playbooks)
+    return PlaybookSet(playbooks, schedulers)
 
 
 def parse_playbooks(text: str, source: str, registry: ActionRegistry) -> list[Playbook]:

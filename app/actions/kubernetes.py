@@ -31,7 +31,7 @@ CORDONED_AT = "nightshift.io/cordoned-at"
 SUSPENDED_BY = "nightshift.io/suspended-by"
 RESTARTED_AT = "nightshift.io/restarted-at"
 TAINT_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-JOB_KINDS = ("Job", "PyTorchJob", "JobSet")
+JOB_KINDS = ("Job", "PyTorchJob", "JobSet", "TrainJob")
 HOSTNAME_LABEL = (
     "kubernetes.io/hostname"  # the well-known node label a NotIn affinity keeps pods off nodes by
 )
@@ -39,6 +39,7 @@ HOSTNAME_LABEL = (
 SUSPEND_PATHS: dict[str, tuple[str, ...]] = {
     "PyTorchJob": ("spec", "runPolicy", "suspend"),
     "JobSet": ("spec", "suspend"),
+    "TrainJob": ("spec", "suspend"),
 }
 # Labels the apiserver derives from a Job's uid and name when it generates the selector; a recreated Job must
 # not carry the old ones, or validation rejects the selector as "not auto-generated".
@@ -268,7 +269,7 @@ class RestartJob(KubernetesAction):
     params = {
         "namespace": NAMESPACE,
         "name": Param(pattern=K8S_NAME, description="job name"),
-        "kind": Param(choices=JOB_KINDS, description="Job | PyTorchJob | JobSet"),
+        "kind": Param(choices=JOB_KINDS, description="Job | PyTorchJob | JobSet | TrainJob"),
         "exclude_nodes": Param(
             pattern=K8S_NODE_LIST,
             max_length=16_384,
@@ -573,6 +574,8 @@ def excluded_templates(kind: str, spec: Mapping[str, Any], nodes: Sequence[str])
     ``kubernetes.io/hostname NotIn`` expression added to every required node-selector term (terms are ORed, so
     each needs it), merged with one such expression already there. Returned whole, for a merge patch."""
     spec = json.loads(json.dumps(spec))
+    if kind == "TrainJob":
+        return {}  # its pod templates live in the TrainingRuntime: the culprits' cordon keeps the pods off them
     if kind == "PyTorchJob":
         replicas = spec.get("pytorchReplicaSpecs") or {}
         for replica in replicas.values():

@@ -42,6 +42,7 @@ WORKLOADS: dict[str, tuple[str, str, str]] = {
     "Job": ("batch", "v1", "jobs"),
     "PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"),
     "JobSet": ("jobset.x-k8s.io", "v1alpha2", "jobsets"),
+    "TrainJob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs"),
 }
 
 Json = dict[str, Any]

@@ -17,6 +17,7 @@ from app.metrics import Metrics
 from app.permissions import Permissions
 from app.playbooks import Playbook, PlaybookSet
 from app.store import Store, records
+from app.workloads import Resolution, WorkloadResolver, with_workload
 
 
 @dataclass
@@ -30,6 +31,11 @@ class EngineDeps:
     clock: Clock
     metrics: Metrics
     diagnose: Callable[..., Any]
+    # Kubernetes: which job an alert's pod belongs to, looked up before ingestion (None: no Kubernetes here).
+    workloads: WorkloadResolver | None = None
+
+    def workload_of(self, labels: Mapping[str, str]) -> Resolution | None:
+        return self.workloads.lookup(labels) if self.workloads is not None else None
 
     def ledger(
         self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
@@ -57,11 +63,18 @@ class Target:
     serialize_key: str | None
 
 
-def render_target(playbook: Playbook, labels: Mapping[str, str], annotations: Mapping[str, str]) -> Target:
-    """Raises :class:`app.errors.ParamError` when a rendered target value fails its pattern."""
-    values = {
+def render_target(
+    playbook: Playbook,
+    labels: Mapping[str, str],
+    annotations: Mapping[str, str],
+    workload: Resolution | None = None,
+) -> Target:
+    """Raises :class:`app.errors.ParamError` when a rendered target value fails its pattern. ``workload``: what the
+    Kubernetes API says of the alert's pod (:mod:`app.workloads`), which names a Kubernetes target's job."""
+    rendered = {
         name: value for name, value in playbook.render_target(labels, annotations).items() if value != ""
     }
+    values = with_workload(rendered, workload)
     key = json.dumps(values, sort_keys=True, separators=(",", ":"))
     node = values.get("node")
     job = values.get("job")

@@ -5,7 +5,9 @@ the culprits they name, the one job plan, and a node plan per culprit; a node al
 episode; anything else is one episode per (playbook, target). Guard verdicts come from the worker's own inputs
 (:mod:`app.engine.guard_facts`) with an empty history: those of a first incident on a quiet fleet. Culprits are shown
 as the worker would exclude them *if* the scheduler confirms they are in the job's allocation (explain asks no
-scheduler), and the live re-check is shown as the query it would run. Every alert is reported, an invalid one too.
+scheduler), and the live re-check is shown as the query it would run. The one call it makes: on Kubernetes, it
+asks the API (read-only) which job each alert's pod belongs to, as ingestion does (:mod:`app.workloads`). Every
+alert is reported, an invalid one too.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from app import episodes, guards
 from app.alertmanager import Alert, Notification
 from app.engine import guard_facts
 from app.engine.deps import EngineDeps, render_target
+from app.engine.ingest import prefetch_workloads
 from app.engine.lifecycle import template_context
 from app.engine.repair import plan_repair
 from app.errors import ParamError
@@ -46,6 +49,7 @@ def explain(deps: EngineDeps, notification: Notification) -> dict[str, Any]:
     """``alerts``: each alert with the episodes it joins (or why none); ``episodes``: the plan of each."""
     drafts: dict[str, _Draft] = {}
     alerts = []
+    prefetch_workloads(deps, notification.alerts)
     for alert in notification.alerts:
         entry: dict[str, Any] = {
             "alert": dict(alert.labels),
@@ -60,9 +64,14 @@ def explain(deps: EngineDeps, notification: Notification) -> dict[str, Any]:
         matched = deps.playbooks.match(alert.labels)
         if not matched:
             entry["note"] = "no playbook matches: recorded in the ledger, no incident"
+        if excluded := deps.playbooks.excluded_matches(alert.labels):
+            entry["not_loaded"] = excluded
+        workload = deps.workload_of(alert.labels)
+        if workload is not None:
+            entry["job_lookup"] = workload.note
         for playbook in matched:
             try:
-                target = render_target(playbook, alert.labels, alert.annotations)
+                target = render_target(playbook, alert.labels, alert.annotations, workload)
             except ParamError as exc:
                 entry["errors"].append(f"playbook {playbook.name}: {exc}; no incident")
                 continue

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from app.alertmanager import Notification, parse_notification
 from app.engine.deps import EngineDeps
-from app.engine.ingest import IngestResult, ingest_alerts, publish
+from app.engine.ingest import IngestResult, ingest_alerts, prefetch_workloads, publish
 from app.errors import StoreUnavailable
 from app.store import records
 from app.wakeup import SOCKET_NAME, Wakeup
@@ -64,6 +64,7 @@ class Inbox:
             if not records.inbox_pending(conn):
                 return None
         batch = deps.settings.worker.inbox_batch_alerts
+        self._prefetch(batch)
         result = IngestResult()
         inbox_id: int | None = None
         try:
@@ -90,6 +91,18 @@ class Inbox:
             return IngestResult()
         publish(deps, result)
         return result
+
+    def _prefetch(self, batch: int) -> None:
+        """Look up the Kubernetes jobs of the next batch's alerts outside the transaction (a read of the inbox
+        row; if another worker takes it meanwhile, the next row's alerts are looked up on its own turn, and any not
+        looked up are ingested on their labels alone)."""
+        if self.deps.workloads is None:
+            return
+        with self.deps.store.read() as conn:
+            row = records.peek_inbox(conn)
+        if row is not None:
+            start = row["next_alert"]
+            prefetch_workloads(self.deps, self._notification(row).alerts[start : start + batch])
 
     def ingest_all(self) -> IngestResult:
         """Ingest until the inbox is empty (tests, tools): what every batch did, together."""

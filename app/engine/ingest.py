@@ -59,6 +59,7 @@ def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
     worker calls :func:`ingest_alerts` a batch at a time.
     """
     result = IngestResult()
+    prefetch_workloads(deps, notification.alerts)
     with deps.store.transaction() as conn:
         ingest_alerts(deps, conn, notification, notification.alerts, deps.clock.now(), result)
     publish(deps, result)
@@ -77,6 +78,13 @@ def ingest_alerts(
     for alert in alerts:
         _ingest_alert(deps, conn, notification, alert, now, result)
         result.alerts += 1
+
+
+def prefetch_workloads(deps: EngineDeps, alerts: Sequence[Alert]) -> None:
+    """Ask the Kubernetes API which job each alert's pod belongs to (:mod:`app.workloads`), before the ingestion's
+    transaction: the ingestion itself reads the answers from the resolver's cache and makes no network call."""
+    if deps.workloads is not None:
+        deps.workloads.prefetch(alerts)
 
 
 def publish(deps: EngineDeps, result: IngestResult) -> None:
@@ -145,9 +153,12 @@ def _ingest_alert(
                     )
                 )
         return
+    workload = deps.workload_of(alert.labels)
+    if workload is not None and any(p.target.get("scheduler") == "kubernetes" for p in matched):
+        facts["job_lookup"] = workload.note
     for playbook in matched:
         try:
-            target = render_target(playbook, alert.labels, alert.annotations)
+            target = render_target(playbook, alert.labels, alert.annotations, workload)
         except ParamError as exc:
             records.record(
                 conn,
@@ -204,7 +215,8 @@ def _join(
                 now,
                 "incident_opened",
                 f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
-                + (f"; culprit {episode.culprit}" if episode.culprit else ""),
+                + (f"; culprit {episode.culprit}" if episode.culprit else "")
+                + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
                 incident_id=incident_id,
                 data={
                     **facts,
@@ -242,7 +254,9 @@ def _join(
             conn,
             now,
             "alert_attached",
-            f"{name} attached to open incident" + (f" ({'; '.join(notes)})" if notes else ""),
+            f"{name} attached to open incident"
+            + (f" ({'; '.join(notes)})" if notes else "")
+            + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
             incident_id=incident["id"],
             data={**facts, "playbook": playbook.name, "node": target.node},
         )

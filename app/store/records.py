@@ -169,6 +169,7 @@ _NEXT_INBOX = (
     .limit(1)
     .with_for_update(skip_locked=True)
 )
+_PEEK_INBOX = select(inbox).where(inbox.c.failed_at.is_(None)).order_by(inbox.c.id).limit(1)
 _INBOX_PENDING = select(inbox.c.id).where(inbox.c.failed_at.is_(None)).limit(1)
 _ADVANCE_INBOX = (
     update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
@@ -412,6 +413,11 @@ def inbox_pending(conn: Connection) -> bool:
 def next_inbox(conn: Connection) -> Row | None:
     """The oldest notification still to ingest, locked (SKIP LOCKED on PostgreSQL; SQLite serialises writers)."""
     return _one(conn, _NEXT_INBOX)
+
+
+def peek_inbox(conn: Connection) -> Row | None:
+    """The oldest notification still to ingest, without a lock (a read transaction's look ahead)."""
+    return _one(conn, _PEEK_INBOX)
 
 
 def advance_inbox(conn: Connection, inbox_id: int, done: int) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import filecmp
 import json
 import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -360,3 +361,43 @@ def test_the_settings_are_checked_before_the_server_starts(helm: str) -> None:
     assert check["args"] == ["check-config"] and check["image"] == server["image"]
     assert check["volumeMounts"] == server["volumeMounts"]
     assert {"name": "NIGHTSHIFT_CONFIG", "value": "/etc/nightshift/config/config.yaml"} in check["env"]
+
+
+KPS_ALERTS = REPO / "tests" / "data" / "kubernetes" / "kube-prometheus-stack-alerts.txt"
+
+
+def kube_prometheus_stack_alerts() -> list[str]:
+    lines = KPS_ALERTS.read_text().splitlines()
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_alertmanager_config_selects_exactly_the_shipped_alerts(helm: str) -> None:
+    """By default the route matches the shipped alerts (generated from rules/) and none of kube-prometheus-stack's
+    own (Watchdog, KubeNodeNotReady...): an alert no playbook or route knows would only be noise at Nightshift."""
+    docs = render(helm, "-f", str(CHART / "ci" / "kube-prometheus-stack-values.yaml"), namespace="ops")
+    [matcher] = one(docs, "AlertmanagerConfig")["spec"]["route"]["matchers"]
+    assert (matcher["name"], matcher["matchType"]) == ("alertname", "=~")
+    selects = re.compile(f"(?:{matcher['value']})")  # Alertmanager anchors a matcher's regex at both ends
+    shipped = gen_prometheusrule.alert_names(sorted((REPO / "rules").glob("*.yml")))
+    assert len(shipped) >= 18
+    assert [name for name in shipped if not selects.fullmatch(name)] == []
+    theirs = kube_prometheus_stack_alerts()
+    assert "Watchdog" in theirs and "KubeNodeNotReady" in theirs
+    assert [name for name in theirs if selects.fullmatch(name)] == []
+
+
+def test_the_dashboards_ship_as_sidecar_configmaps_equal_to_grafana_dashboards(helm: str) -> None:
+    docs = render(helm, "-f", str(CHART / "ci" / "kube-prometheus-stack-values.yaml"), namespace="ops")
+    maps = {
+        key: value
+        for doc in docs
+        if doc["kind"] == "ConfigMap" and doc["metadata"]["labels"].get("grafana_dashboard") == "1"
+        for key, value in doc["data"].items()
+    }
+    sources = {path.name: path for path in sorted((REPO / "grafana" / "dashboards").glob("*.json"))}
+    assert sorted(maps) == sorted(sources)
+    for name, path in sources.items():
+        assert json.loads(maps[name]) == json.loads(path.read_text()), name
+        assert filecmp.cmp(path, CHART / "files" / "dashboards" / name, shallow=False), (
+            f"copy {name} to the chart"
+        )

@@ -1,5 +1,6 @@
 """A failure episode of a two-pod PyTorchJob on a real kube-apiserver (the test plays the kubelet and the training
-operator): both ranks report NCCL errors, the exporter of one node an Xid. One job incident, one restart of the job
+operator): both ranks report NCCL errors, the exporter of one node an Xid with the labels dcgm-exporter really sends
+(no train_job: its job is found from the pod's owner reference). One job incident, one restart of the job
 whose new pods are kept off the culprit node, that node cordoned, validated and uncordoned; the other node untouched."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.states import RepairState
 from app.store import Store, repairs
+from app.workloads import WorkloadResolver
 from tests.fakes import FakePrometheus, FakeSample
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeCluster, SuspendController
@@ -47,7 +49,7 @@ target: {scheduler: kubernetes, node: "{{ labels.Hostname }}", namespace: "{{ la
 priority: 50
 steps:
   - action: kubernetes.restart_job
-    with: {namespace: "{{ target.namespace }}", name: "{{ target.job }}", kind: PyTorchJob,
+    with: {namespace: "{{ target.namespace }}", name: "{{ target.job }}", kind: "{{ target.kind }}",
            exclude_nodes: "{{ incident.culprits }}"}
 """
 
@@ -87,6 +89,7 @@ def engine(
         clock=SystemClock(),
         metrics=Metrics(),
         diagnose=diagnose,
+        workloads=WorkloadResolver(lambda: clients.kube),
     )
     yield Engine(deps), prometheus
     clients.close()
@@ -94,8 +97,8 @@ def engine(
 
 
 def labels(alertname: str, node: str, pod: str, namespace: str, **extra: str) -> dict[str, str]:
-    return {"alertname": alertname, "Hostname": node, "pod": pod, "namespace": namespace, "train_job": "llama",
-            **extra}  # fmt: skip
+    """An alert's labels: the training alerts' (progress library: train_job) or dcgm-exporter's (no train_job)."""
+    return {"alertname": alertname, "Hostname": node, "pod": pod, "namespace": namespace, **extra}
 
 
 def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_after_validation(
@@ -107,16 +110,44 @@ def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_afte
     nccl_engine, _ = engine
     ns = kube_namespace
     healthy, faulty = (kube_admin.create_node("gpu", kubelet_port=fake_kubelet.port) for _ in range(2))
-    kube_admin.create_training_job(ns, "PyTorchJob", "llama")
+    job = kube_admin.create_training_job(ns, "PyTorchJob", "llama")
     pods = {
-        node: kube_admin.create_pod(ns, "llama", node=node, labels={JOB_LABEL: "llama"})
+        node: kube_admin.create_pod(ns, "llama", node=node, labels={JOB_LABEL: "llama"}, owner=job)
         for node in (healthy, faulty)
     }
     operator = SuspendController(kube_admin, "PyTorchJob", ns, "llama")
     alerts = [
-        alert(labels("TrainingJobError", healthy, pods[healthy], ns, error_class="nccl", rank="0")),
-        alert(labels("TrainingJobError", faulty, pods[faulty], ns, error_class="nccl", rank="1")),
-        alert(labels("GpuXidError", faulty, pods[faulty], ns, xid="79", xid_class="reboot", gpu="3")),
+        alert(
+            labels(
+                "TrainingJobError",
+                healthy,
+                pods[healthy],
+                ns,
+                error_class="nccl",
+                rank="0",
+                train_job="llama",
+            )
+        ),
+        alert(
+            labels(
+                "TrainingJobError", faulty, pods[faulty], ns, error_class="nccl", rank="1", train_job="llama"
+            )
+        ),
+        # What dcgm-exporter sends in Kubernetes mode: no train_job; the job is found from the pod.
+        alert(
+            labels(
+                "GpuXidError",
+                faulty,
+                pods[faulty],
+                ns,
+                xid="79",
+                xid_class="reboot",
+                gpu="3",
+                UUID="GPU-5fd4-a1",
+                modelName="NVIDIA H100 80GB HBM3",
+                container="pytorch",
+            )
+        ),
     ]
     try:
         result = nccl_engine.ingest(parse_notification(json.dumps(payload(*alerts))))

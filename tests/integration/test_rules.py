@@ -38,7 +38,7 @@ ALERTS = {
     "GpuVanished",
     "DcgmExporterDown",
     "SlurmNodeDown",
-    "KubeNodeNotReady",
+    "GpuNodeNotReady",
     "HostMemoryPressure",
     "TrainingHang",
     "TrainingThroughputDrop",

@@ -396,7 +396,7 @@ def test_parse_duration_rejects(text):
             """,
             [
                 "pb.yaml:6: target.scheduler: 'slrum' is not one of slurm, kubernetes, none",
-                "pb.yaml:7: target.kind: 'CronJob' is not one of Job, PyTorchJob, JobSet",
+                "pb.yaml:7: target.kind: 'CronJob' is not one of Job, PyTorchJob, JobSet, TrainJob",
                 "pb.yaml:8: target.node: template: column 1: unknown namespace 'target' "
                 "(allowed here: labels, annotations)",
                 "pb.yaml:9: target.namespace: 'Training' does not match the pattern "
