@@ -28,3 +28,15 @@ def alert_labels(rules_dir: Path = RULES_DIR) -> dict[str, frozenset[str]]:
                 for expected in case.get("exp_alerts") or []:
                     found.setdefault(case["alertname"], set()).update(expected.get("exp_labels") or {})
     return {name: frozenset({"alertname", *labels}) for name, labels in found.items()}
+
+
+def labels_table(rules_dir: Path = RULES_DIR) -> str:
+    """The Markdown table of docs/playbooks.md, "Labels of the shipped alerts" (a test keeps the two equal)."""
+    rows = ["| alert | labels its firings carry (rules/tests) |", "|---|---|"]
+    for name, labels in sorted(alert_labels(rules_dir).items()):
+        rows.append(f"| `{name}` | {', '.join(f'`{label}`' for label in sorted(labels, key=str.lower))} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(labels_table())

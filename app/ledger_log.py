@@ -60,7 +60,7 @@ def _show(name: str, value: Any) -> str:
         return f"{value:.3f}s"
     text = _one_line(str(value))
     text = text if len(text) <= MAX_VALUE else text[: MAX_VALUE - 3] + "..."
-    return repr(text) if " " in text or not text else text
+    return f"'{text}'" if " " in text or not text else text
 
 
 def _one_line(text: str) -> str:
