@@ -117,9 +117,36 @@ def dedup_key(key: str) -> str:
 
 
 def node_held(
-    *, node: str, scheduler: str, reason: str, repair_id: int, incident_id: int | None, external_url: str
+    *,
+    node: str,
+    scheduler: str,
+    reason: str,
+    repair_id: int,
+    incident_id: int | None,
+    external_url: str,
+    taken_out: bool = True,
 ) -> Notice:
-    """A node the repair lifecycle holds for a person (validation failed, lemon rule, not ours)."""
+    """A node the repair lifecycle holds for a person (validation failed, lemon rule, not ours). ``taken_out``
+    False: nothing took it out (its take-out was refused or failed, e.g. a name the scheduler does not know), so
+    the notice says it is still in service and does not page (:func:`page_for` pages ``node_held`` only)."""
+    if not taken_out:
+        subject = f"[nightshift] node {node} not taken out of service; repair held ({scheduler})"
+        text = "\n".join(
+            [
+                f"Nightshift did not take node {node} ({scheduler}) out of service: {reason}",
+                "Its repair is held: Nightshift will not act on this node until it is released "
+                f"(POST /api/v1/nodes/{node}/release): {_url(external_url, '/nodes')}",
+            ]
+        )
+        data = {
+            "node_not_taken_out": node,
+            "node": node,
+            "scheduler": scheduler,
+            "repair_id": repair_id,
+            "incident": incident_id,
+            "reason": reason,
+        }
+        return Notice(subject, text, data)
     subject = f"[nightshift] node {node} held for a person ({scheduler})"
     text = "\n".join(
         [

@@ -475,10 +475,12 @@ class NodeRepairs:
         if following.state in REPAIR_SETTLED and repair["state"] != following.state:
             deps.metrics.node_repairs.labels(following.state).inc()
         if following.state == RepairState.HELD and repair["state"] != RepairState.HELD:
-            self._tell_people(repair, following.held_reason or following.note)
+            taken_out = bool(repair["taken_out_by_us"] or following.taken_out)
+            self._tell_people(repair, following.held_reason or following.note, taken_out)
 
-    def _tell_people(self, repair: Repair, reason: str) -> None:
-        """A node held for a person: say so on every channel (a page too), after the transition has committed."""
+    def _tell_people(self, repair: Repair, reason: str, taken_out: bool) -> None:
+        """A node held for a person: say so on every channel after the transition has committed; a page only
+        when we took it out (a take-out refused or failed left it in service: evidence, not a page)."""
         deps = self.deps
         notice = paging.node_held(
             node=repair["node"],
@@ -487,6 +489,7 @@ class NodeRepairs:
             repair_id=repair["id"],
             incident_id=repair["incident_id"],
             external_url=deps.settings.external_url,
+            taken_out=taken_out,
         )
         for outcome in send_notification(
             deps.clients, deps.settings, notice.subject, notice.text, notice.data

@@ -472,3 +472,32 @@ def test_a_held_node_is_told_to_people_once(tmp_path):
     w.request()  # absorbed by the held repair
     w.run()
     assert len(posted) == 1
+
+
+@pytest.mark.parametrize("node", ["ghost9", "node-unknown-1"])
+def test_a_node_nothing_took_out_is_never_called_out_of_service_and_never_paged(tmp_path, node):
+    """A take-out that failed (a name the scheduler does not know) leaves the node in service: the notice says so,
+    and it is evidence, not a page (issue 22 item 5: 'Node ALL (slurm) is out of service and held', critical)."""
+    from app import paging
+
+    posted: list[dict[str, Any]] = []
+
+    class Chat:
+        def post_json(self, url: str, body: dict[str, Any], headers: Any = None) -> int:
+            posted.append(body)
+            return 200
+
+    w = make_world(tmp_path, notify__webhook_url="http://chat.example/hook")
+    w.deps.clients = Clients(
+        w.deps.settings, slurm=w.deps.clients.slurm, http=Chat(),
+        **{f"node:{n}": shell for n, shell in w.shells.items()},
+    )  # fmt: skip
+    w.worker = type(w.worker)(w.deps)
+    repair_id = w.request(node)
+    w.run()
+    row = w.row(repair_id)
+    assert row["state"] == RepairState.HELD and not row["taken_out_by_us"]
+    (notice,) = posted
+    assert "out of service and held" not in notice["text"] and "did not take" in notice["text"]
+    data = notice["nightshift"]
+    assert paging.page_for("s", notice["text"], data) is None
