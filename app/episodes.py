@@ -31,16 +31,24 @@ class Episode:
     culprit: str | None = None  # the node this alert names as faulty (node-scoped playbooks only)
 
 
+DEFAULT_SCHEDULER = "slurm"  # a playbook target that names no scheduler is Slurm's (the one default, here)
+
+
+def scheduler_of(target: Mapping[str, str]) -> str:
+    """The scheduler a rendered target (or an incident's ``target``) belongs to."""
+    return target.get("scheduler") or DEFAULT_SCHEDULER
+
+
 def job_identity(target: Mapping[str, str]) -> str | None:
     """The training job a rendered target names: ``slurm/<job id>`` or ``kubernetes/<namespace>/<job>``."""
     job = target.get("job")
     if not job:
         return None
-    scheduler = target.get("scheduler", "")
+    scheduler = scheduler_of(target)
     if scheduler == "kubernetes":
         namespace = target.get("namespace")
         return f"kubernetes/{namespace}/{job}" if namespace else None
-    return f"{scheduler or 'slurm'}/{job}"
+    return f"{scheduler}/{job}"
 
 
 def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -> Episode:
@@ -54,7 +62,7 @@ def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -
         return Episode(IncidentKind.JOB, f"job:{job}", culprit=node if names_culprit else None)
     # Without a job only a playbook that repairs takes the node on: a straggler of no job is nobody's.
     if playbook.node_repair is not None and node is not None:
-        return Episode(IncidentKind.NODE, f"node:{target.get('scheduler', 'slurm')}/{node}", culprit=node)
+        return Episode(IncidentKind.NODE, f"node:{scheduler_of(target)}/{node}", culprit=node)
     return Episode(IncidentKind.TARGET, f"{playbook.name}|{target_key}")
 
 

@@ -73,6 +73,9 @@ class GuardFacts:
     pool: str = ""
     pool_nodes: frozenset[str] = frozenset()
     blast_max_share: float = 1.0
+    # A node incident: its node is taken out by its repair, whose own blast-radius guard counts it (with its
+    # partition/pool) just before; counted there, not twice.
+    repair_takes_out: frozenset[str] = frozenset()
     defer: timedelta = timedelta(seconds=30)
     # A job incident: its job, when each earlier recovery of the job started (any playbook), and the job budget.
     job: str | None = None
@@ -112,6 +115,11 @@ def blast_radius(f: GuardFacts) -> Verdict:
 
     Job restarts never count, and returning a node to service is never held (it takes nothing out)."""
     adding, out = f.takes_out, f.taken_out
+    if f.repair_takes_out:
+        nodes = ", ".join(sorted(f.repair_takes_out))
+        return Verdict(
+            "blast_radius", PASS, f"node {nodes}: counted by its repair's guard when it is taken out"
+        )
     if not adding:
         return Verdict("blast_radius", PASS, "takes no node out of service")
     new = adding - out

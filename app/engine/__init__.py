@@ -85,16 +85,7 @@ class Engine:
                 raise LookupError(f"incident {incident_id} has no step {step_id}")
             if step["status"] != StepStatus.AWAITING_APPROVAL:
                 raise ValueError(f"step {step_id} is {step['status']}, not awaiting approval")
-            records.update_step(conn, step_id, status=StepStatus.PENDING, approved_by=by, approved_at=now)
-            records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
-            records.record(
-                conn,
-                now,
-                "approved",
-                f"step {step['name']} approved by {by}",
-                incident_id=incident_id,
-                data={"step_id": step_id, "by": by},
-            )
+            transitions.approve_step(conn, now, incident_id, step, by)
             return records.get_incident(conn, incident_id) or {}
 
     def mark_handled(self, incident_id: int, by: str, note: str) -> dict[str, Any]:

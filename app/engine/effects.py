@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from app.actions.notify import send_notification
+from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
 from app.states import Outcome
@@ -70,16 +71,7 @@ class Effects:
             self._ledger(inc["id"], "annotation_error", f"creating the Grafana annotation failed: {exc}")
             return
         with self.deps.store.transaction() as conn:
-            records.update_incident(conn, inc["id"], annotation_id=annotation_id)
-            records.record(
-                conn,
-                self.deps.clock.now(),
-                "annotation",
-                f"Grafana annotation {annotation_id} opened",
-                incident_id=inc["id"],
-                data={"annotation_id": annotation_id, "tags": self.tags(inc)},
-            )
-        inc["annotation_id"] = annotation_id
+            transitions.annotation_opened(conn, self.deps.clock.now(), inc, annotation_id, self.tags(inc))
 
     def _close_annotation(self, inc: dict[str, Any]) -> bool:
         if not self._grafana_enabled():
@@ -181,15 +173,14 @@ class Effects:
         with self.deps.store.transaction() as conn:
             tries = sum(1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "finalize_retry")
             if (annotated and notified) or tries + 1 >= FINALIZE_TRIES:
-                records.update_incident(conn, inc["id"], finalize_pending=False)
-                inc["finalize_pending"] = False
+                transitions.finalized(conn, inc)
                 return None
-            records.record(
+            transitions.note(
                 conn,
                 self.deps.clock.now(),
+                inc["id"],
                 "finalize_retry",
                 "annotation or notification failed; will retry",
-                incident_id=inc["id"],
             )
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 

@@ -1,34 +1,41 @@
-"""``nightshift explain``: what would happen to a payload, computed without touching the store or any backend.
+"""``nightshift explain``: what would happen to a payload, decided by the worker's own policy, read-only.
 
 The alerts are grouped into the episodes the worker would form (:mod:`app.episodes`): per job, the alerts joined,
 the culprits they name, the one job plan, and a node plan per culprit; a node alert on an idle node is a node
-episode; anything else is one episode per (playbook, target). Guard verdicts come from the worker's own inputs
-(:mod:`app.engine.guard_facts`) with an empty history: those of a first incident on a quiet fleet. Culprits are shown
-as the worker would exclude them *if* the scheduler confirms they are in the job's allocation (explain asks no
-scheduler), and the live re-check is shown as the query it would run. The one call it makes: on Kubernetes, it
-asks the API (read-only) which job each alert's pod belongs to, as ingestion does (:mod:`app.workloads`). Every
-alert is reported, an invalid one too.
+episode; anything else is one episode per (playbook, target). Each episode is decided by
+:func:`app.incident_policy.decide`, as the worker decides it, over facts gathered read-only (:class:`ExplainSource`):
+the scheduler's view of the job and the node's partition/pool when a scheduler is configured (then ``when:
+job_phase=...`` branches as the worker's do), an empty history (a first incident on a quiet fleet), no log (the
+collect steps are listed, not run). Without a scheduler the culprits are shown as the worker would exclude them *if*
+the scheduler confirms they are in the job's allocation, and the live re-check is shown as the query it would run
+(assumed to hold). On Kubernetes it asks the API (read-only) which job each alert's pod belongs to, as ingestion
+does (:mod:`app.workloads`). Nothing is written and no step runs. Every alert is reported, an invalid one too.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
-from app import episodes, guards
+from app import episodes
+from app import incident_policy as policy
 from app.alertmanager import Alert, Notification
 from app.engine import guard_facts
+from app.engine.context import template_context
 from app.engine.deps import EngineDeps, render_target
+from app.engine.facts import decide_with
 from app.engine.ingest import prefetch_workloads
-from app.engine.lifecycle import template_context
-from app.engine.repair import plan_repair
-from app.errors import ParamError
-from app.planning import INVALID, PlannedStep, plan_steps, when_context
+from app.engine.jobs import job_status
+from app.engine.repair import plan_repair, pool_facts
+from app.engine.steps import StepRunner
+from app.errors import BackendError, ConfigError, ParamError
+from app.planning import PlannedStep
 from app.playbooks import Playbook
-from app.states import IncidentKind, StepStatus
+from app.states import IncidentKind, State, StepStatus
 from app.templates import render_promql
+
+Incident = dict[str, Any]
 
 
 @dataclass
@@ -40,9 +47,47 @@ class _Draft:
     alerts: list[str] = field(default_factory=list)
     matched: list[tuple[Playbook, Alert, Mapping[str, str]]] = field(default_factory=list)
     culprits: list[dict[str, Any]] = field(default_factory=list)
-    repairers: dict[str, str] = field(
-        default_factory=dict
-    )  # culprit node -> the node-scoped playbook naming it
+
+
+class ExplainSource:
+    """The facts explain gathers: read-only, with an empty history (implements :class:`app.engine.facts.Source`)."""
+
+    def __init__(self, deps: EngineDeps):
+        self.deps = deps
+        self.collect: list[PlannedStep] = []
+        self.job_note = ""
+
+    def diagnosis(self, inc: Incident, playbook: Playbook) -> None:
+        self.collect = StepRunner(self.deps).plan(inc, playbook.collect, attempt=0)
+        inc["diagnosis"] = self.deps.diagnose(inc["labels"], "").as_dict()
+        inc["state"] = State.DIAGNOSING
+
+    def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobAssumed:
+        try:
+            status = job_status(self.deps.clients, inc["target"])
+        except (BackendError, ConfigError) as exc:
+            self.job_note = f"the scheduler was not asked ({exc})"
+            return policy.JobAssumed(str(exc))
+        self.job_note = f"the scheduler says job {inc['job']} is {status.state or status.phase}"
+        return status
+
+    def history(self, inc: Incident, playbook: Playbook) -> guard_facts.History:
+        return guard_facts.History()
+
+    def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
+        return pool_facts(self.deps, episodes.scheduler_of(inc["target"]), node)[0]
+
+    def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
+        return policy.Recheck(expr, samples=({"assumed": "the condition still holds"},))
+
+    def fleet(self, inc: Incident) -> policy.FleetHold:
+        return policy.FleetHold()  # read-only: no fleet incident is opened or joined
+
+    def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
+        return policy.Blame()
+
+    def repair(self, inc: Incident) -> policy.RepairView:
+        raise AssertionError("explain decides episodes that have not started")
 
 
 def explain(deps: EngineDeps, notification: Notification) -> dict[str, Any]:
@@ -86,24 +131,32 @@ def explain(deps: EngineDeps, notification: Notification) -> dict[str, Any]:
                 if named is not None:
                     draft.culprits = named
             entry["episodes"].append(episode.open_key)
-    now = deps.clock.now()
-    return {"alerts": alerts, "episodes": [_episode(deps, draft, now) for draft in drafts.values()]}
+    return {"alerts": alerts, "episodes": [_episode(deps, draft) for draft in drafts.values()]}
 
 
-def _episode(deps: EngineDeps, draft: _Draft, now: datetime) -> dict[str, Any]:
+def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
     leading = episodes.leading_playbook(p for p, _, _ in draft.matched)
     assert leading is not None
     _, alert, target = next(m for m in draft.matched if m[0] is leading)
-    diagnosis = deps.diagnose(alert.labels, "").as_dict()
-    inc = {
+    job = draft.kind == IncidentKind.JOB
+    inc: Incident = {
         "id": "",
         "kind": draft.kind,
+        "state": State.OPEN,
         "playbook": leading.name,
         "labels": alert.labels,
         "annotations": alert.annotations,
         "target": target,
-        "diagnosis": diagnosis,
+        "diagnosis": None,
+        "job": target.get("job") if job else None,
+        "node": None if job else target.get("node"),
+        "culprits": [dict(c) for c in draft.culprits],
+        "act_after": None,  # the correlation window is reported, not waited out
+        "alert_starts_at": alert.starts_at,
+        "attempt": 0,
     }
+    source = ExplainSource(deps)
+    decision, facts = decide_with(deps, source, inc, leading)
     report: dict[str, Any] = {
         "episode": draft.key,
         "kind": draft.kind,
@@ -111,84 +164,71 @@ def _episode(deps: EngineDeps, draft: _Draft, now: datetime) -> dict[str, Any]:
         "playbook": leading.name,
         "source": f"{leading.source}:{leading.line}",
         "target": dict(target),
-        "diagnosis": diagnosis,
+        "diagnosis": inc["diagnosis"],
         "culprits": [c["node"] for c in draft.culprits],
+        "collect": _steps(source.collect),
     }
+    plan = _plan(deps, leading, inc, decision, source)
+    scheduler = episodes.scheduler_of(target)
     if draft.kind == IncidentKind.NODE:
         report["job_plan"] = None
-    else:
-        report["job_plan"] = _job_plan(deps, leading, inc, draft, alert.starts_at, now)
-    # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
-    # exclusion, so it gets no repair (the worker counts the earlier ones: app.episodes.repair_due).
+        report["node_plans"] = [{**_node_plan(deps, inc["node"], scheduler, leading.name, inc), **plan}]
+        return report
+    steps = _steps(facts.planned or ())
+    report["job_plan"] = {"correlation": _correlation(deps, draft, job), **plan, "steps": steps}
     report["node_plans"] = [
-        _node_plan(deps, c["node"], target.get("scheduler", "slurm"), c["playbook"], inc)
+        _node_plan(deps, c["node"], scheduler, c["playbook"], inc)
         for c in draft.culprits
+        # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
+        # exclusion, so it gets no repair (the worker counts the earlier ones: app.episodes.repair_due).
         if episodes.repair_due(deps.playbooks.get(c["playbook"]) if c["playbook"] else None, 0)
     ]
     return report
 
 
-def _job_plan(
-    deps: EngineDeps,
-    playbook: Playbook,
-    inc: Mapping[str, Any],
-    draft: _Draft,
-    starts_at: datetime,
-    now: datetime,
-) -> dict[str, Any]:
-    e = deps.settings.episodes
-    # Assumed in the allocation: the worker checks with the scheduler before acting (explain asks nobody).
-    assumed = [{**c, "confirmed": True} for c in draft.culprits]
-    exclusion = episodes.exclusion(assumed, None, e.max_culprits, e.max_culprit_share)
-    context = template_context(inc, deps.settings.external_url, exclusion.nodes)
-    planned = plan_steps(
-        playbook.steps,
-        registry=deps.registry,
-        permissions=deps.permissions,
-        template_context=context,
-        when=when_context(inc["labels"], inc["diagnosis"], 1),
-        target=inc["target"],
-    )
-    job = inc["target"].get("job") if draft.kind == IncidentKind.JOB else None
-    facts = guard_facts.build(
-        deps.settings,
-        playbook,
-        job=job,
-        node=None if draft.kind == IncidentKind.JOB else inc["target"].get("node"),
-        alert_starts_at=starts_at,
-        planned=planned,
-        history=guard_facts.History(),
-        now=now,
-    )
-    verdicts = guards.evaluate(facts)
-    if exclusion.refused:
-        outcome = f"needs_human ({exclusion.refused})"
-    elif any(p.status == INVALID for p in planned):
-        outcome = "needs_human (a step parameter is invalid)"
-    elif verdicts[-1].decision == guards.STOP:
-        outcome = str(verdicts[-1].outcome)
-    elif verdicts[-1].decision == guards.WAIT:
-        outcome = "waiting"
-    else:
-        outcome = "acting"
+def _correlation(deps: EngineDeps, draft: _Draft, job: bool) -> str:
     if not job:
-        correlation = ""
-    elif draft.culprits:
-        correlation = "a culprit node is named: acts without waiting for the rest of the job's alerts"
-    else:
-        correlation = f"waits up to {e.correlation_seconds}s for the rest of the job's alerts (or a culprit)"
+        return ""
+    if draft.culprits:
+        return "a culprit node is named: acts without waiting for the rest of the job's alerts"
+    return f"waits up to {deps.settings.episodes.correlation_seconds}s for the rest of the job's alerts (or a culprit)"
+
+
+def _plan(
+    deps: EngineDeps, playbook: Playbook, inc: Incident, decision: policy.Decision, source: ExplainSource
+) -> dict[str, Any]:
+    """The decision as explain reports it: the exclusion, the guards' verdicts, the queries, the outcome."""
+    learned = policy.learned_of(decision)
+    exclude = learned.exclude
+    context = template_context(inc, deps.settings.external_url, exclude)
     return {
-        "correlation": correlation,
-        "excluded": list(exclusion.nodes),
+        "excluded": list(exclude),
         "exclusion_note": "culprits are excluded once the scheduler confirms they are in the job's allocation"
-        if exclusion.nodes
+        if exclude
         else "",
-        "guards": [v.as_dict() for v in verdicts],
+        "scheduler": source.job_note,
+        "guards": [v.as_dict() for v in learned.verdicts if v.guard != "recheck"],
         "recheck": render_promql(playbook.recheck, context) if playbook.recheck else None,
-        "steps": _steps(planned),
         "verify": render_promql(playbook.verify.promql, context) if playbook.verify else None,
-        "outcome": outcome,
+        "outcome": _outcome(decision),
     }
+
+
+def _outcome(decision: policy.Decision) -> str:
+    learned = policy.learned_of(decision)
+    if isinstance(decision, policy.StartAttempt):
+        return "acting"
+    if isinstance(decision, policy.HandToRepair):
+        return "repair: take out, repair, validate, return or hold (the node is handed to its repair)"
+    if isinstance(decision, policy.Wait):
+        return "waiting"
+    if isinstance(decision, policy.Close):
+        if learned.invalid:
+            return "needs_human (a step parameter is invalid)"
+        if learned.verdicts and learned.verdicts[-1].decision == "stop":
+            return str(decision.outcome)
+        return f"{decision.outcome} ({decision.reason})"
+    return str(decision)
 
 
 def _node_plan(

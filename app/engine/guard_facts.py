@@ -20,7 +20,7 @@ from app.actions.registry import ActionRegistry
 from app.config import Settings
 from app.planning import PlannedStep, nodes_taken_out
 from app.playbooks import Playbook
-from app.states import IncidentKind, StepStatus
+from app.states import IncidentKind, RepairState, StepStatus
 from app.store import records, repairs
 
 
@@ -82,6 +82,43 @@ def read_history(
     )
 
 
+def read_node_history(
+    conn: Connection,
+    settings: Settings,
+    registry: ActionRegistry,
+    playbook: Playbook,
+    inc: Mapping[str, Any],
+    now: datetime,
+    pause_state: tuple[bool, str],
+) -> History:
+    """A node incident's history is its node's: each repair that took it out is an attempt (budget, backoff), the
+    latest one that returned it a recovery (cooldown, and the stale signal: an alert older than that take-out is
+    the fault it repaired, not a new one)."""
+    taken_out = [
+        r
+        for r in repairs.list_repairs(conn, node=inc["node"], limit=repairs.MAX_LIST)
+        if r["taken_out_by_us"] and r["taken_out_at"] is not None
+    ]
+    since = now - playbook.budget.window
+    attempts = sorted(
+        (_repair_past(r) for r in taken_out if r["taken_out_at"] >= since), key=lambda a: a.started_at
+    )
+    returned = [r for r in taken_out if r["state"] in (RepairState.RETURNED, RepairState.RELEASED)]
+    last = max(returned, key=lambda r: r["taken_out_at"], default=None)
+    ahead = (
+        records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
+    )
+    paused, reason = pause_state
+    return History(
+        attempts=tuple(attempts),
+        last_recovery=_repair_past(last) if last is not None else None,
+        taken_out=taken_out_nodes(conn, settings, registry, now),
+        ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
+        paused=paused,
+        pause_reason=reason,
+    )
+
+
 def build(
     settings: Settings,
     playbook: Playbook,
@@ -93,9 +130,11 @@ def build(
     history: History,
     now: datetime,
     pool: Mapping[str, Any] | None = None,
+    repair_takes_out: bool = False,
 ) -> guards.GuardFacts:
     """``pool``: the partition/pool facts of the node the plan takes out (:func:`app.engine.repair.pool_facts`),
-    so the share limit holds for incidents' take-outs as for repairs'; None: only the absolute limit."""
+    so the share limit holds for incidents' take-outs as for repairs'; None: only the absolute limit.
+    ``repair_takes_out``: the plan is a node repair's, whose own guard counts its take-out (a node incident)."""
     g = settings.guards
     runs = [p for p in planned if p.runs]
     paused = history.paused or g.kill_switch
@@ -109,7 +148,8 @@ def build(
         pause_reason=pause_reason,
         granted_mutating=sum(1 for p in runs if p.mutating),
         would_run=sum(1 for p in planned if p.status == StepStatus.WOULD_RUN),
-        takes_out=nodes_taken_out(planned),
+        takes_out=frozenset() if repair_takes_out else nodes_taken_out(planned),
+        repair_takes_out=nodes_taken_out(planned) if repair_takes_out else frozenset(),
         taken_out=history.taken_out,
         ahead=history.ahead,
         attempts=history.attempts,
@@ -126,6 +166,12 @@ def build(
         job_recoveries_max=g.job_recoveries_max,
         job_recoveries_window=timedelta(seconds=g.job_recoveries_window_seconds),
         **(pool or {}),
+    )
+
+
+def _repair_past(row: Mapping[str, Any]) -> guards.PastAttempt:
+    return guards.PastAttempt(
+        started_at=row["taken_out_at"], finished_at=row["closed_at"], outcome=row["state"]
     )
 
 

@@ -22,7 +22,7 @@ from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.errors import ParamError
 from app.playbooks import Playbook
-from app.states import NOT_ACTED, IncidentKind, Outcome, State, UndoState
+from app.states import NOT_ACTED, IncidentKind, Outcome, State
 from app.store import records, repairs
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
@@ -119,22 +119,18 @@ def _ingest_alert(
         "starts_at": alert.starts_at.isoformat(),
     }
     if previous == "resolved" and alert.status == "firing":
-        records.record(
+        transitions.note(
             conn,
             now,
+            None,
             "alert_out_of_order",
             f"{name}: firing notification after this instance resolved; ignored",
-            data=facts,
+            facts,
         )
         return
     if previous is None:
-        records.record(
-            conn,
-            now,
-            "alert_received",
-            f"{name} {alert.status}",
-            data={**facts, "labels": dict(alert.labels), "receiver": notification.receiver},
-        )
+        received = {**facts, "labels": dict(alert.labels), "receiver": notification.receiver}
+        transitions.note(conn, now, None, "alert_received", f"{name} {alert.status}", received)
     if alert.status == "resolved":
         _resolve(deps, conn, row, name, now, result)
         return
@@ -142,7 +138,7 @@ def _ingest_alert(
     if not matched:
         if previous is None:
             result.unmatched += 1
-            records.record(conn, now, "unmatched", f"{name}: no playbook matches", data=facts)
+            transitions.note(conn, now, None, "unmatched", f"{name}: no playbook matches", facts)
             if len(result.unmatched_notices) < MAX_UNMATCHED_NOTICES:
                 result.unmatched_notices.append(
                     paging.unmatched_alert(
@@ -160,12 +156,9 @@ def _ingest_alert(
         try:
             target = render_target(playbook, alert.labels, alert.annotations, workload)
         except ParamError as exc:
-            records.record(
-                conn,
-                now,
-                "target_invalid",
-                f"{name}: playbook {playbook.name}: {exc}; no incident",
-                data={**facts, "labels": dict(alert.labels)},
+            invalid = f"{name}: playbook {playbook.name}: {exc}; no incident"
+            transitions.note(
+                conn, now, None, "target_invalid", invalid, {**facts, "labels": dict(alert.labels)}
             )
             continue
         episode = episodes.episode_of(playbook, target.values, target.key)
@@ -193,45 +186,35 @@ def _join(
     name = alert.labels.get("alertname", "")
     incident = records.find_open_incident(conn, episode.open_key)
     if incident is None and episode.kind == IncidentKind.NODE:
-        repair = repairs.open_repair(conn, target.values.get("scheduler", "slurm"), episode.culprit or "")
+        repair = repairs.open_repair(conn, episodes.scheduler_of(target.values), episode.culprit or "")
         if repair is not None:  # already out of service or on its way: the alert is evidence for that repair
-            records.record(
+            transitions.note(
                 conn,
                 now,
+                repair["incident_id"],
                 "alert_absorbed",
                 f"{name} on node {episode.culprit}: the node is already in repair #{repair['id']} ({repair['state']})",
-                incident_id=repair["incident_id"],
-                data={**facts, "node": episode.culprit, "repair_id": repair["id"]},
+                {**facts, "node": episode.culprit, "repair_id": repair["id"]},
             )
             return
     if incident is None:
-        incident_id = records.insert_incident(
-            conn, _incident_values(deps, alert, playbook, target, episode, now)
+        incident_id = transitions.open_incident(
+            conn,
+            now,
+            _incident_values(deps, alert, playbook, target, episode, now),
+            row["id"],
+            f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
+            + (f"; culprit {episode.culprit}" if episode.culprit else "")
+            + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
+            {**facts, "target": dict(target.values), "kind": episode.kind, "culprit": episode.culprit},
         )
         if incident_id is not None:
-            records.link_alert(conn, incident_id, row["id"])
-            records.record(
-                conn,
-                now,
-                "incident_opened",
-                f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
-                + (f"; culprit {episode.culprit}" if episode.culprit else "")
-                + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
-                incident_id=incident_id,
-                data={
-                    **facts,
-                    "target": dict(target.values),
-                    "kind": episode.kind,
-                    "culprit": episode.culprit,
-                },
-            )
             result.opened.append(incident_id)
             result.opened_playbooks.append(playbook.name)
             return
         incident = records.find_open_incident(conn, episode.open_key)  # a concurrent writer opened it first
         if incident is None:
             return
-    linked = records.link_alert(conn, incident["id"], row["id"])
     changes: dict[str, Any] = {}
     notes = []
     if episode.culprit:
@@ -246,20 +229,13 @@ def _join(
     if episode.kind == IncidentKind.JOB and not incident["acted"] and _leads(deps, playbook, incident):
         changes.update(_leading(playbook, target, alert))
         notes.append(f"playbook {playbook.name} now plans the recovery")
-    if changes:
-        changes["updated_at"] = now
-        records.update_incident(conn, incident["id"], **changes)
-    if linked or changes:
-        records.record(
-            conn,
-            now,
-            "alert_attached",
-            f"{name} attached to open incident"
-            + (f" ({'; '.join(notes)})" if notes else "")
-            + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
-            incident_id=incident["id"],
-            data={**facts, "playbook": playbook.name, "node": target.node},
-        )
+    message = (
+        f"{name} attached to open incident"
+        + (f" ({'; '.join(notes)})" if notes else "")
+        + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else "")
+    )
+    data = {**facts, "playbook": playbook.name, "node": target.node}
+    if transitions.attach(conn, now, incident, row["id"], changes, message, data):
         result.attached.append(incident["id"])
 
 
@@ -324,7 +300,9 @@ def _culprit_reason(alert: Alert) -> str:
     return (detail or labels.get("summary", "") or "named by the alert")[:300]
 
 
-def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, result: IngestResult) -> None:
+def _resolve(
+    deps: EngineDeps, conn: Connection, alert_row: records.Row, name: str, now: datetime, result: IngestResult
+) -> None:
     for incident in records.incidents_for_alert(conn, alert_row["id"]):
         if records.firing_alert_count(conn, incident["id"]) > 0:
             continue  # other alerts of this incident still fire
@@ -334,41 +312,25 @@ def _resolve(deps: EngineDeps, conn: Connection, alert_row, name: str, now, resu
                 and incident["on_resolved_state"] is None
                 and _has_on_resolved(deps, incident)
             ):
-                records.update_incident(
-                    conn, incident["id"], on_resolved_state=UndoState.PENDING, next_run_at=now, updated_at=now
-                )
-                records.record(
-                    conn,
-                    now,
-                    "on_resolved_scheduled",
-                    f"{name} resolved: undo steps scheduled",
-                    incident_id=incident["id"],
-                )
+                transitions.schedule_undo(conn, now, incident, f"{name} resolved: undo steps scheduled")
             continue
         if fleet_hold.is_held(incident):
             # A job held by a shared cause died: its recovery is released (the hold sees the cause clear).
-            records.update_incident(
-                conn, incident["id"], alert_resolved=True, next_run_at=now, updated_at=now
-            )
+            transitions.fleet_released(conn, now, incident)
             continue
         if incident["state"] in NOT_ACTED and not incident["acted"] and incident["claimed_by"] is None:
             outcome = Outcome.BLOCKED if incident["held_by_guard"] else Outcome.RESOLVED
-            incident["alert_resolved"] = True
-            records.update_incident(conn, incident["id"], alert_resolved=True)
-            transitions.close(conn, now, incident, outcome, f"{name} resolved before any action")
+            transitions.resolved_before_acting(
+                conn, now, incident, outcome, f"{name} resolved before any action"
+            )
             result.closed.append(incident["id"])
         else:
-            records.update_incident(conn, incident["id"], alert_resolved=True, updated_at=now)
-            records.record(
-                conn,
-                now,
-                "alert_resolved",
-                f"{name} resolved while the incident is {incident['state']}",
-                incident_id=incident["id"],
+            transitions.alert_resolved(
+                conn, now, incident, f"{name} resolved while the incident is {incident['state']}"
             )
 
 
-def _has_on_resolved(deps: EngineDeps, incident) -> bool:
+def _has_on_resolved(deps: EngineDeps, incident: records.Row) -> bool:
     playbook = deps.playbooks.get(incident["playbook"])
     return bool(playbook and playbook.on_resolved)
 

@@ -32,6 +32,7 @@ from app import repair_policy as policy
 from app.actions.base import ActionContext
 from app.actions.notify import send_notification
 from app.engine import guard_facts
+from app.engine.context import repair_context
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError, ParamError
 from app.outcome import Failed, Outcome, Retry, tail
@@ -89,19 +90,13 @@ def plan_repair(
     }
     labels = incident.get("labels") or {}
     diagnosis = incident.get("diagnosis") or {}
-    context = {
-        "node": {
-            "name": repair["node"],
-            "repair_id": str(repair["id"]),
-            "scheduler": scheduler,
-            "reason": safe_reason(repair["reason"]),
-        },
-        "labels": labels,
-        "annotations": incident.get("annotations") or {},
-        "target": incident.get("target") or {},
-        "diagnosis": {k: str(v) for k, v in diagnosis.items() if not isinstance(v, list | dict)},
-        "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
+    node = {
+        "name": repair["node"],
+        "repair_id": str(repair["id"]),
+        "scheduler": scheduler,
+        "reason": safe_reason(repair["reason"]),
     }
+    context = repair_context(repair, incident, node)
     planned = plan_steps(
         list(steps.values()),
         registry=deps.registry,

@@ -5,7 +5,9 @@ one per batch of alerts) and writes the incident, its attempt, its steps and its
 killed at any point leaves either the state before the transition or the state after it, never half of one. The
 worker, ingestion and the operator controls all close an incident through :func:`close`.
 
-The in-memory incident row passed in is updated with what was written, so a tick can go on with it.
+The set is closed: there is no generic "update these columns". A change the lifecycle needs is a named transition
+here, so every write to incidents, their steps and their ledger can be read in one file. The in-memory incident row
+passed in is updated with what was written, so a tick can go on with it.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
+from app import episodes
+from app.incident_policy import Learned
 from app.planning import RUN, PlannedStep
-from app.states import AttemptOutcome, Outcome, State, StepStatus
-from app.store import records
+from app.playbooks import PlaybookSet
+from app.states import AttemptOutcome, Outcome, State, StepStatus, UndoState
+from app.store import records, repairs
 
 Incident = dict[str, Any]
 
@@ -33,20 +38,32 @@ _ATTEMPT_OUTCOME = {
 }
 
 
-def update(
+def _write(
     conn: Connection,
     now: datetime,
     inc: Incident,
     ledger: tuple[str, str, Mapping[str, Any] | None] | None = None,
     **values: Any,
 ) -> None:
-    """Change the incident's columns and add its ledger row (kind, message, data)."""
+    """The incident's columns and its ledger row (kind, message, data): what every transition here writes with."""
     values["updated_at"] = now
     records.update_incident(conn, inc["id"], **values)
     if ledger is not None:
         kind, message, data = ledger
         records.record(conn, now, kind, message, incident_id=inc["id"], data=data)
     inc.update(values)
+
+
+def note(
+    conn: Connection,
+    now: datetime,
+    incident_id: int | None,
+    kind: str,
+    message: str,
+    data: Mapping[str, Any] | None = None,
+) -> None:
+    """An observation about an incident (a verification sample, a re-check, a backend error): a ledger row only."""
+    records.record(conn, now, kind, message, incident_id=incident_id, data=data)
 
 
 def persist_plan(
@@ -115,7 +132,7 @@ def start_attempt(
             "started_at": now,
         },
     )
-    update(
+    _write(
         conn,
         now,
         inc,
@@ -197,7 +214,7 @@ def wait(
     kind: str | None = None,
 ) -> None:
     """Hold the incident (a guard, a backoff, the correlation window, a job waiting for resources)."""
-    update(
+    _write(
         conn,
         now,
         inc,
@@ -210,7 +227,7 @@ def wait(
 
 def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, message: str) -> None:
     """Steps done: poll the verification until ``deadline``, counting only samples from now on."""
-    update(
+    _write(
         conn,
         now,
         inc,
@@ -227,7 +244,7 @@ def attempt_failed(conn: Connection, now: datetime, inc: Incident, reason: str) 
     records.record(
         conn, now, "attempt_failed", reason, incident_id=inc["id"], data={"attempt": inc["attempt"]}
     )
-    update(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
+    _write(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
 
 
 def close(
@@ -242,7 +259,7 @@ def close(
     if inc["attempt"]:
         attempt_outcome = _ATTEMPT_OUTCOME.get(outcome, AttemptOutcome.ABANDONED)
         records.finish_attempt(conn, inc["id"], inc["attempt"], attempt_outcome, now)
-    update(
+    _write(
         conn,
         now,
         inc,
@@ -272,7 +289,7 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
             {"error": error},
         )
         return True
-    update(
+    _write(
         conn,
         now,
         inc,
@@ -280,3 +297,304 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
         tick_errors=errors,
     )
     return False
+
+
+def correlating(conn: Connection, now: datetime, inc: Incident, reason: str) -> None:
+    """Inside the correlation window: the incident stays open, saying what it waits for (no ledger row)."""
+    _write(conn, now, inc, reason=reason)
+
+
+def diagnosing(conn: Connection, now: datetime, inc: Incident) -> None:
+    """The collect steps and the diagnosis are under way."""
+    _write(conn, now, inc, state=State.DIAGNOSING, reason="")
+
+
+def diagnosed(
+    conn: Connection,
+    now: datetime,
+    inc: Incident,
+    diagnosis: Mapping[str, Any],
+    culprits: Sequence[Mapping[str, Any]] | None,
+) -> None:
+    """The diagnosis, and the culprit it names (``culprits``: the list with it added; None: unchanged)."""
+    values: dict[str, Any] = {"diagnosis": dict(diagnosis)}
+    if culprits is not None:
+        values["culprits"] = [dict(c) for c in culprits]
+    summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
+    _write(conn, now, inc, ledger=("diagnosis", summary, dict(diagnosis)), **values)
+
+
+def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> None:
+    """What the policy learned on its way to a decision, in the order it learned it: the scheduler unread, the
+    culprits checked against the allocation, invalid steps, the guards' verdicts and the live re-check."""
+    if facts.job_unread:
+        note(conn, now, inc["id"], "job_status_unknown", facts.job_unread)
+    if facts.culprits is not None:
+        confirmed = [dict(c) for c in facts.culprits]
+        _write(
+            conn,
+            now,
+            inc,
+            ledger=("culprits", facts.culprit_message, {"culprits": confirmed}),
+            culprits=confirmed,
+            node=facts.culprit_node,
+        )
+    if facts.blame:
+        note(conn, now, inc["id"], "blame", facts.blame, {"nodes": list(facts.exclude)})
+    for p in facts.invalid:
+        note(conn, now, inc["id"], "step_invalid", f"{p.name}: {p.reason}", {"action": p.action.name})
+    for verdict in facts.verdicts:
+        check = facts.recheck
+        if verdict.guard == "recheck" and check is not None and check.error is None:
+            note(
+                conn,
+                now,
+                inc["id"],
+                "recheck",
+                f"{len(check.samples)} series for {check.expr}",
+                {"expr": check.expr, "samples": [dict(s) for s in check.samples[:20]]},
+            )
+        note(
+            conn,
+            now,
+            inc["id"],
+            "guard",
+            f"{verdict.guard}: {verdict.decision}: {verdict.reason}",
+            verdict.as_dict(),
+        )
+
+
+def hold(conn: Connection, now: datetime, inc: Incident, reason: str, *, held_by_guard: bool) -> None:
+    """Hold the incident until it is decided again: a guard's wait, or the scheduler asked again later."""
+    wait(conn, now, inc, reason, held_by_guard=held_by_guard)
+
+
+def hand_to_repair(
+    conn: Connection,
+    now: datetime,
+    inc: Incident,
+    *,
+    node: str,
+    scheduler: str,
+    playbook: str,
+    reason: str,
+) -> int:
+    """A node incident's node goes to the repair lifecycle; the incident waits for its verdict. Returns the
+    repair's id."""
+    repair_id = repairs.request_repair(
+        conn,
+        node=node,
+        scheduler=scheduler,
+        playbook=playbook,
+        incident_id=inc["id"],
+        reason=reason[:500],
+        now=now,
+    )
+    culprit = {
+        "node": node,
+        "source": "alert",
+        "reason": reason[:300],
+        "confirmed": True,
+        "repair_id": repair_id,
+    }
+    _write(conn, now, inc, culprits=[culprit])
+    wait(
+        conn,
+        now,
+        inc,
+        f"node {node} handed to repair #{repair_id}",
+        state=State.REPAIRING,
+        kind="repair_requested",
+    )
+    return repair_id
+
+
+def request_repairs(
+    conn: Connection,
+    now: datetime,
+    inc: Incident,
+    nodes: Sequence[str],
+    *,
+    scheduler: str,
+    playbooks: PlaybookSet,
+) -> None:
+    """Hand each culprit node of a job incident to the node repair lifecycle, except a culprit its playbook only
+    excludes (a straggler) until its ``exclude_node.repair_after``-th exclusion (``culprit_excluded_only``)."""
+    for node in nodes:
+        named = next((c for c in inc["culprits"] or () if c["node"] == node), None)
+        named_by = named.get("playbook") if named else None
+        playbook = playbooks.get(named_by) if named_by else None
+        if playbook is not None and playbook.exclude_node is not None:
+            rule = playbook.exclude_node
+            excluders = [p.name for p in playbooks.playbooks if p.exclude_node is not None]
+            earlier = records.exclusions_of(conn, node, excluders, now - rule.window, other_than=inc["id"])
+            if not episodes.repair_due(playbook, earlier):
+                note(
+                    conn,
+                    now,
+                    inc["id"],
+                    "culprit_excluded_only",
+                    f"{node} excluded from job {inc['job']} without a repair ({earlier + 1} of "
+                    f"{rule.repair_after} exclusions within {rule.window})",
+                    {"node": node, "exclusions": earlier + 1, "repair_after": rule.repair_after},
+                )
+                continue
+        why = f"{named['source']}: {named['reason']}" if named else "named by the diagnosis"
+        repairs.request_repair(
+            conn,
+            node=node,
+            scheduler=scheduler,
+            playbook=named_by,
+            incident_id=inc["id"],
+            reason=f"culprit of job {inc['job']}: {why}"[:500],
+            now=now,
+        )
+
+
+def await_approval(
+    conn: Connection, now: datetime, inc: Incident, step: Mapping[str, Any], reason: str
+) -> None:
+    """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
+    records.update_step(conn, step["id"], status=StepStatus.AWAITING_APPROVAL)
+    _write(
+        conn,
+        now,
+        inc,
+        ledger=("approval_requested", f"{reason}: {step['command']}", {"step_id": step["id"]}),
+        reason=reason,
+    )
+
+
+def approve_step(conn: Connection, now: datetime, incident_id: int, step: Mapping[str, Any], by: str) -> None:
+    """An operator approves a step that waits for approval: the worker runs it on its next look."""
+    records.update_step(conn, step["id"], status=StepStatus.PENDING, approved_by=by, approved_at=now)
+    records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+    note(
+        conn,
+        now,
+        incident_id,
+        "approved",
+        f"step {step['name']} approved by {by}",
+        {"step_id": step["id"], "by": by},
+    )
+
+
+def undo_done(conn: Connection, now: datetime, inc: Incident) -> None:
+    """The closed incident's ``on_resolved`` steps have run."""
+    _write(conn, now, inc, on_resolved_state=UndoState.DONE)
+
+
+def recover_in_flight(conn: Connection, now: datetime, inc: Incident, read_only: Sequence[str]) -> str | None:
+    """Steps left ``running`` by a dead worker: those of the ``read_only`` actions run again, the others are
+    ambiguous and never re-run. Returns why the incident goes to a person (None: nothing ambiguous)."""
+    ambiguous = []
+    for step in records.get_steps(conn, inc["id"]):
+        if step["status"] != StepStatus.RUNNING:
+            continue
+        if step["action"] in read_only:
+            records.update_step(conn, step["id"], status=StepStatus.PENDING)
+            continue
+        records.update_step(
+            conn,
+            step["id"],
+            status=StepStatus.AMBIGUOUS,
+            reason="in flight when its worker stopped; outcome unknown, not re-run",
+        )
+        ambiguous.append(step["name"])
+    if not ambiguous:
+        return None
+    reason = f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"
+    note(conn, now, inc["id"], "step_ambiguous", reason, {"steps": ambiguous})
+    inc["reason"] = reason
+    return reason
+
+
+def annotation_opened(
+    conn: Connection, now: datetime, inc: Incident, annotation_id: int, tags: Sequence[str]
+) -> None:
+    """The incident's Grafana region exists."""
+    records.update_incident(conn, inc["id"], annotation_id=annotation_id)
+    note(
+        conn,
+        now,
+        inc["id"],
+        "annotation",
+        f"Grafana annotation {annotation_id} opened",
+        {"annotation_id": annotation_id, "tags": list(tags)},
+    )
+    inc["annotation_id"] = annotation_id
+
+
+def finalized(conn: Connection, inc: Incident) -> None:
+    """The closed incident owes no more effects (annotation closed, outcome told, or tries spent)."""
+    records.update_incident(conn, inc["id"], finalize_pending=False)
+    inc["finalize_pending"] = False
+
+
+def fleet_released(conn: Connection, now: datetime, inc: Incident) -> None:
+    """A job held by a shared cause died (its alerts resolved): its recovery is released, looked at now."""
+    _write(conn, now, inc, alert_resolved=True, next_run_at=now)
+
+
+def open_incident(
+    conn: Connection,
+    now: datetime,
+    values: Mapping[str, Any],
+    alert_id: int,
+    message: str,
+    data: Mapping[str, Any],
+) -> int | None:
+    """A new incident with its first alert and its ``incident_opened`` row. None when another writer holds the
+    open key already (the caller attaches to that one)."""
+    incident_id = records.insert_incident(conn, values)
+    if incident_id is None:
+        return None
+    records.link_alert(conn, incident_id, alert_id)
+    note(conn, now, incident_id, "incident_opened", message, data)
+    return incident_id
+
+
+def attach(
+    conn: Connection,
+    now: datetime,
+    inc: Incident,
+    alert_id: int,
+    changes: Mapping[str, Any],
+    message: str,
+    data: Mapping[str, Any],
+) -> bool:
+    """An alert joins an open incident, with what it changes (a culprit named, the leading playbook, the end of
+    the correlation wait). False when it was attached already and changes nothing (no ledger row)."""
+    linked = records.link_alert(conn, inc["id"], alert_id)
+    if changes:
+        _write(conn, now, inc, **changes)
+    if not (linked or changes):
+        return False
+    note(conn, now, inc["id"], "alert_attached", message, data)
+    return True
+
+
+def resolved_before_acting(
+    conn: Connection, now: datetime, inc: Incident, outcome: Outcome, reason: str
+) -> None:
+    """Every alert of an incident that has done nothing resolved: it closes (``blocked`` when a guard held it)."""
+    inc["alert_resolved"] = True
+    records.update_incident(conn, inc["id"], alert_resolved=True)
+    close(conn, now, inc, outcome, reason)
+
+
+def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
+    """Every alert resolved while the incident acts: its verification finishes; a failed attempt is not retried."""
+    _write(conn, now, inc, ledger=("alert_resolved", message, None), alert_resolved=True)
+
+
+def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
+    """A closed incident that acted: its alert resolved, so its ``on_resolved`` steps are owed."""
+    _write(
+        conn,
+        now,
+        inc,
+        ledger=("on_resolved_scheduled", message, None),
+        on_resolved_state=UndoState.PENDING,
+        next_run_at=now,
+    )

@@ -24,6 +24,8 @@ PURE = (
     "app.playbook_warnings",
     "app.states",
     "app.repair_policy",
+    "app.incident_policy",
+    "app.job_phase",
     "app.framing",
     "app.checkpoint_layouts",
     "app.outcome",

@@ -1,0 +1,51 @@
+"""What playbook templates may reference, built one way for incidents' steps and for node repairs' steps.
+
+A value the diagnosis left empty (None) renders as ``""`` in both, never as ``"None"``; lists and mappings of the
+diagnosis (its evidence) are not template values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+Context = dict[str, Mapping[str, Any]]
+
+
+def diagnosis_values(diagnosis: Mapping[str, Any] | None) -> dict[str, str]:
+    """The diagnosis's scalar fields as template strings."""
+    return {
+        k: "" if v is None else str(v) for k, v in (diagnosis or {}).items() if not isinstance(v, list | dict)
+    }
+
+
+def template_context(inc: Mapping[str, Any], external_url: str, exclude: Sequence[str] = ()) -> Context:
+    """An incident's steps: labels, annotations, target, diagnosis, incident. ``incident.culprits`` is the
+    comma-separated list of nodes the recovery excludes ("" when none)."""
+    return {
+        "labels": inc["labels"],
+        "annotations": inc["annotations"],
+        "target": inc["target"],
+        "diagnosis": diagnosis_values(inc.get("diagnosis")),
+        "incident": {
+            "id": str(inc.get("id", "")),
+            "playbook": inc["playbook"],
+            "url": f"{external_url.rstrip('/')}/incidents/{inc.get('id', '')}",
+            "culprits": ",".join(exclude),
+        },
+    }
+
+
+def repair_context(
+    repair: Mapping[str, Any], incident: Mapping[str, Any], node: Mapping[str, str]
+) -> Context:
+    """A node repair's steps: ``node`` (name, repair id, scheduler, reason) and the requesting incident's labels,
+    annotations, target and diagnosis."""
+    return {
+        "node": node,
+        "labels": incident.get("labels") or {},
+        "annotations": incident.get("annotations") or {},
+        "target": incident.get("target") or {},
+        "diagnosis": diagnosis_values(incident.get("diagnosis")),
+        "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
+    }

@@ -1,0 +1,102 @@
+"""The worker's facts for :func:`app.incident_policy.decide`: from the store, the scheduler and Prometheus, and the
+diagnosis (its collect steps run as step rows)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app import episodes
+from app import incident_policy as policy
+from app.engine import guard_facts, transitions
+from app.engine.deps import EngineDeps
+from app.engine.fleet_hold import FleetHolds
+from app.engine.jobs import job_status
+from app.engine.repair import pool_facts
+from app.engine.steps import StepRunner
+from app.errors import BackendError, ConfigError
+from app.outcome import Ok
+from app.playbooks import Playbook
+from app.states import IncidentKind, RepairState, StepStatus
+from app.store import records, repairs
+
+Incident = dict[str, Any]
+
+
+class WorkerSource:
+    """Facts as the worker gathers them (implements :class:`app.engine.facts.Source`)."""
+
+    def __init__(self, deps: EngineDeps, steps: StepRunner, fleet: FleetHolds):
+        self.deps = deps
+        self.steps = steps
+        self.fleet_holds = fleet
+
+    def diagnosis(self, inc: Incident, playbook: Playbook) -> None:
+        deps = self.deps
+        with deps.store.transaction() as conn:
+            transitions.diagnosing(conn, deps.clock.now(), inc)
+        logs = []
+        for step in self.steps.materialise(inc, playbook.collect, attempt=0, phase="collect"):
+            if step["status"] == StepStatus.PENDING:
+                outcome = self.steps.execute(inc, step)
+                if isinstance(outcome, Ok) and outcome.data.get("log"):
+                    logs.append(str(outcome.data["log"]))
+        diagnosis = deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
+        culprit = (diagnosis.get("culprit") or {}).get("node")
+        named = inc["culprits"]
+        if inc["kind"] == IncidentKind.JOB:
+            peers, reporters = self.fleet_holds.lost_peers("\n".join(logs))
+            if peers and culprit in reporters:
+                culprit = None  # a rank that logged a lost peer: the peer is the suspect, never the logger
+            for node, source in [
+                *((p, "lost peer") for p in peers),
+                *([(culprit, "diagnosis")] if culprit else []),
+            ]:
+                named = episodes.add_culprit(named, node, source, diagnosis["summary"][:300]) or named
+        with deps.store.transaction() as conn:
+            transitions.diagnosed(
+                conn, deps.clock.now(), inc, diagnosis, named if named is not inc["culprits"] else None
+            )
+
+    def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobUnread:
+        try:
+            return job_status(self.deps.clients, inc["target"])
+        except (BackendError, ConfigError) as exc:
+            with self.deps.store.read() as conn:
+                earlier = sum(
+                    1 for r in records.ledger_for(conn, inc["id"]) if r["kind"] == "job_status_unknown"
+                )
+            return policy.JobUnread(str(exc), tries=earlier + 1, configured=not isinstance(exc, ConfigError))
+
+    def history(self, inc: Incident, playbook: Playbook) -> guard_facts.History:
+        deps = self.deps
+        read = guard_facts.read_node_history if inc["kind"] == IncidentKind.NODE else guard_facts.read_history
+        with deps.store.read() as conn:
+            return read(
+                conn, deps.settings, deps.registry, playbook, inc, deps.clock.now(), deps.pause_state(conn)
+            )
+
+    def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
+        return pool_facts(self.deps, episodes.scheduler_of(inc["target"]), node)[0]
+
+    def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
+        try:
+            samples = self.deps.clients.prometheus.query(expr)
+        except (BackendError, ConfigError) as exc:
+            return policy.Recheck(expr, error=str(exc))
+        return policy.Recheck(expr, tuple({"labels": dict(s.labels), "value": s.value} for s in samples))
+
+    def fleet(self, inc: Incident) -> policy.FleetHold:
+        return policy.FleetHold(self.fleet_holds.hold(inc) or self.fleet_holds.storm_wait(inc))
+
+    def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
+        widened = self.fleet_holds.widen(inc, culprits)
+        return policy.Blame(*widened) if widened is not None else policy.Blame()
+
+    def repair(self, inc: Incident) -> policy.RepairView:
+        repair_id = next((c.get("repair_id") for c in inc["culprits"] or ()), None)
+        with self.deps.store.read() as conn:
+            repair = repairs.get_repair(conn, repair_id) if repair_id else None
+        if repair is None:
+            return policy.RepairView(repair_id, None)
+        return policy.RepairView(repair["id"], RepairState(repair["state"]), repair["reason"])

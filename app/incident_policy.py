@@ -1,0 +1,419 @@
+"""What comes next for an open incident: pure decisions over the facts the engine gathered.
+
+The engine (:mod:`app.engine.lifecycle`) and ``nightshift explain`` (:mod:`app.engine.explain`) call the same
+:func:`decide`. A fact it needs and does not have yet is asked for (:class:`Gather`): the engine gathers it (the
+worker from the store and the backends, explain read-only with an empty history) and calls :func:`decide` again with
+it, so what is asked, in which order, and what follows from the answers is decided here only::
+
+    open --(correlation window, no culprit)--> open (wait)
+      |
+      v
+    diagnosing --(benign)--> benign
+      |
+      +-- job: scheduler's view --(completed)--> completed
+      |        (unread: ask again, at most ALLOCATION_TRIES)   (too many culprits) --> needs_human
+      |        culprits confirmed against the allocation
+      v
+    plan --(a step invalid)--> needs_human
+      |
+      v
+    guard chain --wait--> waiting (held by a guard) -- re-decided at `until`
+      |         --stop--> advisory (plan recorded; culprits' repairs asked) | needs_human | ignored ...
+      |  pass        node incident, advisory --> handed to repair (the repair records its own advisory plan)
+      v
+    live re-check --(no series)--> resolved     (failed: waiting, never acting blind)
+      |
+      +-- job / target incident --> acting (attempt N+1, its plan) --> verifying --> recovered | attempt failed
+      +-- node incident ---------> repairing (its node handed to the repair lifecycle) --> the repair's verdict
+
+A node incident goes through the same chain as a job incident (serialisation, budget, cooldown, stale signal, live
+re-check: its history is its node's repairs); only the blast radius is left to the repair, which counts the node
+against its partition when it takes it out. Nothing here reads the store, the clock or a backend. No I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+from app import episodes, guards
+from app.job_phase import JobPhase, JobStatus
+from app.planning import INVALID, PlannedStep
+from app.states import IncidentKind, Outcome, RepairState, State
+
+ALLOCATION_TRIES = 3  # looks at a job's allocation before its recovery goes ahead without exclusions
+BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"
+
+# A repaired node incident closes with the repair's verdict.
+REPAIR_OUTCOME = {
+    RepairState.RETURNED: Outcome.RECOVERED,
+    RepairState.RELEASED: Outcome.HANDLED,
+    RepairState.HELD: Outcome.NEEDS_HUMAN,
+    RepairState.ADVISORY: Outcome.ADVISORY,
+    RepairState.NOT_OURS: Outcome.NEEDS_HUMAN,
+}
+REPAIR_SETTLED = frozenset(REPAIR_OUTCOME)
+
+
+class Need(StrEnum):
+    """A fact :func:`decide` asks the engine for."""
+
+    DIAGNOSIS = "diagnosis"  # run the collect steps and the diagnosis
+    JOB_STATUS = "job_status"  # the scheduler's view of the job (phase, state, allocation)
+    PLAN = "plan"  # the playbook's steps (a node incident: its repair's steps), planned
+    GUARDS = "guards"  # the guard chain's inputs over that plan: history, pause, pool
+    RECHECK = "recheck"  # the playbook's live re-check, run now
+    FLEET = "fleet"  # whether a shared cause holds the job's recovery (a storage outage, the restart storm)
+    BLAME = "blame"  # whether the confirmed culprits' leaf/rack/block is to blame (exclusion ``exclude``)
+    REPAIR = "repair"  # the state of the repair a node incident handed its node to
+
+
+@dataclass(frozen=True)
+class Subject:
+    """The incident as the policy sees it (built from its row by :meth:`of`)."""
+
+    kind: IncidentKind
+    state: State
+    job: str | None = None
+    node: str | None = None
+    act_after: datetime | None = None
+    culprits: tuple[Mapping[str, Any], ...] = ()
+    diagnosis: Mapping[str, Any] | None = None
+    has_recheck: bool = False
+    alertname: str = "alert"
+
+    @classmethod
+    def of(cls, row: Mapping[str, Any], has_recheck: bool) -> Subject:
+        return cls(
+            kind=IncidentKind(row["kind"]),
+            state=State(row["state"]),
+            job=row.get("job"),
+            node=row.get("node"),
+            act_after=row.get("act_after"),
+            culprits=tuple(row.get("culprits") or ()),
+            diagnosis=row.get("diagnosis"),
+            has_recheck=has_recheck,
+            alertname=(row.get("labels") or {}).get("alertname", "alert"),
+        )
+
+
+@dataclass(frozen=True)
+class JobUnread:
+    """The scheduler could not say what the job is doing."""
+
+    error: str
+    tries: int  # failed reads so far, this one included
+    configured: bool = True  # False: no access to the scheduler is configured, asking again cannot help
+
+
+@dataclass(frozen=True)
+class JobAssumed:
+    """No scheduler was asked (``nightshift explain`` without one): the culprits are shown as excluded as they
+    would be once the scheduler confirms them in the allocation, of a job whose size is unknown."""
+
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class FleetHold:
+    """Whether a shared cause (:mod:`app.engine.fleet_hold`) holds the job's recovery, and until when."""
+
+    until: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Blame:
+    """The nodes to exclude instead of the culprits when a leaf, rack or block is at fault (empty: the culprits)."""
+
+    nodes: tuple[str, ...] = ()
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class Recheck:
+    """The live re-check as it ran: its query, the series it returned, or why it failed."""
+
+    expr: str
+    samples: tuple[Mapping[str, Any], ...] = ()
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class RepairView:
+    """The repair a node incident waits on (``state`` None: the repair is gone)."""
+
+    id: int | None
+    state: RepairState | None
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The bounds of a decision (from settings)."""
+
+    max_culprits: int = 4
+    max_culprit_share: float = 0.5
+    defer: timedelta = timedelta(seconds=30)
+    allocation_tries: int = ALLOCATION_TRIES
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What the engine knows for this decision; None: not gathered (yet)."""
+
+    now: datetime
+    limits: Limits = field(default_factory=Limits)
+    diagnosed: bool = False
+    job: JobStatus | JobUnread | JobAssumed | None = None
+    planned: tuple[PlannedStep, ...] | None = None
+    guards: guards.GuardFacts | None = None
+    recheck: Recheck | None = None
+    repair: RepairView | None = None
+    fleet: FleetHold | None = None
+    blame: Blame | None = None
+
+
+@dataclass(frozen=True)
+class Learned:
+    """What the facts taught on the way to a decision, written with it (one transaction)."""
+
+    job_unread: str | None = None  # the ``job_status_unknown`` ledger message
+    culprits: tuple[dict[str, Any], ...] | None = None  # the culprits checked against the allocation
+    culprit_node: str | None = None  # the first confirmed one: the incident's node
+    culprit_message: str = ""
+    exclude: tuple[str, ...] = ()  # the nodes the plan keeps the job off
+    blame: str = ""  # why the exclusion is a domain's nodes (the ``blame`` ledger row)
+    invalid: tuple[PlannedStep, ...] = ()
+    verdicts: tuple[guards.Verdict, ...] = ()
+    recheck: Recheck | None = None
+
+
+@dataclass(frozen=True)
+class Gather:
+    """Ask the engine for a fact, then decide again. ``exclude``/``job_phase``: what a plan is made with."""
+
+    need: Need
+    exclude: tuple[str, ...] = ()
+    job_phase: str = ""
+    learned: Learned = field(default_factory=Learned)
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Look again at ``until``. ``guard``: the verdict holding it (else a correlation window or a retry)."""
+
+    until: datetime
+    reason: str
+    guard: guards.Verdict | None = None
+    correlating: bool = False  # inside the correlation window: the incident stays open
+    elsewhere: bool = False  # held by the fleet hold, which wrote its own state: nothing to write here
+    learned: Learned = field(default_factory=Learned)
+
+
+@dataclass(frozen=True)
+class Close:
+    """Close with ``outcome``. ``advisory``: record the plan (run its granted read-only steps) and ask for the
+    repairs of ``exclude`` first."""
+
+    outcome: Outcome
+    reason: str
+    advisory: bool = False
+    exclude: tuple[str, ...] = ()
+    planned: tuple[PlannedStep, ...] = ()  # advisory: the plan recorded
+    learned: Learned = field(default_factory=Learned)
+
+
+@dataclass(frozen=True)
+class StartAttempt:
+    """Attempt N+1 with its plan, excluding ``exclude`` (their repairs asked in the same transaction)."""
+
+    planned: tuple[PlannedStep, ...]
+    exclude: tuple[str, ...] = ()
+    learned: Learned = field(default_factory=Learned)
+
+    @property
+    def note(self) -> str:
+        return f"excluding {', '.join(self.exclude)}" if self.exclude else ""
+
+
+@dataclass(frozen=True)
+class HandToRepair:
+    """A node incident: its node goes to the repair lifecycle; the incident waits for the repair's verdict."""
+
+    node: str
+    reason: str
+    learned: Learned = field(default_factory=Learned)
+
+
+@dataclass(frozen=True)
+class Act:
+    """The attempt's steps are under way: run the next one."""
+
+
+@dataclass(frozen=True)
+class Verify:
+    """The steps are done: poll the verification."""
+
+
+Decision = Gather | Wait | Close | StartAttempt | HandToRepair | Act | Verify
+
+
+def decide(subject: Subject, facts: Facts) -> Decision:
+    """The next move of an open incident (a closed one is the engine's bookkeeping: undo steps, effects)."""
+    state = subject.state
+    if state == State.ACTING:
+        return Act()
+    if state in (State.VERIFYING, State.WAITING_FOR_RESOURCES):
+        return Verify()
+    if state == State.REPAIRING:
+        return _repair_settled(subject, facts)
+    if state not in (State.OPEN, State.DIAGNOSING, State.WAITING):
+        return Close(Outcome.NEEDS_HUMAN, f"unexpected state {state!r}")
+    if state == State.OPEN and episodes.must_wait(facts.now, subject.act_after, subject.culprits):
+        reason = f"correlating: waiting for the rest of job {subject.job}'s alerts until {subject.act_after:%H:%M:%S}"
+        assert subject.act_after is not None
+        return Wait(subject.act_after, reason, correlating=True)
+    if state in (State.OPEN, State.DIAGNOSING) and not facts.diagnosed:
+        return Gather(Need.DIAGNOSIS)
+    if benign(subject.diagnosis):
+        assert subject.diagnosis is not None
+        return Close(Outcome.BENIGN, f"no fault to act on: {subject.diagnosis.get('summary', '')}")
+    if subject.kind == IncidentKind.JOB:
+        return _job(subject, facts)
+    return _guarded(subject, facts, Learned(), exclude=(), job_phase="")
+
+
+def _job(subject: Subject, facts: Facts) -> Decision:
+    """A job incident: the scheduler's view first (completed jobs are left alone, culprits are confirmed)."""
+    job = facts.job
+    if job is None:
+        return Gather(Need.JOB_STATUS)
+    learned = Learned()
+    status: JobStatus | None = None
+    if isinstance(job, JobUnread):
+        last = job.tries >= facts.limits.allocation_tries or not job.configured
+        then = "recovering the job without excluding any node" if last else "will ask again"
+        learned = Learned(
+            job_unread=f"cannot read job {subject.job} from the scheduler ({job.error}): {then}"
+        )
+        if not last:
+            return Wait(facts.now + facts.limits.defer, learned.job_unread or "", learned=learned)
+    elif isinstance(job, JobStatus):
+        status = job
+    if status is not None and status.phase == JobPhase.COMPLETED:
+        reason = f"job {subject.job} is {status.state}: it ended on purpose or normally, nothing to recover"
+        return Close(Outcome.COMPLETED, reason)
+    if facts.fleet is None:
+        return Gather(Need.FLEET, learned=learned)
+    if facts.fleet.until is not None:
+        return Wait(facts.fleet.until, "held by a shared cause", elsewhere=True, learned=learned)
+    if subject.culprits and (status is not None or isinstance(job, JobAssumed)):
+        allocation = status.nodes if status is not None else tuple(c["node"] for c in subject.culprits)
+        confirmed = episodes.confirm(subject.culprits, allocation)
+        outside = [c["node"] for c in confirmed if not c["confirmed"]]
+        state = status.state if status is not None else "not asked"
+        message = (
+            f"job {subject.job} runs on {', '.join(allocation) or 'no node'} ({state or 'unknown'}); "
+            f"culprits: {', '.join(c['node'] for c in confirmed if c['confirmed']) or 'none confirmed'}"
+            + (f"; outside the allocation (evidence only): {', '.join(outside)}" if outside else "")
+        )
+        learned = Learned(
+            job_unread=learned.job_unread,
+            culprits=tuple(confirmed),
+            culprit_node=next((c["node"] for c in confirmed if c["confirmed"]), None),
+            culprit_message=message,
+        )
+        if facts.blame is None:
+            nodes = tuple(c["node"] for c in confirmed if c["confirmed"])
+            return Gather(Need.BLAME, exclude=nodes, learned=learned)
+        if facts.blame.nodes:  # a domain at fault: its nodes, whatever the culprits' own limits
+            learned = replace(learned, exclude=facts.blame.nodes, blame=facts.blame.message)
+        else:
+            limits = facts.limits
+            size = len(status.nodes) if status is not None else None
+            exclusion = episodes.exclusion(confirmed, size, limits.max_culprits, limits.max_culprit_share)
+            if exclusion.refused:
+                return Close(Outcome.NEEDS_HUMAN, exclusion.refused, learned=learned)
+            learned = replace(learned, exclude=exclusion.nodes)
+    phase = status.phase if status is not None else JobPhase.UNKNOWN
+    return _guarded(subject, facts, learned, exclude=learned.exclude, job_phase=phase)
+
+
+def _guarded(
+    subject: Subject, facts: Facts, learned: Learned, *, exclude: tuple[str, ...], job_phase: str
+) -> Decision:
+    """The plan, the guard chain over it, the live re-check; then act (or hand the node to its repair)."""
+    planned = facts.planned
+    if planned is None:
+        return Gather(Need.PLAN, exclude=exclude, job_phase=job_phase, learned=learned)
+    invalid = tuple(p for p in planned if p.status == INVALID)
+    if invalid:
+        learned = replace(learned, invalid=invalid)
+        return Close(Outcome.NEEDS_HUMAN, f"step {invalid[0].name}: {invalid[0].reason}", learned=learned)
+    if facts.guards is None:
+        return Gather(Need.GUARDS, exclude=exclude, job_phase=job_phase, learned=learned)
+    verdicts = tuple(guards.evaluate(facts.guards))
+    last = verdicts[-1]
+    if last.decision == guards.PASS and subject.has_recheck:
+        if facts.recheck is None:
+            return Gather(Need.RECHECK, exclude=exclude, job_phase=job_phase, learned=learned)
+        check = facts.recheck
+        last = guards.recheck(
+            check.expr,
+            len(check.samples) if check.error is None else None,
+            check.error,
+            facts.now,
+            facts.limits.defer,
+        )
+        learned = replace(learned, recheck=check)
+        verdicts = (*verdicts, last)
+    learned = replace(learned, verdicts=verdicts)
+    node = subject.kind == IncidentKind.NODE
+    if last.decision == guards.WAIT:
+        return Wait(last.until or facts.now + facts.limits.defer, last.reason, guard=last, learned=learned)
+    if last.decision == guards.STOP:
+        outcome = Outcome(last.outcome or Outcome.NEEDS_HUMAN)
+        if outcome == Outcome.ADVISORY and node:
+            # The repair records its plan as advisory and the incident closes with that verdict.
+            return HandToRepair(subject.node or "", repair_reason(subject), learned=learned)
+        if outcome == Outcome.ADVISORY:
+            return Close(
+                outcome, last.reason, advisory=True, exclude=exclude, planned=planned, learned=learned
+            )
+        return Close(outcome, last.reason, learned=learned)
+    if node:
+        return HandToRepair(subject.node or "", repair_reason(subject), learned=learned)
+    return StartAttempt(planned, exclude=exclude, learned=learned)
+
+
+def _repair_settled(subject: Subject, facts: Facts) -> Decision:
+    repair = facts.repair
+    if repair is None:
+        return Gather(Need.REPAIR)
+    if repair.state is None:
+        return Close(Outcome.NEEDS_HUMAN, f"the repair of node {subject.node} is gone")
+    if repair.state not in REPAIR_SETTLED:
+        return Wait(
+            facts.now + facts.limits.defer, f"node {subject.node}: repair #{repair.id} {repair.state}"
+        )
+    return Close(
+        REPAIR_OUTCOME[repair.state],
+        f"node {subject.node}: repair #{repair.id} {repair.state}: {repair.reason}",
+    )
+
+
+def benign(diagnosis: Mapping[str, Any] | None) -> bool:
+    return bool(diagnosis) and (diagnosis or {}).get("category") in BENIGN_CATEGORIES
+
+
+def repair_reason(subject: Subject) -> str:
+    """Why a node incident's node is repaired: its alert and the diagnosis."""
+    return f"{subject.alertname}: {(subject.diagnosis or {}).get('summary', '')}"
+
+
+def learned_of(decision: Decision) -> Learned:
+    """What a decision learned on its way (nothing for :class:`Act` and :class:`Verify`)."""
+    return getattr(decision, "learned", Learned())

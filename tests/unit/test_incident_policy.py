@@ -1,0 +1,318 @@
+"""The incident policy as a table: a subject and its facts in, one decision out (no store, no backend)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from app import guards
+from app import incident_policy as policy
+from app.actions.base import Action, ActionContext, Plan
+from app.incident_policy import (
+    Blame,
+    Facts,
+    FleetHold,
+    JobAssumed,
+    JobUnread,
+    Need,
+    Recheck,
+    RepairView,
+    Subject,
+)
+from app.job_phase import JobPhase, JobStatus
+from app.outcome import Outcome as StepOutcome
+from app.planning import INVALID, RUN, WOULD_RUN, PlannedStep
+from app.states import IncidentKind, Outcome, RepairState, State
+
+NOW = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
+XID = {
+    "node": "node2",
+    "source": "GpuXidError on node2",
+    "reason": "xid=79",
+    "playbook": "xid",
+    "confirmed": None,
+}
+
+
+class Requeue(Action):
+    """Stands for a mutating step in a plan (the policy never runs one)."""
+
+    name = "slurm.requeue_job"
+
+    def plan(self, params: Mapping[str, Any]) -> Plan:
+        raise AssertionError("the policy plans nothing")
+
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> StepOutcome:
+        raise AssertionError("the policy runs nothing")
+
+
+def step(status: str = RUN, **values: Any) -> PlannedStep:
+    return PlannedStep(idx=0, name="requeue", action=Requeue(), status=status, **values)
+
+
+PLAN = (step(),)
+
+
+def job(**values: Any) -> Subject:
+    base: dict[str, Any] = {
+        "kind": IncidentKind.JOB,
+        "state": State.DIAGNOSING,
+        "job": "4242",
+        "culprits": (XID,),
+        "diagnosis": {"category": "gpu_hardware", "summary": "Xid 79"},
+    }
+    return Subject(**{**base, **values})
+
+
+def node(**values: Any) -> Subject:
+    base: dict[str, Any] = {
+        "kind": IncidentKind.NODE,
+        "state": State.DIAGNOSING,
+        "node": "node3",
+        "diagnosis": {"category": "gpu_hardware", "summary": "Xid 79"},
+        "has_recheck": True,
+        "alertname": "GpuXidError",
+    }
+    return Subject(**{**base, **values})
+
+
+def chain(**values: Any) -> guards.GuardFacts:
+    base: dict[str, Any] = {
+        "now": NOW,
+        "playbook": "xid",
+        "node": None,
+        "alert_starts_at": NOW - timedelta(minutes=2),
+        "granted_mutating": 1,
+    }
+    return guards.GuardFacts(**{**base, **values})
+
+
+def facts(**values: Any) -> Facts:
+    base: dict[str, Any] = {
+        "now": NOW,
+        "diagnosed": True,
+        "job": JobStatus(JobPhase.DIED, ("node1", "node2"), "FAILED"),
+        "planned": PLAN,
+        "guards": chain(),
+        "fleet": FleetHold(),
+        "blame": Blame(),
+    }
+    return Facts(**{**base, **values})
+
+
+FIRING = Recheck("ALERTS{}", samples=({"labels": {}, "value": 1},))
+GONE = Recheck("ALERTS{}", samples=())
+SPENT = guards.PastAttempt(NOW, NOW, "failed")
+BACK = RepairView(4, RepairState.RETURNED, "back")
+HELD = RepairView(4, RepairState.HELD, "lemon")
+
+
+@pytest.mark.parametrize(
+    ("subject", "given", "expected"),
+    [
+        # Asking for facts, in order.
+        (job(state=State.OPEN, act_after=NOW + timedelta(seconds=30), culprits=()), facts(), policy.Wait),
+        (job(state=State.OPEN), facts(diagnosed=False), Need.DIAGNOSIS),
+        (job(), facts(job=None), Need.JOB_STATUS),
+        (job(), facts(fleet=None), Need.FLEET),
+        (job(), facts(blame=None), Need.BLAME),
+        (job(), facts(planned=None), Need.PLAN),
+        (job(), facts(guards=None), Need.GUARDS),
+        (job(has_recheck=True), facts(), Need.RECHECK),
+        (node(), facts(job=None, planned=None), Need.PLAN),
+        (node(), facts(job=None, guards=None), Need.GUARDS),
+        (node(), facts(job=None), Need.RECHECK),
+        (node(state=State.REPAIRING), facts(), Need.REPAIR),
+        # States past deciding.
+        (job(state=State.ACTING), facts(), policy.Act),
+        (job(state=State.VERIFYING), facts(), policy.Verify),
+        (job(state=State.WAITING_FOR_RESOURCES), facts(), policy.Verify),
+        # Decisions.
+        (job(has_recheck=True), facts(recheck=FIRING), policy.StartAttempt),
+        (job(), facts(), policy.StartAttempt),
+        (node(), facts(job=None, recheck=FIRING), policy.HandToRepair),
+    ],
+)
+def test_what_is_asked_and_decided(subject: Subject, given: Facts, expected: Any) -> None:
+    decision = policy.decide(subject, given)
+    if isinstance(expected, Need):
+        assert isinstance(decision, policy.Gather) and decision.need == expected
+    else:
+        assert isinstance(decision, expected), decision
+
+
+@pytest.mark.parametrize(
+    ("subject", "given", "outcome", "reason"),
+    [
+        (job(diagnosis={"category": "benign", "summary": "planned stop"}), facts(), Outcome.BENIGN, "no fault"),
+        (job(), facts(job=JobStatus(JobPhase.COMPLETED, (), "COMPLETED")), Outcome.COMPLETED, "ended on purpose"),
+        (job(), facts(planned=(step(INVALID, reason="bad node"),)), Outcome.NEEDS_HUMAN, "step requeue: bad node"),
+        (job(has_recheck=True), facts(recheck=GONE), Outcome.RESOLVED, "no longer holds"),
+        (job(), facts(guards=chain(granted_mutating=0)), Outcome.ADVISORY, "advisory"),
+        (job(), facts(guards=chain(attempts=(SPENT,) * 3)), Outcome.NEEDS_HUMAN, "budget"),
+        (node(state=State.REPAIRING), facts(repair=RepairView(4, None)), Outcome.NEEDS_HUMAN, "is gone"),
+        (node(state=State.REPAIRING), facts(repair=BACK), Outcome.RECOVERED, "repair #4 returned"),
+        (node(state=State.REPAIRING), facts(repair=HELD), Outcome.NEEDS_HUMAN, "held"),
+    ],
+)  # fmt: skip
+def test_closes(subject: Subject, given: Facts, outcome: Outcome, reason: str) -> None:
+    decision = policy.decide(subject, given)
+    assert isinstance(decision, policy.Close), decision
+    assert decision.outcome == outcome and reason in decision.reason
+
+
+def test_a_node_alert_older_than_the_last_repair_is_stale_and_never_takes_the_node_out() -> None:
+    """The reproduction of issue 20: a node incident goes through the stale-signal guard like a job's."""
+    repaired = guards.PastAttempt(
+        started_at=NOW - timedelta(hours=2), finished_at=NOW - timedelta(hours=1), outcome="returned"
+    )
+    old = chain(
+        node="node3",
+        alert_starts_at=datetime(1970, 1, 1, tzinfo=UTC),
+        last_recovery=repaired,
+        cooldown=timedelta(0),
+    )
+    decision = policy.decide(node(), facts(job=None, guards=old))
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.IGNORED
+    assert [v.guard for v in decision.learned.verdicts][-1] == "stale_signal"
+
+
+def test_a_node_alert_prometheus_no_longer_fires_is_resolved_not_repaired() -> None:
+    decision = policy.decide(node(), facts(job=None, recheck=GONE))
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.RESOLVED
+    assert decision.learned.recheck == GONE
+
+
+def test_a_node_incident_waits_for_the_incident_ahead_and_its_budget() -> None:
+    ahead = policy.decide(node(), facts(job=None, guards=chain(ahead="incident #3")))
+    assert isinstance(ahead, policy.Wait) and ahead.guard is not None and ahead.guard.guard == "serialisation"
+    spent = chain(
+        attempts=(guards.PastAttempt(NOW - timedelta(hours=1), NOW, "returned"),) * 2, budget_attempts=2
+    )
+    decision = policy.decide(node(), facts(job=None, guards=spent))
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+
+
+def test_a_node_incident_not_whitelisted_is_handed_to_its_repair_which_records_the_advisory_plan() -> None:
+    decision = policy.decide(node(), facts(job=None, guards=chain(granted_mutating=0)))
+    assert isinstance(decision, policy.HandToRepair) and decision.node == "node3"
+    assert decision.reason == "GpuXidError: Xid 79"
+
+
+def test_a_node_incidents_take_out_is_left_to_its_repairs_blast_radius() -> None:
+    verdict = guards.blast_radius(
+        chain(repair_takes_out=frozenset({"node3"}), taken_out=frozenset({"a", "b", "c"}))
+    )
+    assert verdict.decision == guards.PASS and "counted by its repair" in verdict.reason
+
+
+def test_culprits_are_confirmed_against_the_allocation_and_excluded() -> None:
+    outside = {**XID, "node": "node9"}
+    decision = policy.decide(job(culprits=(XID, outside)), facts())
+    assert isinstance(decision, policy.StartAttempt)
+    assert decision.exclude == ("node2",) and decision.note == "excluding node2"
+    learned = decision.learned
+    assert [c["confirmed"] for c in learned.culprits or ()] == [True, False]
+    assert (
+        learned.culprit_node == "node2"
+        and "outside the allocation (evidence only): node9" in learned.culprit_message
+    )
+
+
+def test_too_many_culprits_go_to_a_person() -> None:
+    many = tuple({**XID, "node": f"node{i}"} for i in range(1, 4))
+    status = JobStatus(JobPhase.DIED, ("node1", "node2", "node3", "node4"), "FAILED")
+    decision = policy.decide(job(culprits=many), facts(job=status))
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+    assert "exceed the limit" in decision.reason
+
+
+def test_the_plan_is_asked_for_with_the_exclusion_and_the_job_phase() -> None:
+    decision = policy.decide(job(), facts(planned=None))
+    assert isinstance(decision, policy.Gather)
+    assert (decision.exclude, decision.job_phase) == (("node2",), JobPhase.DIED)
+    unknown = policy.decide(job(), facts(planned=None, job=JobUnread("timeout", tries=3)))
+    assert isinstance(unknown, policy.Gather) and (unknown.exclude, unknown.job_phase) == (
+        (),
+        JobPhase.UNKNOWN,
+    )
+
+
+@pytest.mark.parametrize(
+    ("tries", "configured", "waits"), [(1, True, True), (2, True, True), (3, True, False), (1, False, False)]
+)
+def test_an_unread_scheduler_is_asked_again_a_bounded_number_of_times(
+    tries: int, configured: bool, waits: bool
+) -> None:
+    decision = policy.decide(
+        job(), facts(job=JobUnread("ssh: timeout", tries=tries, configured=configured), planned=None)
+    )
+    if waits:
+        assert (
+            isinstance(decision, policy.Wait)
+            and decision.guard is None
+            and decision.until == NOW + timedelta(seconds=30)
+        )
+        assert "will ask again" in (decision.learned.job_unread or "")
+    else:
+        assert isinstance(decision, policy.Gather) and decision.exclude == ()
+        assert "without excluding any node" in (decision.learned.job_unread or "")
+
+
+def test_explain_without_a_scheduler_assumes_the_culprits_in_an_allocation_of_unknown_size() -> None:
+    two = (XID, {**XID, "node": "node1"})
+    decision = policy.decide(job(culprits=two), facts(job=JobAssumed("no slurm.host")))
+    assert isinstance(decision, policy.StartAttempt) and decision.exclude == ("node1", "node2")
+
+
+def test_a_guard_wait_carries_its_verdict_and_when_to_look_again() -> None:
+    paused = chain(paused=True, pause_reason="maintenance", defer=timedelta(seconds=30))
+    decision = policy.decide(job(), facts(guards=paused))
+    assert isinstance(decision, policy.Wait) and decision.guard is not None
+    assert (decision.guard.guard, decision.until) == ("kill_switch", NOW + timedelta(seconds=30))
+
+
+def test_advisory_records_the_plan_and_the_culprits_repairs() -> None:
+    planned = (step(WOULD_RUN),)
+    decision = policy.decide(job(), facts(planned=planned, guards=chain(granted_mutating=0)))
+    assert isinstance(decision, policy.Close) and decision.advisory
+    assert decision.planned == planned and decision.exclude == ("node2",)
+
+
+def test_the_recheck_failing_waits_never_acts_blind() -> None:
+    decision = policy.decide(job(has_recheck=True), facts(recheck=Recheck("up", error="connection refused")))
+    assert (
+        isinstance(decision, policy.Wait) and decision.guard is not None and decision.guard.guard == "recheck"
+    )
+
+
+def test_a_repair_still_under_way_is_polled() -> None:
+    decision = policy.decide(node(state=State.REPAIRING), facts(repair=RepairView(4, RepairState.VALIDATING)))
+    assert isinstance(decision, policy.Wait) and decision.guard is None
+
+
+def test_a_decision_is_a_value() -> None:
+    decision = policy.decide(job(), facts())
+    assert decision == policy.decide(job(), replace(facts()))
+
+
+def test_a_recovery_held_by_a_shared_cause_waits_on_the_fleet_hold() -> None:
+    decision = policy.decide(job(), facts(fleet=FleetHold(NOW + timedelta(minutes=5))))
+    assert (
+        isinstance(decision, policy.Wait)
+        and decision.elsewhere
+        and decision.until == NOW + timedelta(minutes=5)
+    )
+
+
+def test_a_leaf_to_blame_is_excluded_instead_of_its_culprits() -> None:
+    leaf = Blame(("node1", "node2", "node3"), "3 jobs failing behind leaf s1: excluding s1's 3 nodes")
+    decision = policy.decide(job(), facts(blame=leaf))
+    assert isinstance(decision, policy.StartAttempt) and decision.exclude == leaf.nodes
+    assert decision.learned.blame == leaf.message
+    asked = policy.decide(job(), facts(blame=None))
+    assert isinstance(asked, policy.Gather) and asked.exclude == ("node2",)
