@@ -324,7 +324,9 @@ def actions() -> None:
 def explain(
     config: str | None, payloads: tuple[str, ...], playbook_paths: tuple[str, ...], as_json: bool
 ) -> None:
-    """Show the playbook, guard verdicts and steps each payload would get. Touches nothing: no store, no backend.
+    """Show the playbook, guard verdicts and steps each payload would get, decided as the worker decides. Writes
+    nothing and runs no step; reads the job's state and the node's partition/pool from the scheduler when one is
+    configured (so ``when: job_phase=...`` branches as the worker's do); no store (an empty history).
 
     Exit 0; 1 when a plan's verdict needs a person (needs_human); 2 on a bad payload or settings."""
     from app.actions import default_registry
@@ -408,10 +410,13 @@ def _print_explained(report: dict[str, Any]) -> None:
         d = ep["diagnosis"]
         click.echo(f"    diagnosis: {d['category']} ({d['confidence']:.2f}) {d['summary']}")
         click.echo(f"    culprits: {', '.join(ep['culprits']) or 'none named'}")
+        _print_steps("    collect: ", ep["collect"])
         plan = ep["job_plan"]
         if plan is not None:
             if plan["correlation"]:
                 click.echo(f"    correlation: {plan['correlation']}")
+            if plan["scheduler"]:
+                click.echo(f"    scheduler: {plan['scheduler']}")
             if plan["exclusion_note"]:
                 click.echo(f"    excludes {', '.join(plan['excluded'])}: {plan['exclusion_note']}")
             for verdict in plan["guards"]:
@@ -425,6 +430,10 @@ def _print_explained(report: dict[str, Any]) -> None:
         for node_plan in ep["node_plans"]:
             click.echo(f"  node {node_plan['node']} (repair by {node_plan['playbook']})")
             _print_steps("    ", node_plan["steps"])
+            for verdict in node_plan.get("guards", ()):
+                click.echo(f"    guard {verdict['guard']}: {verdict['decision']}: {verdict['reason']}")
+            if node_plan.get("recheck"):
+                click.echo(f"    recheck (live, before taking it out): {node_plan['recheck']}")
             click.echo(f"    => {node_plan['outcome']}")
 
 

@@ -172,7 +172,10 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
     scheduler = episodes.scheduler_of(target)
     if draft.kind == IncidentKind.NODE:
         report["job_plan"] = None
-        report["node_plans"] = [{**_node_plan(deps, inc["node"], scheduler, leading.name, inc), **plan}]
+        repair = _node_plan(deps, inc["node"], scheduler, leading.name, inc)
+        # Handed to its repair: the repair's own outcome (repaired, or advisory when its steps are not granted).
+        merged = {**plan, **repair} if isinstance(decision, policy.HandToRepair) else {**repair, **plan}
+        report["node_plans"] = [merged]
         return report
     steps = _steps(facts.planned or ())
     report["job_plan"] = {"correlation": _correlation(deps, draft, job), **plan, "steps": steps}
