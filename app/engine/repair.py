@@ -237,7 +237,9 @@ class NodeRepairs:
         for row in rows:
             latest.setdefault(row["node"], row)
         nodes = list(latest.values())[:limit]
-        return {"nodes": nodes, "held": [row for row in nodes if row["state"] == RepairState.HELD]}
+        # Every held repair, also one that a newer repair of the node (or the listing's limit) hides above.
+        held = [row for row in rows if row["state"] == RepairState.HELD]
+        return {"nodes": nodes, "held": held}
 
     def node(self, node: str, limit: int = 50) -> Repair:
         """A node's repairs, newest first, and its current one (the open repair, else the latest)."""

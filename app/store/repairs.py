@@ -1,6 +1,6 @@
 """Node repair records (table ``node_repairs``): query functions over an open connection, no decisions.
 
-One open repair per node (``open_key`` = ``<scheduler>/<node>`` while its state is in ``REPAIR_OPEN``, NULL once
+One open repair per node (``open_key`` = ``node/<node>``, whatever the scheduler, while its state is in ``REPAIR_OPEN``, NULL once
 settled), claimed by one worker at a time like incidents. Every change the engine makes is written with its ledger
 row in the same transaction (:func:`write_transition`); ledger rows carry the requesting incident's id and
 ``data.node`` / ``data.repair_id``.
@@ -24,7 +24,10 @@ MAX_LIST = 1000  # rows one listing returns at most (API ``limit`` is clamped to
 
 
 def open_key(scheduler: str, node: str) -> str:
-    return f"{scheduler}/{node}"
+    """The node's identity, whatever the scheduler (``scheduler`` is kept for callers): one open repair per node,
+    so an operator's hold under one scheduler also holds the node against the other's faults (issue 22 item 1)."""
+    del scheduler
+    return f"node/{node}"
 
 
 def _one(conn: Connection, stmt: Any) -> Row | None:
@@ -50,8 +53,11 @@ def get_repair(conn: Connection, repair_id: int) -> Row | None:
 
 
 def open_repair(conn: Connection, scheduler: str, node: str) -> Row | None:
-    """The node's open repair (held included), if any."""
-    return _one(conn, select(node_repairs).where(node_repairs.c.open_key == open_key(scheduler, node)))
+    """The node's open repair (held included) under any scheduler, if any (rows written before open keys named
+    the node alone carry ``<scheduler>/<node>``: found by the node too)."""
+    del scheduler
+    stmt = select(node_repairs).where(node_repairs.c.node == node, node_repairs.c.open_key.is_not(None))
+    return _one(conn, stmt.order_by(node_repairs.c.id.desc()).limit(1))
 
 
 def open_repair_of(conn: Connection, node: str) -> Row | None:

@@ -131,7 +131,7 @@ def test_validation_fails_node_held_and_stays_out(tmp_path):
     repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert repair["held_reason"] == "validation failed: validation `dcgmi diag -r 2` exited 226 on node2"
-    assert repair["open_key"] == "slurm/node2"  # held: still this node's open repair
+    assert repair["open_key"] == "node/node2"  # held: still this node's open repair, whatever the scheduler
     assert w.slurm.nodes["node2"].state == "down"  # never resumed
     assert not any("State=RESUME" in c for c in w.slurm.changes("node2"))
     assert w.worker.held() == 1 and w.counter("held") == 1
@@ -501,3 +501,23 @@ def test_a_node_nothing_took_out_is_never_called_out_of_service_and_never_paged(
     assert "out of service and held" not in notice["text"] and "did not take" in notice["text"]
     data = notice["nightshift"]
     assert paging.page_for("s", notice["text"], data) is None
+
+
+@pytest.mark.parametrize(("held_under", "fault_under"), [("kubernetes", "slurm"), ("slurm", "kubernetes")])
+def test_an_operators_hold_holds_the_node_against_either_schedulers_faults(tmp_path, held_under, fault_under):
+    """Issue 22 item 1: a hold keyed <scheduler>/<node> let the other scheduler's fault drain and reboot the node."""
+    from app.store import repairs
+
+    w = make_world(tmp_path)
+    w.worker.hold("node2", by="alice", note="firmware work", scheduler=held_under)
+    with w.store.transaction() as conn:
+        absorbed = repairs.request_repair(
+            conn, node="node2", scheduler=fault_under, playbook="xid-reboot", incident_id=9,
+            reason="Xid 79", now=w.clock.now(),
+        )  # fmt: skip
+    w.run()
+    row = w.row(absorbed)
+    assert row["state"] == RepairState.HELD and row["scheduler"] == held_under
+    assert w.slurm.changes("node2") == []
+    listing = w.worker.nodes()
+    assert [r["node"] for r in listing["held"]] == ["node2"]
