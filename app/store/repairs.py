@@ -1,9 +1,9 @@
 """Node repair records (table ``node_repairs``): query functions over an open connection, no decisions.
 
-One open repair per node (``open_key`` = ``node/<node>``, whatever the scheduler, while its state is in ``REPAIR_OPEN``, NULL once
-settled), claimed by one worker at a time like incidents. Every change the engine makes is written with its ledger
-row in the same transaction (:func:`write_transition`); ledger rows carry the requesting incident's id and
-``data.node`` / ``data.repair_id``.
+One open repair per node (``open_key`` = ``node/<node>``, whatever the scheduler, while its state is in
+``REPAIR_OPEN``, NULL once settled), claimed by one worker at a time like incidents. Every change the engine
+makes is written with its ledger row in the same transaction (:func:`write_transition`); ledger rows carry the
+requesting incident's id and ``data.node`` / ``data.repair_id``.
 """
 
 from __future__ import annotations
