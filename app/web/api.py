@@ -18,6 +18,7 @@ from app.checkpoint_advice import NoAdvice
 from app.engine import checkpoint_facts
 from app.engine.repair import SCHEDULERS
 from app.params import NODE_NAME, SLURM_JOB_ID
+from app.states import Outcome, State
 from app.web import MAX_ID, error, header_text, int_arg, plain_text
 from app.web.access import read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
@@ -62,6 +63,11 @@ def list_incidents():
     for name, value in filters.items():
         if len(value) > MAX_FILTER:
             abort(400, f"{name}: longer than {MAX_FILTER} characters")
+    # A closed incident's state is its outcome.
+    for name, vocabulary in (("state", (*State, *Outcome)), ("outcome", tuple(Outcome))):
+        known = [member.value for member in vocabulary]
+        if name in filters and filters[name] not in known:
+            abort(400, f"{name}: unknown {name} {filters[name]!r} (known: {', '.join(known)})")
     rows = engine.incidents(
         limit=limit, before_id=before, open_only=request.args.get("open") == "1", **filters
     )

@@ -294,3 +294,10 @@ def test_the_example_token_is_refused_as_the_operator_token_too(settings, tmp_pa
     settings.operator_token_file = write(tmp_path / "op", "example-webhook-token-change-me\n")
     with pytest.raises(ConfigError, match="example token"):
         make_app(settings)
+
+
+def test_an_unknown_state_or_outcome_filter_is_a_400_naming_the_known_ones(client):
+    bogus = client.get("/api/v1/incidents?state=bogus")
+    assert bogus.status_code == 400 and "known: " in bogus.get_json()["message"]
+    assert "advisory" in client.get("/api/v1/incidents?outcome=nope").get_json()["message"]
+    assert client.get("/api/v1/incidents?state=advisory").status_code == 200
