@@ -1,14 +1,17 @@
-"""Diagnosis time at its input bounds: a 2 MiB, 20,000-line multi-rank log, and the py-spy dumps of 64 ranks.
+"""Diagnosis time at its input bounds: a 2 MiB, 20,000-line multi-rank log (the lines classified in full), an 8 MiB
+log with a cause buried before them, and the py-spy dumps of 64 ranks.
 
 Logs (built in memory, deterministic):
 
 - ``healthy``: 64 ranks' interleaved progress lines (``[rankN]:`` prefixes, timestamps), NCCL INFO chatter and
-  Python warnings, padded to :data:`app.diagnosis.MAX_LOG_CHARS` and :data:`app.diagnosis.MAX_LINES`;
+  Python warnings, :data:`app.diagnosis.MAX_LINES` lines padded to :data:`TAIL_CHARS` (2 MiB);
 - ``fault``: the same with a failure at the end (an Xid 79 on one node, then every other rank's NCCL watchdog
   timeout and torchrun's failure summary);
 - ``all_errors``: the worst case for the signature matching: every one of the 20,000 lines is a distinct error
   line (NCCL WARNs, watchdog timeouts, tracebacks), so no line is skipped by the catalogue's prefilter;
-- ``stacks_64``: ``py-spy dump`` output of 64 ranks (8 nodes of 8), one of them stuck elsewhere.
+- ``stacks_64``: ``py-spy dump`` output of 64 ranks (8 nodes of 8), one of them stuck elsewhere;
+- ``buried``: :data:`app.diagnosis.MAX_LOG_CHARS` (8 MiB) of healthy lines with an Xid 79 near the start, over
+  60,000 lines before the last :data:`app.diagnosis.MAX_LINES`: the scan for buried causes over every line.
 
 Each is diagnosed ``--repeats`` times after one warm-up (the catalogues are loaded once per process); the median,
 min and max wall time per diagnosis are reported.
@@ -29,6 +32,9 @@ from bench import record
 from bench.stats import spread
 
 RANKS = 64
+TAIL_CHARS = (
+    2 * 1024 * 1024
+)  # the size of MAX_LINES lines of about 100 characters: what is classified in full
 GPUS_PER_NODE = 8
 
 
@@ -37,9 +43,9 @@ def _node(rank: int) -> str:
 
 
 def _fill(tail: list[str], make: Callable[[int], str], lines: int) -> str:
-    """Filler lines from ``make(i)``, then ``tail``: ``lines`` lines of about MAX_LOG_CHARS * lines / MAX_LINES
+    """Filler lines from ``make(i)``, then ``tail``: ``lines`` lines of about TAIL_CHARS * lines / MAX_LINES
     characters in all (every line padded or cut to the same width)."""
-    budget = MAX_LOG_CHARS * lines // MAX_LINES - sum(len(line) + 1 for line in tail)
+    budget = TAIL_CHARS * lines // MAX_LINES - sum(len(line) + 1 for line in tail)
     count = lines - len(tail)
     width = max(1, budget // max(1, count) - 1)
     filler = [(line + " " * width)[:width] for line in (make(i) for i in range(count))]
@@ -138,11 +144,24 @@ def stacks_log(ranks: int = RANKS, stuck: int = 42) -> str:
     return "".join(dumps)
 
 
+def buried_log(lines: int = MAX_LINES) -> str:
+    """An Xid 79 on gpu-013, then healthy lines up to MAX_LOG_CHARS: only the buried-cause scan can find it."""
+    xid = (
+        f"Dec  3 09:59:58 {_node(13)} kernel: NVRM: Xid (PCI:0000:c1:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus."
+    )
+    healthy = "\n" + healthy_log(lines)
+    body = healthy * (MAX_LOG_CHARS // len(healthy) + 1)
+    body = body[: MAX_LOG_CHARS - len(xid)]
+    return xid + body[: body.rfind("\n")]
+
+
 LOGS: dict[str, Callable[[int], str]] = {
     "healthy": healthy_log,
     "fault": fault_log,
     "all_errors": all_errors_log,
     "stacks_64": lambda lines: stacks_log(),
+    "buried": buried_log,
 }
 
 

@@ -5,8 +5,22 @@ the full logs)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
-from app.diagnosis import MAX_BURIED, MAX_LINES, MAX_LOG_CHARS, diagnose, flight, stacks, tail_lines
+import pytest
+
+from app.diagnosis import (
+    BENIGN,
+    CATEGORIES,
+    MAX_BURIED,
+    MAX_LINES,
+    MAX_LOG_CHARS,
+    UNKNOWN,
+    diagnose,
+    flight,
+    stacks,
+    tail_lines,
+)
 from app.diagnosis.launcher import LauncherReading
 
 XID = (
@@ -117,3 +131,18 @@ def test_the_flight_recorder_names_the_rank_missing_from_the_stuck_collective():
 
 def test_a_flight_recorder_dump_that_is_not_json_is_skipped():
     assert flight.parse_dumps(["==> flight-recorder rank=0 <==", '{"entries": [', "==> other <=="]) == []
+
+
+REAL = Path(__file__).parents[1] / "data" / "diagnosis" / "real"
+
+
+@pytest.mark.parametrize("log", sorted(REAL.glob("*.log")), ids=lambda p: p.name)
+def test_a_real_log_cut_anywhere_still_gets_a_diagnosis(log: Path):
+    """A log cut at any byte (a collector's tail, a summary cut mid-way, a multi-byte character split) is
+    diagnosed with what was seen, never an exception."""
+    data = log.read_bytes()
+    for cut in range(len(data) // 7, len(data), max(1, len(data) // 7)):
+        for piece in (data[:cut], data[cut:]):
+            result = diagnose({}, piece.decode("utf-8", errors="replace"))
+            assert result.category in (*CATEGORIES, BENIGN, UNKNOWN)
+            assert result.summary
