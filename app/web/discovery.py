@@ -3,7 +3,8 @@ of running Slurm jobs (:mod:`app.clients.slurm_discovery`, convention in docs/sl
 
 Readers only (:mod:`app.web.access`: the viewer or operator token as Prometheus's ``authorization``). The answer
 is cached per process for ``slurm.discovery_cache_seconds`` so Prometheus servers polling every few seconds cost
-one SSH exec per window; concurrent requests during a refresh wait for it (one refresh at a time). A running job
+one SSH exec per window; one request refreshes at a time and the others never wait for it (the stale value, or
+503 before the first); a failed refresh is answered again (503) until its backoff has passed. A running job
 without a port is logged once per process (and again only after it has left the queue and come back), never per
 request. Slurm unreachable or failing: 503 with the reason (Prometheus keeps the targets it had).
 """
@@ -19,7 +20,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from app.clients.slurm_discovery import Discovered, discover
-from app.errors import BackendError, ConfigError
+from app.errors import BackendError, ConfigError, Unavailable
 from app.web import error
 from app.web.access import read_refusal
 
@@ -29,6 +30,8 @@ CACHE_KEY = "nightshift.sd_cache"
 # Every job id ever logged as portless is remembered at most this long a list (bounded; a job that left the
 # queue is forgotten at the next refresh anyway).
 MAX_REMEMBERED = 100_000
+# Longest wait between two refreshes after failures (the backoff doubles from the cache's ttl).
+MAX_BACKOFF = 60.0
 
 
 class DiscoveryCache:
@@ -44,14 +47,39 @@ class DiscoveryCache:
         self._value: Discovered | None = None
         self._at = 0.0
         self._logged: set[str] = set()
+        self._failure: BackendError | ConfigError | None = None
+        self._failures = 0
+        self._retry_at = 0.0
 
     def get(self) -> Discovered:
-        with self._lock:
-            now = self.clock()
-            if self._value is None or now - self._at >= self.ttl:
-                self._value, self._at = self.fetch(), now
-                self._log_new(self._value)
+        """The cached value while fresh. Stale: one request refreshes (a try-lock: never waits for another's
+        refresh); the others answer at once with the stale value, or Unavailable when there is none yet. A
+        failed refresh is cached too: its error is raised again until ``backoff`` has passed (doubling per
+        failure, at most :data:`MAX_BACKOFF` seconds), so a login node that accepts TCP and never speaks SSH
+        costs one stuck refresh per backoff, not one per request."""
+        now = self.clock()
+        if self._value is not None and now - self._at < self.ttl:
             return self._value
+        if self._failure is not None and now < self._retry_at:
+            raise self._failure
+        if not self._lock.acquire(blocking=False):
+            if self._value is not None:
+                return self._value
+            raise Unavailable("slurm discovery: the first refresh is still running; try again shortly")
+        try:
+            try:
+                value = self.fetch()
+            except (BackendError, ConfigError) as exc:
+                self._failures += 1
+                self._failure = exc
+                self._retry_at = self.clock() + min(self.ttl * 2**self._failures, MAX_BACKOFF)
+                raise
+            self._failure, self._failures = None, 0
+            self._value, self._at = value, self.clock()
+            self._log_new(value)
+            return value
+        finally:
+            self._lock.release()
 
     def _log_new(self, found: Discovered) -> None:
         running = set(found.without_port) | set(found.ambiguous)

@@ -136,3 +136,43 @@ def test_the_checkpoint_signal_a_job_announces(comment: str, signal: str | None)
     from app.discovery import checkpoint_signal
 
     assert checkpoint_signal(comment) == signal
+
+
+def test_a_stuck_refresh_never_holds_another_request_and_a_failure_is_cached():
+    """Issue 22 item 3: a refresh stuck on a login node that never speaks SSH held every discovery request
+    behind a lock. Structural: while one refresh is stuck, other requests answer without waiting for it."""
+    import threading
+
+    from app.errors import Unavailable
+
+    now = [0.0]
+    release, entered = threading.Event(), threading.Event()
+    calls = [0]
+
+    def stuck() -> Discovered:
+        calls[0] += 1
+        entered.set()
+        release.wait(30)
+        raise Unavailable("ssh: banner timeout")
+
+    cache = DiscoveryCache(5, stuck, clock=lambda: now[0])
+
+    def refresh() -> None:
+        with pytest.raises(Unavailable):
+            cache.get()
+
+    first = threading.Thread(target=refresh)
+    first.start()
+    assert entered.wait(10)
+    for _ in range(10):  # answered at once: the refresh is someone else's
+        with pytest.raises(Unavailable, match="still running"):
+            cache.get()
+    release.set()
+    first.join(10)
+    with pytest.raises(Unavailable, match="banner"):  # the failure, cached: no second refresh yet
+        cache.get()
+    assert calls[0] == 1
+    now[0] = 11  # past the backoff (5 s doubled)
+    with pytest.raises(Unavailable):
+        cache.get()
+    assert calls[0] == 2
