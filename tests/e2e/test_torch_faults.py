@@ -1,0 +1,155 @@
+"""Real faults in real ``torch.distributed`` jobs, on the real stack (Slurm, Prometheus, Alertmanager, Nightshift).
+
+Each scenario submits a two-node DDP job (gloo, CPU) as clusters launch one: ``sbatch`` → ``srun`` one task per
+node → ``torchrun --rdzv-backend c10d`` → :mod:`sim.torch_trainer`, which checkpoints with
+``torch.distributed.checkpoint`` and reports through the progress library. Once a checkpoint exists, a real fault
+hits a real process, and Nightshift must make of it one job incident with the right diagnosis and action:
+
+- ``sigkill``: the rank on node2 is SIGKILLed (as the OOM killer or a lost node ends it). The rank on node1 fails
+  with gloo's ``Connection reset by peer``; torchrun's summary names rank 1 on node2, exit code -9. → the job
+  requeued once off node2, running again from its newest checkpoint.
+- ``hang``: the rank on node2 is SIGSTOPped (a silent hang). node1's rank waits in the all-reduce, the step
+  counter stops. → stacks collected, the job requeued, running again from its checkpoint.
+- ``exception``: rank 1 raises a Python error in its training step. → an application bug: no restart, a person.
+- ``xid``: Xid 79 on node2 and the rank there dies with it (SIGKILL). → requeued off node2, node2 drained.
+- ``scancel``: the owner cancels the job (SIGTERM, tracebacks in every rank). → nothing: no action.
+
+The scenarios share one stack and run one after the other (a job is cancelled once its scenario is recorded);
+each asserts invariants of its own job only (its incidents, its requeues, its resume), never counts of alerts or
+timings.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from typing import Any
+
+import pytest
+
+from sim import faults
+from sim.stack import Stack
+from tests.e2e import torch_scenarios as scenarios
+from tests.e2e.torch_scenarios import CULPRIT, Scenario
+
+# A scenario (a module-scoped fixture) runs inside the first test that asks for it: two torch job starts, the
+# fault, the incident and the resume take minutes on two loaded cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+
+# --- the scenarios ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sigkill(stack: Stack) -> Scenario:
+    def kill(scenario: Scenario) -> None:
+        faults.signal_rank(stack.sim.state_dir, scenario.name, signal.SIGKILL, node=CULPRIT)
+
+    return scenarios.run(stack, "torch-sigkill", kill, recovers=True, avoid=(CULPRIT,))
+
+
+@pytest.fixture(scope="module")
+def hang(stack: Stack) -> Scenario:
+    def stop(scenario: Scenario) -> None:
+        faults.signal_rank(stack.sim.state_dir, scenario.name, signal.SIGSTOP, node=CULPRIT)
+
+    # gloo's timeout as long as PyTorch's default (30 min): the hang, not the peer's timeout, is what Nightshift sees.
+    return scenarios.run(stack, "torch-hang", stop, recovers=True, collective_timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def exception(stack: Stack) -> Scenario:
+    def raise_in_rank1(scenario: Scenario) -> None:
+        faults.inject_rank_fault(stack.sim.state_dir, scenario.name, 1, "exception")
+
+    return scenarios.run(stack, "torch-exception", raise_in_rank1, recovers=False)
+
+
+def test_sigkill_is_one_incident_requeued_off_the_node(sigkill: Scenario) -> None:
+    scenarios.assert_recovered_off(sigkill, CULPRIT)
+    assert "exitcode  : -9" in sigkill.log and "host      : node2" in sigkill.log  # torchrun's own summary
+
+
+def test_sigkill_resumes_from_the_checkpoint(sigkill: Scenario) -> None:
+    scenarios.assert_resumed_from_checkpoint(sigkill)
+
+
+def test_hang_collects_stacks_and_requeues(hang: Scenario) -> None:
+    incident = hang.incident
+    assert (incident["outcome"], incident["job"]) == ("recovered", hang.job), (
+        incident.get("reason"),
+        scenarios.diagnosis(hang),
+    )
+    assert scenarios.diagnosis(hang).get("category") != "application_error", scenarios.diagnosis(hang)
+    collected = {
+        (s["action"], s["status"]) for d in hang.incidents for s in d["steps"] if s["phase"] == "collect"
+    }
+    assert ("slurm.job_stacks", "ok") in collected
+    assert len(hang.requeues()) == 1
+    assert hang.stack.slurm.job_restarts(hang.job) == 1
+
+
+def test_hang_resumes_from_the_checkpoint(hang: Scenario) -> None:
+    scenarios.assert_resumed_from_checkpoint(hang)
+
+
+def test_exception_goes_to_a_person_without_a_restart(exception: Scenario) -> None:
+    incident, diagnosis = exception.incident, scenarios.diagnosis(exception)
+    assert incident["outcome"] == "needs_human", (incident.get("reason"), diagnosis)
+    assert diagnosis.get("category") == "application_error", diagnosis
+    assert (diagnosis.get("culprit") or {}).get("rank") == 1, diagnosis
+    assert exception.requeues() == []
+    assert exception.stack.slurm.job_restarts(exception.job) == 0
+    assert "ValueError: Expected input batch_size" in exception.log
+
+
+@pytest.fixture(scope="module")
+def cancelled(stack: Stack) -> Scenario:
+    """The owner's ``scancel``: SIGTERM to every rank; the job's metrics vanish (TrainingMetricsAbsent fires)."""
+    return scenarios.ended_on_purpose(stack, "torch-scancel", lambda job: stack.slurm.command("scancel", job))
+
+
+@pytest.fixture(scope="module")
+def xid(stack: Stack) -> Scenario:
+    """Xid 79 on node2 while the rank there dies of it; node2's validation fails (it is held)."""
+    stack.inject_validation(CULPRIT, "fail")
+
+    def xid_and_death(scenario: Scenario) -> None:
+        stack.inject_xid(CULPRIT, 79, 3)
+        faults.signal_rank(stack.sim.state_dir, scenario.name, signal.SIGKILL, node=CULPRIT)
+
+    return scenarios.run(stack, "torch-xid", xid_and_death, recovers=True, avoid=(CULPRIT,))
+
+
+def test_scancel_does_nothing(cancelled: Scenario) -> None:
+    assert (
+        "got signal: 15" in cancelled.log
+    )  # torchrun's SignalException traceback: the SIGTERM scancel sends
+    scenarios.assert_nothing_done(cancelled)
+
+
+def test_xid_with_the_rank_s_death_is_one_incident_off_the_node(xid: Scenario) -> None:
+    scenarios.assert_recovered_off(xid, CULPRIT)
+    alerts = {a["labels"]["alertname"] for d in xid.incidents for a in d["alerts"]}
+    assert "GpuXidError" in alerts  # the exporter's Xid joined the job's incident
+    assert "drain" in xid.stack.slurm.node_state(CULPRIT).split("+")  # the node is out (validation fails)
+
+
+def test_xid_resumes_from_the_checkpoint(xid: Scenario) -> None:
+    scenarios.assert_resumed_from_checkpoint(xid)
+
+
+def test_figures(
+    sigkill: Scenario,
+    hang: Scenario,
+    exception: Scenario,
+    cancelled: Scenario,
+    xid: Scenario,
+    record_property: Any,
+) -> None:
+    """The figures of the issue per fault class, in the report (``-rA``, the JUnit XML, ARTIFACTS/figures.json)."""
+    figures = scenarios.figures([sigkill, hang, exception, cancelled, xid])
+    for name, value in figures.items():
+        record_property(name, value)
+    print(json.dumps(figures, indent=2, default=str))
+    assert all(f["decided"] <= 1 for f in figures.values()), figures

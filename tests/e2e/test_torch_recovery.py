@@ -1,0 +1,195 @@
+"""More real faults in real ``torch.distributed`` jobs on the real stack (see test_torch_faults.py for the launch):
+
+- ``corrupt``: the owner requeues the job and, while it is down, its newest DCP checkpoint loses half of a shard
+  (a save cut short). The restarted ranks fail in ``dcp.load`` with PyTorch's own ``PytorchStreamReader failed
+  reading zip archive``. → the checkpoint rolled back (the torn one moved aside) and the job requeued, resuming from
+  the checkpoint before it.
+- ``nan``: every rank's inputs become NaN (divergence): the loss is NaN on all ranks, the trainer stops
+  checkpointing. → one requeue from the last finite checkpoint; the loss is finite again.
+- ``oom``: the rank on node2 runs in a memory-capped cgroup (v1 ``memory.limit_in_bytes`` here: v2's memory
+  controller is not delegated on this machine) and allocates past it: the kernel's OOM killer ends it (exit -9).
+  → requeued off node2, resumed from its checkpoint.
+- ``elastic``: torchrun's own restart (``--max-restarts 1``) after a rank is SIGKILLed: every worker restarts from
+  the DCP checkpoint inside the same Slurm job. → Nightshift leaves a job that recovered by itself alone: no
+  requeue.
+- ``time_limit``: Slurm stops the job at its time limit (``sbatch --time=2``). → nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from sim import cgroups, faults, statedir, torch_job
+from sim.stack import Stack
+from sim.torch_trainer import newest_checkpoint
+from tests.e2e import torch_scenarios as scenarios
+from tests.e2e.torch_scenarios import CULPRIT, NODES, Scenario
+from tests.fixtures.procs import wait_until
+
+# A scenario (a module-scoped fixture) runs inside the first test that asks for it: two torch job starts, the
+# fault, the incident and the resume take minutes on two loaded cores.
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1200)]
+
+OOM_HEADROOM = 256 * 1024 * 1024  # bytes above the worker's resident size
+
+
+def _rank_on(stack: Stack, name: str, node: str) -> int:
+    """The global rank of job ``name``'s worker on ``node`` (the c10d rendezvous assigns them)."""
+    statuses = statedir.read_trainers(stack.sim.state_dir)
+    (rank,) = [int(s["rank"]) for s in statuses if s.get("name") == name and s.get("hostname") == node]
+    return rank
+
+
+@pytest.fixture(scope="module")
+def corrupt(stack: Stack) -> Scenario:
+    def requeue_and_tear(scenario: Scenario) -> None:
+        # Two checkpoints first: the rollback needs one before the torn one.
+        root = stack.checkpoint_dir(scenario.name)
+        wait_until(lambda: len(list(root.glob("step-*/.metadata"))) >= 2, 60, "two checkpoints")
+        stack.slurm.command("scontrol", "requeue", scenario.job)
+        wait_until(lambda: stack.slurm.squeue_state(scenario.job) != "RUNNING", 60, f"{scenario.job} stopped")
+        wait_until(lambda: not _any_worker_pid(stack, scenario.name), 60, "workers gone")
+        newest = newest_checkpoint(root)
+        assert newest is not None
+        scenario.checkpoint = newest[0]  # the torn one
+        faults.truncate_checkpoint(newest[1])
+
+    return scenarios.run(stack, "torch-corrupt", requeue_and_tear, recovers=True)
+
+
+def _any_worker_pid(stack: Stack, name: str) -> int:
+    """The pid of a live worker of job ``name``, 0 when none lives."""
+    pids = [
+        int(s.get("pid", 0)) for s in statedir.read_trainers(stack.sim.state_dir) if s.get("name") == name
+    ]
+    return next((pid for pid in pids if statedir.pid_alive(pid)), 0)
+
+
+@pytest.fixture(scope="module")
+def nan(stack: Stack) -> Scenario:
+    def diverge(scenario: Scenario) -> None:
+        for rank in range(len(NODES)):
+            faults.inject_rank_fault(stack.sim.state_dir, scenario.name, rank, "nan")
+
+    return scenarios.run(stack, "torch-nan", diverge, recovers=True)
+
+
+@pytest.fixture(scope="module")
+def oom(stack: Stack) -> Scenario:
+    groups = []
+
+    def out_of_memory(scenario: Scenario) -> None:
+        groups.extend(
+            faults.limit_rank(stack.sim.state_dir, scenario.name, CULPRIT, memory_bytes=OOM_HEADROOM)
+        )
+        rank = _rank_on(stack, scenario.name, CULPRIT)
+        faults.inject_rank_fault(stack.sim.state_dir, scenario.name, rank, "oom")
+
+    try:
+        return scenarios.run(stack, "torch-oom", out_of_memory, recovers=True, avoid=(CULPRIT,))
+    finally:
+        for group in groups:
+            cgroups.remove(group)
+
+
+@pytest.fixture(scope="module")
+def elastic(stack: Stack) -> Scenario:
+    """A rank SIGKILLed under ``--max-restarts 1``: torchrun restarts the workers; wait for the restarted ones to
+    train past the step they resumed from, then long enough for any incident to have opened and closed."""
+    name = "torch-elastic"
+    job, checkpoint = scenarios.start(stack, name, max_restarts=1)
+    scenario = Scenario(stack, name, job, checkpoint, time.time())
+    faults.signal_rank(stack.sim.state_dir, name, signal.SIGKILL, node=CULPRIT)
+    try:
+        wait_until(lambda: torch_job.resumes(stack.job_log(job)), scenarios.START_TIMEOUT, f"{job} restarted")
+        resumed = torch_job.resumes(stack.job_log(job))[-1].step
+        past = f'training_step_total{{slurm_job_id="{job}"}} > {resumed + 20}'
+        wait_until(lambda: len(stack.prometheus.query(past)) == len(NODES), 120, "training past the restart")
+        scenario.running_again_s = time.time() - scenario.fault_at
+        # The surviving rank counted its gloo error (TrainingJobError): whatever Nightshift opened must close.
+        wait_until(
+            lambda: all(i["outcome"] for i in stack.nightshift.incidents(job=job)), 180, "incidents closed"
+        )
+        scenario.incidents = [stack.nightshift.incident(i["id"]) for i in stack.nightshift.incidents(job=job)]
+        scenario.log = stack.job_log(job)
+    finally:
+        stack.slurm.command("scancel", job, check=False)
+        scenarios.keep(stack, name, job)
+    for node in NODES:
+        stack.return_node(node)
+    return scenario
+
+
+@pytest.fixture(scope="module")
+def time_limit(stack: Stack) -> Scenario:
+    """``sbatch --time=2``: Slurm ends the job at its limit (SIGTERM, ``DUE TO TIME LIMIT``), after checkpoints."""
+    return scenarios.ended_on_purpose(stack, "torch-time-limit", lambda job: None, sbatch_args=("--time=2",))
+
+
+def test_a_time_limit_stop_is_left_alone(time_limit: Scenario) -> None:
+    assert "DUE TO TIME LIMIT" in time_limit.log
+    scenarios.assert_nothing_done(time_limit)
+
+
+def test_a_torn_checkpoint_is_rolled_back_and_the_one_before_resumed(corrupt: Scenario) -> None:
+    incident, diagnosis = corrupt.incident, scenarios.diagnosis(corrupt)
+    assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
+    assert diagnosis.get("category") == "checkpoint_corrupt", diagnosis
+    ran = [
+        s["action"] for s in corrupt.incidents[0]["steps"] if s["phase"] == "steps" and s["status"] == "ok"
+    ]
+    assert ran == ["checkpoint.rollback", "slurm.requeue_job"]
+    assert (
+        "PytorchStreamReader failed reading zip archive" in corrupt.log
+    )  # DCP's own error on the torn shard
+    resume = torch_job.resumes(corrupt.log)[-1]
+    assert 0 < resume.step < corrupt.checkpoint  # the checkpoint before the torn one
+
+
+def test_nan_on_every_rank_is_requeued_once_from_a_finite_checkpoint(nan: Scenario) -> None:
+    incident, diagnosis = nan.incident, scenarios.diagnosis(nan)
+    assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
+    assert len(nan.requeues()) == 1
+    resume = torch_job.resumes(nan.log)[-1]
+    assert resume.step >= nan.checkpoint and resume.loss == resume.loss  # finite: NaN != NaN
+    after = [
+        loss for step, loss in torch_job.losses(nan.log.split("resuming from step")[-1]) if step > resume.step
+    ]
+    assert after and all(loss == loss for loss in after)
+
+
+def test_an_oom_kill_in_a_memory_capped_cgroup_is_requeued_off_the_node(oom: Scenario) -> None:
+    scenarios.assert_recovered_off(oom, CULPRIT)
+    assert "exitcode  : -9" in oom.log and f"host      : {CULPRIT}" in oom.log
+
+
+def test_an_oom_kill_resumes_from_the_checkpoint(oom: Scenario) -> None:
+    scenarios.assert_resumed_from_checkpoint(oom)
+
+
+def test_torchrun_s_own_restart_is_left_alone(elastic: Scenario) -> None:
+    assert elastic.requeues() == []
+    assert elastic.stack.slurm.job_restarts(elastic.job) == 0
+    assert (
+        torch_job.resumes(elastic.log)[-1].step >= elastic.checkpoint
+    )  # torchrun's restart resumed from DCP
+
+
+def test_figures(
+    corrupt: Scenario,
+    nan: Scenario,
+    oom: Scenario,
+    elastic: Scenario,
+    time_limit: Scenario,
+    record_property: Any,
+) -> None:
+    figures = scenarios.figures([corrupt, nan, oom, elastic, time_limit])
+    for name, value in figures.items():
+        record_property(name, value)
+    print(json.dumps(figures, indent=2, default=str))
+    assert all(f["decided"] <= 1 for f in figures.values()), figures
