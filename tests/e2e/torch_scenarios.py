@@ -111,7 +111,7 @@ def run(
             # A loss line of the resumed run (every 10 steps) for the loss check.
             resumed_at = torch_job.resumes(stack.job_log(job))[-1].step
             wait_until(
-                lambda: any(s > resumed_at for s, _ in torch_job.losses(stack.job_log(job))[-3:]),
+                lambda: any(s > resumed_at for s, _ in torch_job.losses(after_resume(stack.job_log(job)))),
                 60,
                 f"{job} training after its resume",
             )
@@ -134,6 +134,11 @@ def keep(stack: Stack, name: str, job: str) -> None:
     (directory / f"{name}.log").write_text(stack.job_log(job))
     details = [stack.nightshift.incident(i["id"]) for i in stack.nightshift.incidents(job=job)]
     (directory / f"{name}.incidents.json").write_text(json.dumps(details, indent=2, default=str))
+
+
+def after_resume(log: str) -> str:
+    """The part of a job's log after its last resume line."""
+    return log.rsplit("resuming from step", 1)[-1]
 
 
 def assert_resumed_from_checkpoint(scenario: Scenario) -> None:
