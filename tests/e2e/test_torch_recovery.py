@@ -172,6 +172,12 @@ def test_an_oom_kill_resumes_from_the_checkpoint(oom: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(oom)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="observed on the real stack: Nightshift requeues a job that torchrun's --max-restarts already recovered "
+    "(nccl-failure acts on the surviving rank's gloo error while torchrun restarts the workers, ~40 s here); the "
+    "decision needs the job's progress after the error (finding for the playbook/decision owners, issue 26 note)",
+)
 def test_torchrun_s_own_restart_is_left_alone(elastic: Scenario) -> None:
     assert elastic.requeues() == []
     assert elastic.stack.slurm.job_restarts(elastic.job) == 0
