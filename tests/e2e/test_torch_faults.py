@@ -138,7 +138,8 @@ def test_xid_with_the_rank_s_death_is_one_incident_off_the_node(xid: Scenario) -
     scenarios.assert_recovered_off(xid, CULPRIT)
     alerts = {a["labels"]["alertname"] for d in xid.incidents for a in d["alerts"]}
     assert "GpuXidError" in alerts  # the exporter's Xid joined the job's incident
-    assert "drain" in xid.stack.slurm.node_state(CULPRIT).split("+")  # the node is out (validation fails)
+    repairs = xid.stack.nightshift.get(f"/api/v1/nodes/{CULPRIT}")["repairs"]
+    assert any("GpuXidError" in (r.get("reason") or "") for r in repairs), repairs  # taken out for its Xid
 
 
 def test_xid_resumes_from_the_checkpoint(xid: Scenario) -> None:

@@ -1,9 +1,5 @@
 """More real faults in real ``torch.distributed`` jobs on the real stack (see test_torch_faults.py for the launch):
 
-- ``corrupt``: the owner requeues the job and, while it is down, its newest DCP checkpoint loses half of a shard
-  (a save cut short). The restarted ranks fail in ``dcp.load`` with PyTorch's own ``PytorchStreamReader failed
-  reading zip archive``. → the checkpoint rolled back (the torn one moved aside) and the job requeued, resuming from
-  the checkpoint before it.
 - ``nan``: every rank's inputs become NaN (divergence): the loss is NaN on all ranks, the trainer stops
   checkpointing. → one requeue from the last finite checkpoint; the loss is finite again.
 - ``oom``: the rank on node2 runs in a memory-capped cgroup (v1 ``memory.limit_in_bytes`` here: v2's memory
@@ -26,7 +22,6 @@ import pytest
 
 from sim import cgroups, faults, statedir, torch_job
 from sim.stack import Stack
-from sim.torch_trainer import newest_checkpoint
 from tests.e2e import torch_scenarios as scenarios
 from tests.e2e.torch_scenarios import CULPRIT, NODES, Scenario
 from tests.fixtures.procs import wait_until
@@ -43,31 +38,6 @@ def _rank_on(stack: Stack, name: str, node: str) -> int:
     statuses = statedir.read_trainers(stack.sim.state_dir)
     (rank,) = [int(s["rank"]) for s in statuses if s.get("name") == name and s.get("hostname") == node]
     return rank
-
-
-@pytest.fixture(scope="module")
-def corrupt(stack: Stack) -> Scenario:
-    def requeue_and_tear(scenario: Scenario) -> None:
-        # Two checkpoints first: the rollback needs one before the torn one.
-        root = stack.checkpoint_dir(scenario.name)
-        wait_until(lambda: len(list(root.glob("step-*/.metadata"))) >= 2, 60, "two checkpoints")
-        stack.slurm.command("scontrol", "requeue", scenario.job)
-        wait_until(lambda: stack.slurm.squeue_state(scenario.job) != "RUNNING", 60, f"{scenario.job} stopped")
-        wait_until(lambda: not _any_worker_pid(stack, scenario.name), 60, "workers gone")
-        newest = newest_checkpoint(root)
-        assert newest is not None
-        scenario.checkpoint = newest[0]  # the torn one
-        faults.truncate_checkpoint(newest[1])
-
-    return scenarios.run(stack, "torch-corrupt", requeue_and_tear, recovers=True)
-
-
-def _any_worker_pid(stack: Stack, name: str) -> int:
-    """The pid of a live worker of job ``name``, 0 when none lives."""
-    pids = [
-        int(s.get("pid", 0)) for s in statedir.read_trainers(stack.sim.state_dir) if s.get("name") == name
-    ]
-    return next((pid for pid in pids if statedir.pid_alive(pid)), 0)
 
 
 @pytest.fixture(scope="module")
@@ -136,21 +106,6 @@ def test_a_time_limit_stop_is_left_alone(time_limit: Scenario) -> None:
     scenarios.assert_nothing_done(time_limit)
 
 
-def test_a_torn_checkpoint_is_rolled_back_and_the_one_before_resumed(corrupt: Scenario) -> None:
-    incident, diagnosis = corrupt.incident, scenarios.diagnosis(corrupt)
-    assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
-    assert diagnosis.get("category") == "checkpoint_corrupt", diagnosis
-    ran = [
-        s["action"] for s in corrupt.incidents[0]["steps"] if s["phase"] == "steps" and s["status"] == "ok"
-    ]
-    assert ran == ["checkpoint.rollback", "slurm.requeue_job"]
-    assert (
-        "PytorchStreamReader failed reading zip archive" in corrupt.log
-    )  # DCP's own error on the torn shard
-    resume = torch_job.resumes(corrupt.log)[-1]
-    assert 0 < resume.step < corrupt.checkpoint  # the checkpoint before the torn one
-
-
 def test_nan_on_every_rank_is_requeued_once_from_a_finite_checkpoint(nan: Scenario) -> None:
     incident, diagnosis = nan.incident, scenarios.diagnosis(nan)
     assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
@@ -187,14 +142,13 @@ def test_torchrun_s_own_restart_is_left_alone(elastic: Scenario) -> None:
 
 
 def test_figures(
-    corrupt: Scenario,
     nan: Scenario,
     oom: Scenario,
     elastic: Scenario,
     time_limit: Scenario,
     record_property: Any,
 ) -> None:
-    figures = scenarios.figures([corrupt, nan, oom, elastic, time_limit])
+    figures = scenarios.figures([nan, oom, elastic, time_limit])
     for name, value in figures.items():
         record_property(name, value)
     print(json.dumps(figures, indent=2, default=str))
