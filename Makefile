@@ -18,6 +18,8 @@ run: deps  ## serve examples/settings.yaml (its public example token allowed for
 test: deps kube-apiserver
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports  # the layers: [tool.importlinter] in pyproject.toml
+	$(VENV)/bin/mypy  # strict on the pure core, every body checked elsewhere: [tool.mypy]
 	KUBE_APISERVER=$$(scripts/build-kube-apiserver.sh) $(VENV)/bin/pytest -q
 
 test-unit: deps
@@ -26,6 +28,8 @@ test-unit: deps
 lint: deps
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	$(VENV)/bin/nightshift lint playbooks/
 
 bench: deps  ## every benchmark, then the tables (bench/README.md); about 20 minutes on 2 cores

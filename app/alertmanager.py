@@ -255,7 +255,7 @@ def _status(value: Any, path: str) -> str:
     if value not in STATUSES:
         shown = _show(value) if isinstance(value, str) else _kind(value)
         raise PayloadError(f"{path}: expected 'firing' or 'resolved', got {shown}")
-    return value
+    return str(value)
 
 
 def _labels(value: Any, path: str) -> dict[str, str]:

@@ -229,8 +229,13 @@ def worker(config: str | None) -> None:
     engine = build_engine(settings)
     _log_startup(settings, engine)
     stop = threading.Event()
+
+    def on_signal(*_: object) -> None:
+        stop.set()
+        engine.wakeup.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: (stop.set(), engine.wakeup.set()))
+        signal.signal(sig, on_signal)
     engine.wakeup.listen()  # a webhook on this host wakes it as soon as it accepts a notification
     try:
         run_worker(engine, stop, settings.worker.poll_seconds, kind="process")
@@ -352,7 +357,7 @@ def explain(
     clients = Clients(settings)
     deps = EngineDeps(
         settings=settings,
-        store=None,  # type: ignore[arg-type]
+        store=None,  # type: ignore[arg-type]  # explain touches no store
         playbooks=load_playbooks(
             list(playbook_paths) or settings.playbook_paths, registry, settings.schedulers
         ),

@@ -518,7 +518,7 @@ def _join(where: str, name: str) -> str:
 
 
 def _coerce(hint: Any, value: Any, where: str) -> Any:
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _build(hint, value, where)
     args = typing.get_args(hint)
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:

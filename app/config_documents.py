@@ -62,6 +62,7 @@ def read_documents(text: str, source: str) -> tuple[list[Document], list[str]]:
     try:
         while loader.check_node():
             node = loader.get_node()
+            assert node is not None  # check_node() said one follows
             reader = _NodeReader(loader)
             try:
                 data = reader.convert(node, ())
@@ -219,8 +220,11 @@ class DocumentCheck:
         path: PathKey = tuple(error.absolute_path)
         schema = error.schema if isinstance(error.schema, dict) else {}
         title = schema.get("title")
-        value = error.instance
+        value: Any = error.instance
         kind = error.validator
+        expected_value: Any = (
+            error.validator_value
+        )  # jsonschema types it as possibly unset; a failed check sets it
         if kind == "additionalProperties":
             known = schema.get("properties", {})
             for key in sorted(set(value) - set(known)):
@@ -230,34 +234,32 @@ class DocumentCheck:
                 self._broken.append((*path, key))
             return
         if kind == "required":
-            for key in error.validator_value:
+            for key in expected_value:
                 if key not in value:
                     self.fail(path, f"missing required key {key!r}" + (f" in {title}" if title else ""))
                     self._broken.append((*path, key))
             return
         self._broken.append(path)
         if kind == "type":
-            expected = (
-                error.validator_value if isinstance(error.validator_value, list) else [error.validator_value]
-            )
-            words = " or ".join(_TYPE_WORDS.get(word, word) for word in expected)
+            expected = expected_value if isinstance(expected_value, list) else [expected_value]
+            words = " or ".join(_TYPE_WORDS.get(str(word), str(word)) for word in expected)
             self.fail(path, f"expected {words}, got {_describe(value)}")
         elif kind == "enum":
-            options = ", ".join(str(option) for option in error.validator_value)
+            options = ", ".join(str(option) for option in expected_value)
             if title:
                 self.fail(path, f"unknown {title} {show(value)} (known: {options or 'none'})")
             else:
                 self.fail(path, f"{show(value)} is not one of: {options}")
         elif kind == "const":
-            self.fail(path, f"expected {error.validator_value!r}, got {show(value)}")
+            self.fail(path, f"expected {expected_value!r}, got {show(value)}")
         elif kind == "pattern" and title == "duration":
             self.fail(path, f"bad duration {show(value)} ({DURATION_HINT})")
         elif kind == "pattern":
-            self.fail(path, f"bad {title or 'value'} {show(value)} (must match {error.validator_value})")
-        elif kind == "minItems" and error.validator_value == 1:
+            self.fail(path, f"bad {title or 'value'} {show(value)} (must match {expected_value})")
+        elif kind == "minItems" and expected_value == 1:
             self.fail(path, "must not be empty")
         elif kind == "minimum":
-            self.fail(path, f"must be at least {error.validator_value}, got {show(value)}")
+            self.fail(path, f"must be at least {expected_value}, got {show(value)}")
         else:
             self.fail(path, error.message)
 

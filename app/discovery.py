@@ -98,7 +98,7 @@ def target_groups(
     jobs: Mapping[str, RunningJob], ports: Mapping[str, int], addresses: Mapping[str, str]
 ) -> list[dict[str, object]]:
     """The ``http_sd_configs`` JSON: one group per job (with a port) and node, sorted by job id and node."""
-    groups = []
+    groups: list[dict[str, object]] = []
     for job_id in sorted(ports, key=lambda j: (len(j), j)):
         job = jobs[job_id]
         for node in job.nodes:

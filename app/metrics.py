@@ -69,8 +69,8 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
-        for outcome in REPAIR_OUTCOMES:
-            self.node_repairs.labels(outcome)
+        for repair_outcome in REPAIR_OUTCOMES:
+            self.node_repairs.labels(repair_outcome)
         self.paused = Gauge(
             "nightshift_paused",
             "1 while automation is paused (kill switch).",

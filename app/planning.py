@@ -110,7 +110,7 @@ def plan_steps(
     planned = []
     for idx, step in enumerate(steps):
         action = registry.get(step.action)
-        base = {"idx": idx, "name": step.name, "action": action, "approval": step.approval}
+        base: dict[str, Any] = {"idx": idx, "name": step.name, "action": action, "approval": step.approval}
         if step.when and not matches_all(step.when, when):
             conditions = ", ".join(str(m) for m in step.when)
             planned.append(PlannedStep(**base, status=SKIPPED, reason=f"when: {conditions} does not hold"))

@@ -616,7 +616,7 @@ class _PlaybookReader:
             return next((key for key in ("node", "job") if key in target), "none")
         if serialize != "none" and serialize not in target and self.check.typed(("target",)):
             self.check.fail(("serialize",), f"{serialize!r} needs target.{serialize}")
-        return serialize
+        return str(serialize)
 
     def _duration(self, path: PathKey, default: timedelta, *, positive: bool = False) -> timedelta:
         text = self._value(path)
@@ -632,7 +632,7 @@ class _PlaybookReader:
         return value
 
     def _promql(self, path: PathKey) -> str | None:
-        text = self._value(path)
+        text: str | None = self._value(path)
         if text is not None:
             try:
                 check_promql_template(text)

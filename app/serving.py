@@ -57,7 +57,7 @@ class BufferingWorker(ThreadWorker):
         self.lingering: dict[Any, float] = {}  # refused connection -> when to close it
 
     def init_process(self) -> None:
-        util.write_error = write_json_error  # type: ignore[assignment]  # this worker process only
+        util.write_error = write_json_error  # this worker process only
         super().init_process()
 
     def load_wsgi(self) -> None:

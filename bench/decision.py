@@ -113,7 +113,7 @@ def measure(sizes: list[int], alerts: int, repeats: int) -> dict[str, list[dict[
     registry = default_registry()
     shipped = load_playbooks([REPO / "playbooks"], registry).playbooks
     template = next(p for p in shipped if p.name == TEMPLATE)
-    cases = []
+    cases: list[dict[str, Any]] = []
     for series, share in SERIES.items():
         for size in sizes:
             started = time.perf_counter()

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{r['read_transactions_per_incident']:.1f} read transactions each"
         ),
     )
-    results = {
+    results: dict[str, Any] = {
         key: {k: round(v, 2) for k, v in spread([r[key] for r in rounds]).items()}
         for key in ("ms_per_incident", "write_transactions_per_incident", "read_transactions_per_incident")
     }

@@ -25,6 +25,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 from bench.stats import latency_summary
@@ -178,12 +179,17 @@ def spawn(
     alerts: int | None = None,
     warmup_s: float = 2.0,
     seed: int = 1,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Run the load generator in a separate process (this module's CLI) and return its summary.
 
     Raises subprocess.CalledProcessError when it fails, TimeoutExpired when it outlives its schedule by 2 minutes.
     """
-    span_s = duration_s if alerts is None else alerts / rate
+    if alerts is not None:
+        span_s = alerts / rate
+    elif duration_s is not None:
+        span_s = duration_s
+    else:
+        raise ValueError("spawn: give duration_s or alerts")
     argv = [sys.executable, "-m", "bench.loadgen", "--url", webhook, "--token-file", str(token_file)]
     argv += ["--rate", str(rate), "--warmup", str(warmup_s), "--seed", str(seed)]
     argv += ["--duration", str(duration_s)] if alerts is None else ["--alerts", str(alerts)]

@@ -60,7 +60,7 @@ def _pct(share: float | None) -> str:
     return "-" if share is None else f"{share}%"
 
 
-def _table(header: Sequence[str], rows: list[Sequence[str]]) -> list[str]:
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return lines

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import requests
 
@@ -156,7 +157,7 @@ class SimCluster:
         self.exporters[node] = self._start(f"exporter-{node}", spec, ready="# TYPE")
         return self.exporters[node]
 
-    def start_trainer(self, name: str, node: str, slurm_job_id: str = "", **options: object) -> SimProcess:
+    def start_trainer(self, name: str, node: str, slurm_job_id: str = "", **options: Any) -> SimProcess:
         """Start ``sim.trainer`` on ``node``; options are :class:`TrainerSpec` fields (step_seconds, ...)."""
         spec = TrainerSpec(
             name=name,
@@ -200,7 +201,7 @@ class SimCluster:
 
 
 def launch_sim_cluster(
-    base_dir: Path, nodes: Sequence[str] = ("node1", "node2"), **options: object
+    base_dir: Path, nodes: Sequence[str] = ("node1", "node2"), **options: Any
 ) -> SimCluster:
     """Start one exporter per node under ``base_dir`` (options: gpus, kubernetes, xid_window_ms).
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import os
 import re
 import secrets
@@ -669,7 +670,7 @@ class GrafanaStandin:
         """Annotations carrying every one of ``tags``, newest first (``id``, ``time``, ``timeEnd``, ``tags``...)."""
         response = requests.get(
             f"{self.url}/api/annotations",
-            params={"tags": list(tags), "limit": 1000},
+            params={"tags": list(tags), "limit": "1000"},
             headers={"Authorization": f"Bearer {self.token_file.read_text().strip()}"},
             timeout=5,
         )
@@ -992,14 +993,14 @@ class Stack:
         for node in names:
             selector = f'slurm_job_id="{job}",Hostname="{node}"'
             found = wait_until(
-                lambda selector=selector: self.prometheus.query(f"training_step_total{{{selector}}} > 0"),
+                functools.partial(self.prometheus.query, f"training_step_total{{{selector}}} > 0"),
                 timeout,
                 f"job {job}'s steps on {node} in Prometheus",
             )
             steps.append(int(float(found[0]["value"][1])))  # type: ignore[index]
             wait_until(
-                lambda node=node: self.prometheus.query(
-                    f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{node}",hpc_job="{job}"}}'
+                functools.partial(
+                    self.prometheus.query, f'DCGM_FI_DEV_GPU_TEMP{{Hostname="{node}",hpc_job="{job}"}}'
                 ),
                 timeout,
                 f"{node}'s GPUs mapped to job {job}",

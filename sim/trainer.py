@@ -366,7 +366,7 @@ def _node_map(text: str) -> dict[str, str]:
     pairs = [item.split("=", 1) for item in text.split(",") if item]
     if any(len(pair) != 2 for pair in pairs):
         raise argparse.ArgumentTypeError(f"expected node=value,... , got {text!r}")
-    return dict(pairs)  # type: ignore[arg-type]  # every pair has two items (checked above)
+    return dict(pairs)  # every pair has two items (checked above)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

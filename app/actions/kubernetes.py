@@ -569,11 +569,11 @@ def _node_list(params: Mapping[str, Any]) -> list[str]:
     return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
 
 
-def excluded_templates(kind: str, spec: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
+def excluded_templates(kind: str, job_spec: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
     """The parts of a training job's ``spec`` holding pod templates, each template's pods kept off ``nodes``: a
     ``kubernetes.io/hostname NotIn`` expression added to every required node-selector term (terms are ORed, so
     each needs it), merged with one such expression already there. Returned whole, for a merge patch."""
-    spec = json.loads(json.dumps(spec))
+    spec: dict[str, Any] = json.loads(json.dumps(job_spec))
     if kind == "TrainJob":
         return {}  # its pod templates live in the TrainingRuntime: the culprits' cordon keeps the pods off them
     if kind == "PyTorchJob":

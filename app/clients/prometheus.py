@@ -108,6 +108,8 @@ def parse_query_response(body: Any) -> list[Sample]:
     if not isinstance(data, Mapping):
         raise errors.BackendError("prometheus: response has no data")
     kind, result = data.get("resultType"), data.get("result")
+    if result is None:
+        raise errors.BackendError("prometheus: response has no result")
     try:
         if kind == "vector":
             return [_sample(item["metric"], item["value"]) for item in result]

@@ -438,7 +438,8 @@ def _shutdown_filtered(votes: list[Vote], reading: Reading, explained: list[str]
     """Votes without the shutdown noise that follows a cancel, time limit or SIGTERM, or the job's end (the
     tracebacks of interpreter teardown after training finished), up to the job's next run (progress or a
     restart)."""
-    kept, dropped = [], {}
+    kept: list[Vote] = []
+    dropped: dict[str, int] = {}
     for vote in votes:
         noise_kind = vote.category in SHUTDOWN_NOISE or (vote.category == "host_oom" and vote.weight < 5)
         stop = reading.stopped_before(vote.line.index) if noise_kind else None
@@ -518,7 +519,9 @@ def _xid_votes(
         code = verdict.primary.code
         if len(by_gpu) == 1 and len(pids - {None}) >= 2:
             line = app_class[0][0]
-            culprit = Culprit(line.host, None, _gpu_of(line, reading, labels), (line.raw.strip(),))
+            culprit: Culprit | None = Culprit(
+                line.host, None, _gpu_of(line, reading, labels), (line.raw.strip(),)
+            )
             tallies["gpu_hardware"].add_fact(
                 f"Xid {code} {len(app_class)} times on PCI {line.pci} across {len(pids)} processes",
                 XID_WEIGHT["contact_support"],
@@ -598,6 +601,7 @@ def _pattern_votes(
     lines: Sequence[str],
 ) -> None:
     """Votes from patterns across lines: SDC, exploding gradients, a gap before a time limit, stacks."""
+    culprit: Culprit | None
     if sdc := _silent_corruption(reading, votes):
         culprit, fact = sdc
         tallies["gpu_hardware"].add_fact(
@@ -679,7 +683,7 @@ def _silent_corruption(reading: Reading, votes: list[Vote]) -> tuple[Culprit, st
     hosts = set(reading.rank_hosts.values()) | {v.line.host for v in votes if v.line.host}
     several = bool(reading.ranks_seen - {rank} or rank or (reading.world_size or 1) > 1 or len(hosts) > 1)
     restarts = [r for r in reading.restarts if nan_votes[0].line.index < r < nan_votes[-1].line.index]
-    iterations = sorted({iteration_of(v.line) for v in nan_votes} - {None})
+    iterations = sorted({i for i in map(iteration_of, (v.line for v in nan_votes)) if i is not None})
     if not several or not (restarts or len(iterations) >= 2):
         return None
     gpu = next((v.line.gpu for v in nan_votes if v.line.gpu), None)

@@ -185,6 +185,7 @@ def judge(stacks: Sequence[RankStack]) -> StackVerdict | None:
     kind = leaders[0].kind
     summary = f"{count} of {len(ranks)} ranks in {majority}"
     evidence = [summary + f" ({kind})", *(s.describe() for s in odd[:8]), leaders[0].describe()]
+    culprit: RankStack | None
     evidence += [f"{_who(s)} (pid {s.pid}): py-spy: {s.error}" for s in undumped[:8]]
     if not odd and len(undumped) == 1 and kind == "collective":
         culprit = undumped[0]

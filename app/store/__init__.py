@@ -21,7 +21,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, create_engine, event, insert, inspect, select, text
+from sqlalchemy import Connection, DefaultClause, create_engine, event, insert, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
@@ -161,6 +161,7 @@ class Store:
         with _translated():
             raw = self.engine.raw_connection()  # outside a transaction: a BEGIN would take the write lock
         try:
+            assert raw.driver_connection is not None  # a pooled connection, just checked out
             _busy, log_pages, _copied = raw.driver_connection.execute(
                 "PRAGMA wal_checkpoint(PASSIVE)"
             ).fetchone()
@@ -246,6 +247,6 @@ def _add_columns(conn: Connection, from_version: int) -> None:
                 continue  # created with the table by create_all just now
             column = metadata.tables[table_name].c[column_name]
             ddl = f"ALTER TABLE {table_name} ADD COLUMN {column_name} {column.type.compile(dialect=dialect)}"
-            if column.server_default is not None:
+            if isinstance(column.server_default, DefaultClause):
                 ddl += f" NOT NULL DEFAULT '{column.server_default.arg}'"
             conn.execute(text(ddl))

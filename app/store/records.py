@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, CursorResult, String, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
@@ -23,6 +23,16 @@ from app.store.schema import (
     ledger,
     steps,
 )
+
+_ALERTNAME_CHARS = cast(String, alerts.c.alertname.type).length
+
+
+def inserted_id(result: CursorResult[Any]) -> int:
+    """The primary key of the row an INSERT just wrote."""
+    key = result.inserted_primary_key
+    assert key is not None, "an INSERT of one row"
+    return int(key[0])
+
 
 Row = dict[str, Any]
 
@@ -195,7 +205,7 @@ def upsert_alert(
             "status": alert.status,
             "ends_at": alert.ends_at,
             # The column is a short copy for display (String(200), enforced by PostgreSQL); labels keep it whole.
-            "alertname": alert.labels.get("alertname", "")[: alerts.c.alertname.type.length],
+            "alertname": alert.labels.get("alertname", "")[:_ALERTNAME_CHARS],
             "labels": dict(alert.labels),
             "annotations": dict(alert.annotations),
             "generator_url": alert.generator_url,
@@ -207,7 +217,7 @@ def upsert_alert(
         }
         try:
             with conn.begin_nested():
-                new_id = conn.execute(_INSERT_ALERT, values).inserted_primary_key[0]
+                new_id = inserted_id(conn.execute(_INSERT_ALERT, values))
             return {**values, "id": new_id}, None
         except IntegrityError:  # a concurrent replica inserted the same instance first
             existing = _one(conn, _ALERT_INSTANCE, key)
@@ -247,7 +257,7 @@ def insert_incident(conn: Connection, values: Mapping[str, Any]) -> int | None:
     """Insert an open incident; None when another writer holds the same open key (then attach to theirs)."""
     try:
         with conn.begin_nested():
-            return conn.execute(_INSERT_INCIDENT, dict(values)).inserted_primary_key[0]
+            return inserted_id(conn.execute(_INSERT_INCIDENT, dict(values)))
     except IntegrityError:
         return None
 
@@ -360,7 +370,7 @@ def insert_step(conn: Connection, values: Mapping[str, Any]) -> int | None:
     """Create a step row; None when that (incident, attempt, phase, idx) already exists."""
     try:
         with conn.begin_nested():
-            return conn.execute(_INSERT_STEP, dict(values)).inserted_primary_key[0]
+            return inserted_id(conn.execute(_INSERT_STEP, dict(values)))
     except IntegrityError:
         return None
 
@@ -402,7 +412,7 @@ def enqueue_notification(conn: Connection, now: datetime, receiver: str, alert_c
         _INSERT_INBOX,
         {"received_at": now, "receiver": receiver, "alert_count": alert_count, "next_alert": 0, "body": body},
     )
-    return int(result.inserted_primary_key[0])
+    return inserted_id(result)
 
 
 def inbox_pending(conn: Connection) -> bool:

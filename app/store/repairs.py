@@ -83,7 +83,7 @@ def request_repair(
     ``repair_absorbed`` ledger row), also when another replica inserts one concurrently."""
     existing = open_repair(conn, scheduler, node)
     if existing is None:
-        values = {
+        values: dict[str, Any] = {
             "node": node,
             "scheduler": scheduler,
             "state": RepairState.REQUESTED,
@@ -101,7 +101,7 @@ def request_repair(
         }
         try:
             with conn.begin_nested():
-                repair_id = int(conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0])
+                repair_id = records.inserted_id(conn.execute(insert(node_repairs).values(values)))
         except IntegrityError:  # another writer opened one first: join it
             existing = open_repair(conn, scheduler, node)
             assert existing is not None
@@ -140,7 +140,7 @@ def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now
     }
     try:
         with conn.begin_nested():
-            repair_id = conn.execute(insert(node_repairs).values(values)).inserted_primary_key[0]
+            repair_id = records.inserted_id(conn.execute(insert(node_repairs).values(values)))
     except IntegrityError:  # a request opened a repair of the node meanwhile
         raise ValueError(f"node {node} has an open repair now; try again") from None
     row = {**values, "id": repair_id, "incident_id": None}

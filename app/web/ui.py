@@ -108,7 +108,11 @@ def _csrf_token() -> str:
 
 def _csrf_ok() -> bool:
     expected = session.get("csrf")
-    return bool(expected) and same_secret(request.form.get("csrf_token", ""), expected)
+    return (
+        isinstance(expected, str)
+        and bool(expected)
+        and same_secret(request.form.get("csrf_token", ""), expected)
+    )
 
 
 def operator_form(view: Any) -> Any:
@@ -230,7 +234,7 @@ def history():
         limit=limit + 1, before_id=before, **{name: value for name, value in filters.items() if value}
     )
     shown, next_before = views.page(rows, limit)
-    active = {name: value for name, value in filters.items() if value}
+    active: dict[str, Any] = {name: value for name, value in filters.items() if value}
     if limit != HISTORY_PAGE:
         active["limit"] = str(limit)
     return render_template(

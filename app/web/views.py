@@ -34,10 +34,11 @@ def utc(value: datetime | str | None) -> str:
     if value is None or value == "":
         return "-"
     if isinstance(value, str):
+        text = value
         try:
-            value = datetime.fromisoformat(value)
+            value = datetime.fromisoformat(text)
         except ValueError:
-            return value
+            return text
     if value.tzinfo is None:  # the store hands out aware datetimes; a naive one here is UTC by convention
         value = value.replace(tzinfo=UTC)
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
