@@ -25,7 +25,7 @@ def warnings(
     """Every warning of ``playbooks``. With ``alert_labels`` (alert name → labels it carries:
     :func:`app.alert_labels.alert_labels`), also each template naming a label that an alert the playbook matches
     never carries."""
-    found = []
+    found: list[str] = []
     for playbook in playbooks:
         found.extend(_verify_window(playbook))
         if alert_labels:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, overload
 
 from flask import Flask, abort, jsonify, request
 from flask.json.provider import DefaultJSONProvider
@@ -57,6 +57,10 @@ def header_text(value: str, limit: int) -> str:
     return plain_text(raw.decode("utf-8", errors="replace"), limit)
 
 
+@overload
+def int_arg(name: str, default: int, low: int, high: int) -> int: ...
+@overload
+def int_arg(name: str, default: None, low: int, high: int) -> int | None: ...
 def int_arg(name: str, default: int | None, low: int, high: int) -> int | None:
     """An integer query parameter within ``low..high`` (400 naming the bounds otherwise); ``default`` if absent."""
     raw = request.args.get(name, "")

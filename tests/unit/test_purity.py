@@ -29,8 +29,9 @@ IO = (
     "http.client",
 )
 
-# How a module's docstring claims purity: "Pure.", "Pure: no I/O", "No I/O", "...: pure parsing", "pure functions from".
-CLAIM = re.compile(r"\bPure\b|\bNo I/O\b|: pure\b|\bpure functions from\b")
+# How a module's docstring claims purity: "Pure.", "Pure: no I/O", "No I/O", "...: pure parsing", "pure functions from",
+# or "(pure)" in its first line (further down, "(pure)" is said of another module: app.engine.repair's policy).
+CLAIM = re.compile(r"\bPure\b|\bNo I/O\b|: pure\b|\bpure functions from\b|\A[^\n]*\(pure\)")
 
 
 def _module_name(path: Path) -> str:
