@@ -54,8 +54,11 @@ def test_incident_recovers_after_drain_and_requeue(stack: Stack, remediated: Rem
     ]
     assert steps == [("requeue-off-culprits", "slurm.requeue_job", "ok")]
     assert "ExcNodeList=node1" in remediated.detail["steps"][-1]["command"]
-    (alert,) = {a["fingerprint"]: a for a in remediated.detail["alerts"]}.values()
-    assert alert["labels"]["xid"] == "79" and alert["labels"]["slurm_job_id"] == remediated.job
+    # The incident holds the culprit's Xid 79 and only this job's alerts: under load more alerts of the same
+    # episode may join it (how many is incidental), never another job's.
+    alerts = remediated.detail["alerts"]
+    assert {a["labels"].get("slurm_job_id") for a in alerts} == {remediated.job}
+    assert any(a["labels"].get("xid") == "79" for a in alerts), [a["labels"] for a in alerts]
     assert any(row["kind"] == "verify_sample" for row in remediated.detail["ledger"])
 
 

@@ -105,7 +105,7 @@ def test_ingest_benchmark_measures_every_server(tmp_path):
         assert run["errors"] == 0, run["errors_by_kind"]
         assert set(run["latency_ms"]) == {"p50", "p90", "p99", "max", "mean"}
         assert run["offered"]["alerts_per_s"] > 0 and run["measured"]["notifications"] >= 1
-        assert run["server_cpu_cores"] >= 0
+        assert run["server_cpu_cores"] > 0  # the server parsed and stored every notification
     for kind in KINDS[1:]:
         row = next(r for r in results["summary"] if r["server"] == kind)
         assert set(row["ratio_to_floor"]) == {"p50", "p99"}

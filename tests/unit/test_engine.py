@@ -552,16 +552,26 @@ def test_operator_marks_an_open_incident_handled(tmp_path):
         w.engine.mark_handled(incident_id, by="bob", note="")
 
 
-def test_a_step_longer_than_the_lease_keeps_its_claim(tmp_path):
-    import time
+def test_a_step_longer_than_the_lease_keeps_its_claim(tmp_path, monkeypatch):
+    import threading
 
     w = make_world(tmp_path, GRANTS)
     w.engine.deps.settings.worker.lease_seconds = 3
     seen = {}
+    renewed = threading.Event()
+    renew_claim = records.renew_claim
+
+    def renew(*args, **kwargs):
+        kept = renew_claim(*args, **kwargs)
+        renewed.set()
+        return kept
+
+    monkeypatch.setattr(records, "renew_claim", renew)
 
     def slow(params, ctx):
         w.clock.advance(10)  # the step outlives the lease it was claimed with...
-        time.sleep(1.5)  # ...while the heartbeat (every lease/3 s) renews it
+        # ...while the heartbeat renews it: waited for, not slept on (its beat is on the wall clock, >= 1 s)
+        assert renewed.wait(timeout=60)
         with w.engine.deps.store.transaction() as conn:
             seen["stolen"] = records.claim_next(conn, "intruder", w.clock.now(), timedelta(seconds=3))
         return Ok()
