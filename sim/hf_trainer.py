@@ -35,7 +35,7 @@ VOCAB = 64
 CONTEXT = 16
 
 
-class Sequences(torch.utils.data.Dataset):  # type: ignore[type-arg]
+class Sequences(torch.utils.data.Dataset):
     """Deterministic token sequences (a repeating pattern with noise: learnable, so the loss falls)."""
 
     def __len__(self) -> int:
@@ -48,7 +48,7 @@ class Sequences(torch.utils.data.Dataset):  # type: ignore[type-arg]
         return {"input_ids": ids, "labels": ids.clone()}
 
 
-class Pace(TrainerCallback):  # type: ignore[misc]  # transformers ships no type information here
+class Pace(TrainerCallback):  # transformers ships no type information here
     """Paces steps (``step_seconds``), writes the rank's status and acts on its faults at every step."""
 
     def __init__(self, worker: Worker):

@@ -33,7 +33,7 @@ from sim.torch_trainer import FEATURES, HIDDEN, Worker, batch
 log = logging.getLogger("sim.lightning_trainer")
 
 
-class Batches(torch.utils.data.IterableDataset):  # type: ignore[type-arg]
+class Batches(torch.utils.data.IterableDataset):
     """The batches of :func:`sim.torch_trainer.batch` for this rank, from step ``start`` on."""
 
     def __init__(self, rank: int, size: int, start: int = 0):

@@ -98,7 +98,8 @@ def build_model(strategy: str) -> torch.nn.Module:
         for layer in model:
             if isinstance(layer, torch.nn.Linear):
                 fully_shard(layer)
-        return fully_shard(model)
+        fully_shard(model)  # in place: the model, its class now FSDP-wrapped
+        return model
     return torch.nn.parallel.DistributedDataParallel(model)
 
 

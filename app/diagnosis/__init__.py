@@ -897,8 +897,8 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
             continue  # the rank that reports a lost peer or a timeout is the one that waited, not the cause
         if line.rank is not None or line.host or line.pci:
             # Evidence of one category from a single host: that host, even on the lines naming only a rank.
-            host = line.host or (next(iter(hosts)) if len(hosts) == 1 else None)
-            return _completed(Culprit(host, line.rank, line.gpu, (line.raw.strip(),)), reading)
+            writer = line.host or (next(iter(hosts)) if len(hosts) == 1 else None)
+            return _completed(Culprit(writer, line.rank, line.gpu, (line.raw.strip(),)), reading)
     if odd := _odd_rank_out(reading):  # a storage or GPU hang: the rank that reports nothing
         return _completed(odd, reading)
     root = reading.launcher.root()
