@@ -40,7 +40,8 @@ from enum import StrEnum
 from typing import Any
 
 from app import episodes, guards
-from app.job_phase import JobPhase, JobStatus
+from app.job_phase import JobPhase
+from app.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
 from app.planning import INVALID, PlannedStep
 from app.states import IncidentKind, Outcome, RepairState, State
 
