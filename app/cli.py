@@ -42,7 +42,8 @@ def _log_startup(settings: Any, engine: Any) -> None:
     from app.startup import startup_summary
 
     log = logging.getLogger("app.startup")
-    for line in startup_summary(settings, len(engine.deps.playbooks), engine.deps.permissions):
+    playbooks = engine.deps.playbooks
+    for line in startup_summary(settings, len(playbooks), engine.deps.permissions, len(playbooks.excluded)):
         log.info("%s", line)
 
 
@@ -208,8 +209,9 @@ def check_config(config: str | None, as_json: bool) -> None:
     WebhookAuth.from_settings(settings)
     ReadAccess.from_settings(settings, read_secret(settings.operator_token_file, "operator_token_file"))
     registry = default_registry()
-    playbooks = load_playbooks(settings.playbook_paths, registry)
-    summary = startup_summary(settings, len(playbooks), load_permissions(settings.permissions_file, registry))
+    playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
+    permissions = load_permissions(settings.permissions_file, registry)
+    summary = startup_summary(settings, len(playbooks), permissions, len(playbooks.excluded))
     if as_json:
         click.echo(json.dumps({"ok": True, "summary": summary}, indent=2))
     else:
@@ -252,25 +254,37 @@ def worker(config: str | None) -> None:
     help="Also check a permissions file.",
 )
 @click.option("--strict", is_flag=True, help="Warnings are problems too (exit 1).")
-def lint(paths: tuple[str, ...], permissions: str | None, strict: bool) -> None:
+@click.option(
+    "--schedulers",
+    default="slurm,kubernetes",
+    show_default=True,
+    help="The deployment's setting `schedulers`, comma-separated: playbooks for others are checked, not counted.",
+)
+def lint(paths: tuple[str, ...], permissions: str | None, strict: bool, schedulers: str) -> None:
     """Check playbook files; print file:line: message for every problem and warning.
 
+    Every playbook is checked; the count is of those a deployment acting on ``--schedulers`` loads.
     Exit 0: no problem (warnings allowed unless --strict); 1: problems found; 2: usage."""
     from app.actions import default_registry
     from app.alert_labels import alert_labels
     from app.permissions import load_permissions
     from app.playbook_warnings import warnings
-    from app.playbooks import PlaybookError, load_playbooks
+    from app.playbooks import SCHEDULERS, PlaybookError, load_playbooks
 
+    chosen = [name.strip() for name in schedulers.split(",") if name.strip()]
+    if not chosen or not set(chosen) <= set(SCHEDULERS):
+        raise click.BadParameter(
+            f"one or both of {', '.join(SCHEDULERS)}, got {schedulers!r}", param_hint="--schedulers"
+        )
     registry = default_registry()
     problems: list[str] = []
     found: list[str] = []
-    count = 0
+    count = set_aside = 0
     try:
-        loaded = load_playbooks(list(paths), registry).playbooks
-        count = len(loaded)
-        found = warnings(loaded, alert_labels())
-        if not loaded:
+        loaded = load_playbooks(list(paths), registry, chosen)
+        count, set_aside = len(loaded), len(loaded.excluded)
+        found = warnings([*loaded.playbooks, *loaded.excluded], alert_labels())
+        if not count + set_aside:
             problems.append(f"{', '.join(paths)}: no playbook found (*.yaml or *.yml files)")
     except PlaybookError as exc:
         problems.extend(exc.errors)
@@ -283,7 +297,11 @@ def lint(paths: tuple[str, ...], permissions: str | None, strict: bool) -> None:
         click.echo(line)
     if problems or (strict and found):
         raise click.exceptions.Exit(1)
-    click.echo(f"ok: {count} playbook(s)" + (f", {len(found)} warning(s)" if found else ""))
+    click.echo(
+        f"ok: {count} playbook(s) for {', '.join(chosen)}"
+        + (f" ({set_aside} for other schedulers checked, not loaded)" if set_aside else "")
+        + (f", {len(found)} warning(s)" if found else "")
+    )
 
 
 def actions_table() -> str:

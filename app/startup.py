@@ -11,8 +11,11 @@ from app.config import Settings
 from app.permissions import Permissions
 
 
-def startup_summary(settings: Settings, playbooks: int, permissions: Permissions) -> list[str]:
-    """The summary lines for ``settings`` with ``playbooks`` loaded and ``permissions`` granted."""
+def startup_summary(
+    settings: Settings, playbooks: int, permissions: Permissions, set_aside: int = 0
+) -> list[str]:
+    """The summary lines for ``settings`` with ``playbooks`` loaded and ``permissions`` granted; ``set_aside``:
+    the playbooks read but not loaded, as they act on a scheduler outside ``settings.schedulers``."""
     granted = sorted({grant.action for grant in permissions.grants})
     if granted:
         mode = f"mode: active: {len(granted)} action(s) granted by {settings.permissions_file} ({', '.join(granted)})"
@@ -22,7 +25,8 @@ def startup_summary(settings: Settings, playbooks: int, permissions: Permissions
         mode += "; guards.kill_switch is on: nothing acts"
     lines = [
         mode,
-        f"playbooks: {playbooks} from {', '.join(settings.playbook_paths)}",
+        f"playbooks: {playbooks} for {', '.join(settings.schedulers)} from {', '.join(settings.playbook_paths)}"
+        + (f" ({set_aside} for other schedulers not loaded)" if set_aside else ""),
         f"store: {_without_password(settings.resolved_store_url)}",
         (
             f"prometheus: {settings.prometheus.url}"
@@ -31,12 +35,15 @@ def startup_summary(settings: Settings, playbooks: int, permissions: Permissions
             "whose playbook has one are held"
         ),
         (
-            f"slurm: {settings.slurm.user}@{settings.slurm.host}:{settings.slurm.port}"
+            "slurm: not acted on (schedulers)"
+            if "slurm" not in settings.schedulers
+            else f"slurm: {settings.slurm.user}@{settings.slurm.host}:{settings.slurm.port}"
             + (" (sudo -n)" if settings.slurm.sudo and settings.slurm.user != "root" else "")
             if settings.slurm.host
             else "slurm: unset (slurm.host): Slurm actions cannot run"
         ),
-        "kubernetes: " + _kubernetes(settings),
+        "kubernetes: "
+        + (_kubernetes(settings) if "kubernetes" in settings.schedulers else "not acted on (schedulers)"),
         "reads: " + _reads(settings),
         "webhook: "
         + (

@@ -12,7 +12,12 @@ Bad input never reaches another job: a pod that does not exist in the alert's na
 names no job (node-level), and :attr:`Resolution.note` says why, for the ledger. Owner references are namespaced,
 so every object of a chain is read in the pod's namespace.
 
-:func:`resolve_pod` and :func:`resolve_named` are pure: they read through the ``fetch`` callable they are given.
+An alert whose pod no longer exists (the operator replaced it after a crash; Prometheus still has the old pod's
+series) and that carries ``train_job`` names the job of that name in the pod's namespace; when there is none, the
+alert is node-level (:func:`resolve_pod_or_named`).
+
+:func:`resolve_pod`, :func:`resolve_named` and :func:`resolve_pod_or_named` are pure: they read through the
+``fetch`` callable they are given.
 :class:`WorkloadResolver` does the reading (read-only GETs) with a bounded, expiring cache, before the ingestion's
 transaction, so no network call is made inside one.
 """
@@ -50,6 +55,8 @@ JOB_LABELS: tuple[tuple[str, str], ...] = (
     ("batch.kubernetes.io/job-name", "Job"),
     ("job-name", "Job"),
 )
+# What a lookup is cached by: ("pod", namespace, pod, train_job label or "") or ("job", namespace, train_job, "").
+Key = tuple[str, str, str, str]
 # By a name alone (an alert's train_job label), the kinds looked up, topmost first.
 NAMED_KINDS = ("TrainJob", "PyTorchJob", "JobSet", "Job")
 _NAME = re.compile(K8S_NAME)
@@ -180,6 +187,23 @@ def resolve_pod(namespace: str, pod: Json | None, name: str, fetch: Fetch) -> Re
     return Resolution(None, f"pod {namespace}/{name} has no controller and no job label: no job")
 
 
+def resolve_pod_or_named(
+    namespace: str, pod: Json | None, name: str, train_job: str, fetch: Fetch
+) -> Resolution:
+    """The job of ``pod`` (:func:`resolve_pod`); when the pod names none without refusing (it no longer exists,
+    as after a crash whose pod the operator replaced while Prometheus still has the old pod's series, or it has
+    no training owner) and the alert carries ``train_job``, the job that label names in the pod's namespace
+    (:func:`resolve_named`). When that names none either the alert is refused a job (node-level): a job name
+    without its kind cannot be restarted, and a guess could restart another job."""
+    from_pod = resolve_pod(namespace, pod, name, fetch)
+    if from_pod.workload is not None or from_pod.refused or not train_job:
+        return from_pod
+    named = resolve_named(namespace, train_job, fetch)
+    if named.workload is not None:
+        return Resolution(named.workload, f"{from_pod.note}; {named.note}")
+    return Resolution(None, f"{from_pod.note}; {named.note}: node-level", refused=True)
+
+
 def resolve_named(namespace: str, name: str, fetch: Fetch) -> Resolution:
     """The job an alert's ``train_job`` label names: the object of that name among :data:`NAMED_KINDS`, walked up
     to its topmost training owner (a TrainJob's JobSet has the TrainJob's name). Two different jobs: refused."""
@@ -221,18 +245,20 @@ class WorkloadResolver:
         self._ttl = ttl_seconds
         self._max = max_entries
         self._monotonic = monotonic
-        self._cache: OrderedDict[tuple[str, str, str], tuple[float, Resolution]] = OrderedDict()
+        self._cache: OrderedDict[Key, tuple[float, Resolution]] = OrderedDict()
         self._lock = threading.Lock()
         # The last answer that must not be reused (an API error), for this prefetch's ingestion only.
-        self._transient: dict[tuple[str, str, str], Resolution] = {}
+        self._transient: dict[Key, Resolution] = {}
 
     @staticmethod
-    def key(labels: Mapping[str, str]) -> tuple[str, str, str] | None:
+    def key(labels: Mapping[str, str]) -> Key | None:
+        """(what, namespace, name, train_job): a pod with the ``train_job`` label it carries ("" if none), or
+        a job name alone."""
         pod = pod_of(labels)
         if pod is not None:
-            return ("pod", *pod)
+            return ("pod", *pod, labels.get("train_job", ""))
         if labels.get("train_job") and labels.get("namespace"):
-            return ("job", labels["namespace"], labels["train_job"])
+            return ("job", labels["namespace"], labels["train_job"], "")
         return None
 
     def prefetch(self, alerts: Iterable[Any]) -> None:
@@ -268,19 +294,21 @@ class WorkloadResolver:
             return None
         return self._cached(key) or self._transient.get(key)
 
-    def _cached(self, key: tuple[str, str, str]) -> Resolution | None:
+    def _cached(self, key: Key) -> Resolution | None:
         with self._lock:
             entry = self._cache.get(key)
         if entry is None or self._monotonic() - entry[0] > self._ttl:
             return None
         return entry[1]
 
-    def _resolve(self, key: tuple[str, str, str]) -> tuple[Resolution, bool]:
+    def _resolve(self, key: Key) -> tuple[Resolution, bool]:
         """The answer, and whether it may be reused."""
-        what, namespace, name = key
-        if not _NAMESPACE.fullmatch(namespace) or not _NAME.fullmatch(name):
-            note = f"{what} {namespace[:80]!r}/{name[:80]!r} is not a valid Kubernetes name"
-            return Resolution(None, note, refused=True), True
+        what, namespace, name, train_job = key
+        if not _NAMESPACE.fullmatch(namespace) or not all(_NAME.fullmatch(n) for n in (name, train_job) if n):
+            shown = f"{namespace[:80]!r}/{name[:80]!r}" + (
+                f" (train_job {train_job[:80]!r})" if train_job else ""
+            )
+            return Resolution(None, f"{what} {shown} is not a valid Kubernetes name", refused=True), True
         try:
             kube = self._client()
 
@@ -296,7 +324,7 @@ class WorkloadResolver:
                 pod = kube.get_pod(namespace, name)
             except errors.NotFound:
                 pod = None
-            return resolve_pod(namespace, pod, name, fetch), True
+            return resolve_pod_or_named(namespace, pod, name, train_job, fetch), True
         except errors.BackendError as exc:
             return Resolution(None, f"cannot read {what} {namespace}/{name} from the API: {exc}"), False
 

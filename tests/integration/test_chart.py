@@ -401,3 +401,15 @@ def test_the_dashboards_ship_as_sidecar_configmaps_equal_to_grafana_dashboards(h
         assert filecmp.cmp(path, CHART / "files" / "dashboards" / name, shallow=False), (
             f"copy {name} to the chart"
         )
+
+
+def test_the_schedulers_value_reaches_the_settings(helm: str, tmp_path: Path) -> None:
+    """Kubernetes alone by default (no Slurm playbook is loaded in a cluster); both when the value says so."""
+    for args, expected in (
+        ([], ["kubernetes"]),
+        (["--set", "settings.schedulers={slurm,kubernetes}"], ["slurm", "kubernetes"]),
+    ):
+        folder = tmp_path / "-".join(expected)
+        folder.mkdir()
+        files = config_documents(render(helm, *args), folder)
+        assert load_settings(files["config.yaml"], env={}).schedulers == expected

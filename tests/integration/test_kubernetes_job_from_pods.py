@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -205,27 +205,39 @@ def test_a_train_job_label_alone_names_the_topmost_job_of_that_name(
     assert found.workload is None and not found.refused
 
 
-def _engine(cluster: KubeCluster, tmp_path: Path, schedulers: list[str]) -> tuple[Engine, Clients]:
-    settings = cluster.settings()
-    settings.data_dir = str(tmp_path / "var")
-    settings.schedulers = schedulers
-    store = Store.from_url(settings.resolved_store_url)
-    store.create_schema()
-    registry = default_registry()
-    clients = Clients(settings)
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=load_playbooks([ROOT / "playbooks"], registry, schedulers),
-        registry=registry,
-        permissions=Permissions(),
-        clients=clients,
-        clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
-        workloads=WorkloadResolver(lambda: clients.kube),
-    )
-    return Engine(deps), clients
+@pytest.fixture
+def engine_for(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Callable[[list[str]], Engine]]:
+    """Factory: an engine on the shipped playbooks acting on ``schedulers``, its pod lookups on the test cluster;
+    closed at teardown."""
+    made: list[tuple[Engine, Clients]] = []
+
+    def make_engine(schedulers: list[str]) -> Engine:
+        settings = kube_cluster.settings()
+        settings.data_dir = str(tmp_path / f"var-{len(made)}")
+        settings.schedulers = schedulers
+        store = Store.from_url(settings.resolved_store_url)
+        store.create_schema()
+        registry = default_registry()
+        clients = Clients(settings)
+        deps = EngineDeps(
+            settings=settings,
+            store=store,
+            playbooks=load_playbooks([ROOT / "playbooks"], registry, schedulers),
+            registry=registry,
+            permissions=Permissions(),
+            clients=clients,
+            clock=SystemClock(),
+            metrics=Metrics(),
+            diagnose=diagnose,
+            workloads=WorkloadResolver(lambda: clients.kube),
+        )
+        made.append((Engine(deps), clients))
+        return made[-1][0]
+
+    yield make_engine
+    for engine, clients in made:
+        clients.close()
+        engine.deps.store.dispose()
 
 
 def dcgm_xid(node: str, namespace: str, pod: str) -> dict[str, Any]:
@@ -238,45 +250,91 @@ def dcgm_xid(node: str, namespace: str, pod: str) -> dict[str, Any]:
 
 
 def test_the_shipped_playbooks_restart_the_pods_job_by_its_own_kind_and_never_plan_scontrol(
-    kube_cluster: KubeCluster, kube_admin: KubeAdmin, kube_namespace: str, tmp_path: Path
+    engine_for: Callable[[list[str]], Engine], kube_admin: KubeAdmin, kube_namespace: str
 ) -> None:
     ns = kube_namespace
     jobset = make(kube_admin, ns, "JobSet", unique("js"))
     child = make(kube_admin, ns, "Job", unique("js-workers-0"), owner=jobset)
     pod = make(kube_admin, ns, "Pod", unique("p"), owner=child)
     stray = make(kube_admin, kube_admin.create_namespace(), "Pod", unique("p"))
-    engine, clients = _engine(kube_cluster, tmp_path, ["kubernetes"])
-    try:
-        alerts = [
-            dcgm_xid("gpu-a", ns, pod["metadata"]["name"]),
-            dcgm_xid("gpu-b", ns, stray["metadata"]["name"]),  # the pod is in another namespace
-            dcgm_xid("gpu-c", "gpu-operator", "dcgm-1"),  # honorLabels on an idle GPU: the exporter's pod
-        ]
-        slurm_style = alert(
-            {"alertname": "GpuXidError", "Hostname": "gpu-d", "xid": "79", "xid_class": "reboot"}
-        )
-        report = explain(engine.deps, parse_notification(json.dumps(payload(*alerts, slurm_style))))
-        text = json.dumps(report)
-        assert "scontrol" not in text and "slurm." not in text
-        by_key = {ep["episode"]: ep for ep in report["episodes"]}
-        job_key = f"job:kubernetes/{ns}/{jobset['metadata']['name']}"
-        assert set(by_key) == {job_key, "node:kubernetes/gpu-b", "node:kubernetes/gpu-c"}, sorted(by_key)
-        assert by_key[job_key]["target"]["kind"] == "JobSet"
-        notes = [entry.get("job_lookup", "") for entry in report["alerts"]]
-        assert "JobSet" in notes[0] and "does not exist in namespace" in notes[1]
-        notes = report["alerts"][3][
-            "not_loaded"
-        ]  # no namespace: a Slurm node's alert, not for this deployment
-        assert any(n.startswith("playbook gpu-xid-node-fault-slurm acts on slurm") for n in notes), notes
-        assert all(n.endswith("not loaded") for n in notes)
+    engine = engine_for(["kubernetes"])
+    alerts = [
+        dcgm_xid("gpu-a", ns, pod["metadata"]["name"]),
+        dcgm_xid("gpu-b", ns, stray["metadata"]["name"]),  # the pod is in another namespace
+        dcgm_xid("gpu-c", "gpu-operator", "dcgm-1"),  # honorLabels on an idle GPU: the exporter's pod
+    ]
+    slurm_style = alert({"alertname": "GpuXidError", "Hostname": "gpu-d", "xid": "79", "xid_class": "reboot"})
+    report = explain(engine.deps, parse_notification(json.dumps(payload(*alerts, slurm_style))))
+    text = json.dumps(report)
+    assert "scontrol" not in text and "slurm." not in text
+    by_key = {ep["episode"]: ep for ep in report["episodes"]}
+    job_key = f"job:kubernetes/{ns}/{jobset['metadata']['name']}"
+    assert set(by_key) == {job_key, "node:kubernetes/gpu-b", "node:kubernetes/gpu-c"}, sorted(by_key)
+    assert by_key[job_key]["target"]["kind"] == "JobSet"
+    notes = [entry.get("job_lookup", "") for entry in report["alerts"]]
+    assert "JobSet" in notes[0] and "does not exist in namespace" in notes[1]
+    notes = report["alerts"][3]["not_loaded"]  # no namespace: a Slurm node's alert, not for this deployment
+    assert any(n.startswith("playbook gpu-xid-node-fault-slurm acts on slurm") for n in notes), notes
+    assert all(n.endswith("not loaded") for n in notes)
 
-        engine.ingest(parse_notification(json.dumps(payload(*alerts))))
-        incidents = {i["open_key"]: i for i in engine.incidents()}
-        assert set(incidents) == set(by_key)
-        job_incident = incidents[job_key]
-        assert (job_incident["kind"], job_incident["target"]["kind"]) == ("job", "JobSet")
-        ledger = engine.incident(incidents["node:kubernetes/gpu-b"]["id"])["ledger"]
-        assert any("does not exist in namespace" in row["message"] for row in ledger), ledger
-    finally:
-        clients.close()
-        engine.deps.store.dispose()
+    engine.ingest(parse_notification(json.dumps(payload(*alerts))))
+    incidents = {i["open_key"]: i for i in engine.incidents()}
+    assert set(incidents) == set(by_key)
+    job_incident = incidents[job_key]
+    assert (job_incident["kind"], job_incident["target"]["kind"]) == ("job", "JobSet")
+    ledger = engine.incident(incidents["node:kubernetes/gpu-b"]["id"])["ledger"]
+    assert any("does not exist in namespace" in row["message"] for row in ledger), ledger
+
+
+def test_an_alert_whose_pod_is_gone_restarts_the_job_its_train_job_label_names(
+    engine_for: Callable[[list[str]], Engine], kube_admin: KubeAdmin, kube_namespace: str
+) -> None:
+    """After a crash the operator replaced the pod; Prometheus still has the old pod's series with train_job. The
+    job is the one that label names, by its own kind; a label naming no job leaves the alert node-level."""
+    ns = kube_namespace
+    job = make(kube_admin, ns, "PyTorchJob", unique("llama"))
+    name = job["metadata"]["name"]
+    engine = engine_for(["kubernetes"])
+    gone = dcgm_xid("gpu-a", ns, f"{name}-worker-0")
+    gone["labels"]["train_job"] = name
+    stale = dcgm_xid("gpu-b", ns, "old-worker-0")
+    stale["labels"]["train_job"] = "nonesuch"
+    report = explain(engine.deps, parse_notification(json.dumps(payload(gone, stale))))
+
+    by_key = {ep["episode"]: ep for ep in report["episodes"]}
+    job_key = f"job:kubernetes/{ns}/{name}"
+    assert set(by_key) == {job_key, "node:kubernetes/gpu-b"}, sorted(by_key)
+    assert by_key[job_key]["target"]["kind"] == "PyTorchJob"
+    [restart] = [s for s in by_key[job_key]["job_plan"]["steps"] if s["action"] == "kubernetes.restart_job"]
+    assert f"PATCH PyTorchJob {ns}/{name} runPolicy.suspend=true" in restart["command"], restart
+    notes = [entry["job_lookup"] for entry in report["alerts"]]
+    assert f"pod {ns}/{name}-worker-0 does not exist" in notes[0] and f"PyTorchJob {ns}/{name}" in notes[0]
+    assert "train_job=nonesuch: no training job of that name" in notes[1] and "node-level" in notes[1]
+
+
+def test_one_deployment_on_both_schedulers_plans_scontrol_for_a_slurm_node_and_the_api_for_a_kubernetes_one(
+    engine_for: Callable[[list[str]], Engine], kube_admin: KubeAdmin, kube_namespace: str
+) -> None:
+    """schedulers: [slurm, kubernetes]: the Slurm node's Xid (no namespace) drains it with scontrol; the
+    Kubernetes pod's Xid restarts its PyTorchJob through the API and cordons its node; neither plans the other's."""
+    ns = kube_namespace
+    job = make(kube_admin, ns, "PyTorchJob", unique("llama"))
+    pod = make(kube_admin, ns, "Pod", unique("p"), owner=job)
+    engine = engine_for(["slurm", "kubernetes"])
+    slurm_node = alert({"alertname": "GpuXidError", "Hostname": "node7", "gpu": "0", "xid": "79",
+                        "xid_class": "reboot", "severity": "critical"})  # fmt: skip
+    kube_pod = dcgm_xid("gpu-k", ns, pod["metadata"]["name"])
+    report = explain(engine.deps, parse_notification(json.dumps(payload(slurm_node, kube_pod))))
+
+    by_key = {ep["episode"]: ep for ep in report["episodes"]}
+    job_key = f"job:kubernetes/{ns}/{job['metadata']['name']}"
+    assert [a["episodes"] for a in report["alerts"]][1] == [job_key]
+    assert "node:slurm/node7" in by_key, sorted(by_key)
+    slurm_text = json.dumps([ep for key, ep in by_key.items() if key != job_key])
+    kube_text = json.dumps(by_key[job_key])
+    assert "scontrol update NodeName=node7" in slurm_text and "kubernetes." not in slurm_text
+    assert "scontrol" not in kube_text and "slurm." not in kube_text
+    [restart] = by_key[job_key]["job_plan"]["steps"]
+    assert restart["action"] == "kubernetes.restart_job" and "PyTorchJob" in restart["command"]
+    [node_plan] = by_key[job_key]["node_plans"]
+    assert node_plan["steps"][0]["action"] == "kubernetes.cordon_node"

@@ -21,6 +21,48 @@ def test_lint_accepts_the_shipped_playbooks():
     assert result.stdout.splitlines()[-1].startswith(f"ok: {shipped} playbook(s)")
 
 
+def shipped_by_scheduler() -> dict[str, int]:
+    """How many shipped playbooks target each scheduler (target.scheduler, read from the YAML itself)."""
+    counts: dict[str, int] = {}
+    for path in (ROOT / "playbooks").glob("*.yaml"):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "Playbook":
+                scheduler = doc["target"].get("scheduler", "none")
+                counts[scheduler] = counts.get(scheduler, 0) + 1
+    return counts
+
+
+def test_lint_counts_only_the_playbooks_a_deployment_of_those_schedulers_loads():
+    counts = shipped_by_scheduler()
+    result = nightshift("lint", "playbooks/", "--schedulers", "kubernetes")
+    assert result.returncode == 0, result.stdout + result.stderr
+    loaded = counts["kubernetes"] + counts.get("none", 0)
+    assert result.stdout.splitlines()[-1].startswith(
+        f"ok: {loaded} playbook(s) for kubernetes ({counts['slurm']} for other schedulers checked, not loaded)"
+    )
+    refused = nightshift("lint", "playbooks/", "--schedulers", "pbs")
+    assert refused.returncode == 2 and "one or both of slurm, kubernetes" in refused.stderr
+
+
+def test_check_config_counts_the_playbooks_of_its_schedulers_and_refuses_a_bad_one_at_its_line(tmp_path):
+    counts = shipped_by_scheduler()
+    settings = tmp_path / "settings.yaml"
+    settings.write_text("webhook: {auth_disabled: true}\nschedulers: [slurm]\n")
+    result = nightshift("check-config", "-c", str(settings), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)["summary"]
+    loaded = counts["slurm"] + counts.get("none", 0)
+    [line] = [x for x in summary if x.startswith("playbooks:")]
+    assert line.startswith(f"playbooks: {loaded} for slurm from ")
+    assert line.endswith(f"({counts['kubernetes']} for other schedulers not loaded)")
+    assert "kubernetes: not acted on (schedulers)" in summary
+
+    settings.write_text("webhook: {auth_disabled: true}\nschedulers: [slurm, pbs]\n")
+    refused = nightshift("check-config", "-c", str(settings))
+    assert refused.returncode == 2
+    assert f"{settings}:2: schedulers: one or both of slurm, kubernetes" in refused.stderr
+
+
 def test_lint_warns_at_the_line_of_a_label_the_matched_alert_never_carries():
     """gpu-link-fault-slurm's reboot reason names {{ labels.gpu }}, which DcgmExporterDown never carries
     (rules/tests): a warning at that line; --strict makes it a failure."""

@@ -26,14 +26,19 @@ def nccl(node: str, rank: int) -> dict[str, str]:
             "slurm_job_id": "4242"}  # fmt: skip
 
 
-def explained(*alerts: dict, grants: tuple[str, ...] = (), job_window: int = 86400) -> dict:
-    settings = Settings(playbook_paths=[str(ROOT / "playbooks")])
+def explained(
+    *alerts: dict,
+    grants: tuple[str, ...] = (),
+    job_window: int = 86400,
+    schedulers: tuple[str, ...] = ("slurm", "kubernetes"),
+) -> dict:
+    settings = Settings(playbook_paths=[str(ROOT / "playbooks")], schedulers=list(schedulers))
     settings.guards.job_recoveries_window_seconds = job_window
     registry = default_registry()
     deps = EngineDeps(
         settings=settings,
         store=None,  # type: ignore[arg-type]  # explain touches no store
-        playbooks=load_playbooks(settings.playbook_paths, registry),
+        playbooks=load_playbooks(settings.playbook_paths, registry, settings.schedulers),
         registry=registry,
         permissions=Permissions(Grant(action=name) for name in grants),
         clients=Clients(settings),
@@ -70,6 +75,21 @@ def test_ranks_and_an_xid_are_one_job_episode_with_one_plan_and_a_node_plan_for_
         "slurm.validate_node",
         "slurm.resume_node",
     ]
+
+
+def test_a_slurm_only_deployment_never_loads_a_kubernetes_playbook():
+    """The same Xid as dcgm-exporter sends it on Kubernetes (namespace, pod): no Kubernetes playbook is loaded,
+    so it matches nothing, and explain says which playbooks were set aside."""
+    on_kubernetes = {**xid(node="gpu-1"), "namespace": "ml", "pod": "llama-worker-0", "container": "pytorch"}
+    report = explained(alert(xid(node="node2", job="4242")), alert(on_kubernetes), schedulers=("slurm",))
+
+    assert [a["episodes"] for a in report["alerts"]] == [["job:slurm/4242"], []]
+    assert report["alerts"][1]["note"].startswith("no playbook matches")
+    assert report["alerts"][1]["not_loaded"] == [
+        "playbook gpu-xid-node-fault-k8s acts on kubernetes, which this deployment does not (schedulers: slurm): "
+        "not loaded"
+    ]
+    assert "kubernetes." not in json.dumps(report)
 
 
 def test_guard_inputs_come_from_the_settings_as_the_worker_reads_them():
