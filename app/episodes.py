@@ -18,6 +18,7 @@ from typing import Any
 
 from app.playbooks import Playbook
 from app.states import IncidentKind
+from app.templates import render_promql
 
 MAX_CULPRITS_KEPT = 32  # culprit entries kept on one incident (evidence beyond this is in the ledger)
 
@@ -49,6 +50,23 @@ def job_identity(target: Mapping[str, str]) -> str | None:
         namespace = target.get("namespace")
         return f"kubernetes/{namespace}/{job}" if namespace else None
     return f"{scheduler}/{job}"
+
+
+# The highest step any rank of the job reports, by scheduler: what a job's own recovery is judged on (the labels the
+# progress library's identity sets: nightshift_progress.identity).
+PROGRESS_QUERIES = {
+    "slurm": 'max(training_step_total{slurm_job_id="{{ target.job }}"})',
+    "kubernetes": 'max(training_step_total{namespace="{{ target.namespace }}",train_job="{{ target.job }}"})',
+}
+
+
+def progress_query(target: Mapping[str, str]) -> str | None:
+    """The PromQL of the job's step counter (values escaped as PromQL literals); None for a target without a job
+    or a scheduler without one."""
+    template = PROGRESS_QUERIES.get(scheduler_of(target))
+    if template is None or job_identity(target) is None:
+        return None
+    return render_promql(template, {"target": target})
 
 
 def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -> Episode:

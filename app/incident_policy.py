@@ -12,6 +12,9 @@ it, so what is asked, in which order, and what follows from the answers is decid
       |
       +-- job: scheduler's view --(completed)--> completed
       |        (unread: ask again, at most ALLOCATION_TRIES)   (too many culprits) --> needs_human
+      |        the diagnosis blames the job's own code (application_error) --> needs_human (no restart)
+      |        running, and the playbook gives its launcher time (self_recovery):
+      |            trained again after the fault --> self_recovered;  not yet --> waiting (until the grace ends)
       |        culprits confirmed against the allocation
       v
     plan --(a step invalid)--> needs_human
@@ -43,10 +46,16 @@ from app import episodes, guards
 from app.job_phase import JobPhase
 from app.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
 from app.planning import INVALID, PlannedStep
+from app.playbooks import SELF_RECOVERY_MIN
 from app.states import IncidentKind, Outcome, RepairState, State
 
 ALLOCATION_TRIES = 3  # looks at a job's allocation before its recovery goes ahead without exclusions
 BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"
+# The verdict that the job's own code or configuration failed: a restart alone will not help, a person decides.
+CODE_AT_FAULT = "application_error"
+# A job trains again when its step counter grew over this window, all of it after the fault (a playbook's
+# ``self_recovery`` is at least twice as long).
+PROGRESS_WINDOW = SELF_RECOVERY_MIN / 2
 
 # A repaired node incident closes with the repair's verdict.
 REPAIR_OUTCOME = {
@@ -70,6 +79,7 @@ class Need(StrEnum):
     FLEET = "fleet"  # whether a shared cause holds the job's recovery (a storage outage, the restart storm)
     BLAME = "blame"  # whether the confirmed culprits' leaf/rack/block is to blame (exclusion ``exclude``)
     REPAIR = "repair"  # the state of the repair a node incident handed its node to
+    PROGRESS = "progress"  # the job's step counter now and PROGRESS_WINDOW ago (did it train again?)
 
 
 @dataclass(frozen=True)
@@ -85,9 +95,13 @@ class Subject:
     diagnosis: Mapping[str, Any] | None = None
     has_recheck: bool = False
     alertname: str = "alert"
+    fault_at: datetime | None = None  # when the incident's first alert started
+    # How long a running job's own launcher (torchrun --max-restarts, a pod's restart policy) is given to bring it
+    # back before Nightshift acts (the playbook's ``self_recovery``; None: act at once).
+    self_recovery: timedelta | None = None
 
     @classmethod
-    def of(cls, row: Mapping[str, Any], has_recheck: bool) -> Subject:
+    def of(cls, row: Mapping[str, Any], has_recheck: bool, self_recovery: timedelta | None = None) -> Subject:
         return cls(
             kind=IncidentKind(row["kind"]),
             state=State(row["state"]),
@@ -98,6 +112,8 @@ class Subject:
             diagnosis=row.get("diagnosis"),
             has_recheck=has_recheck,
             alertname=(row.get("labels") or {}).get("alertname", "alert"),
+            fault_at=row.get("alert_starts_at"),
+            self_recovery=self_recovery,
         )
 
 
@@ -143,6 +159,21 @@ class Recheck:
 
 
 @dataclass(frozen=True)
+class Progress:
+    """The job's step counter (the highest of its ranks') now and :data:`PROGRESS_WINDOW` before; None: no
+    series (the job exports none, or its processes are between a crash and a restart). ``error``: why it could
+    not be read."""
+
+    now: float | None = None
+    before: float | None = None
+    error: str | None = None
+
+    @property
+    def trained(self) -> bool:
+        return self.now is not None and self.before is not None and self.now > self.before
+
+
+@dataclass(frozen=True)
 class RepairView:
     """The repair a node incident waits on (``state`` None: the repair is gone)."""
 
@@ -175,6 +206,7 @@ class Facts:
     repair: RepairView | None = None
     fleet: FleetHold | None = None
     blame: Blame | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True)
@@ -190,6 +222,7 @@ class Learned:
     invalid: tuple[PlannedStep, ...] = ()
     verdicts: tuple[guards.Verdict, ...] = ()
     recheck: Recheck | None = None
+    progress: str = ""  # what the job's progress said of its own recovery (the ``self_recovery`` ledger row)
 
 
 @dataclass(frozen=True)
@@ -282,6 +315,8 @@ def decide(subject: Subject, facts: Facts) -> Decision:
     if benign(subject.diagnosis):
         assert subject.diagnosis is not None
         return Close(Outcome.BENIGN, f"no fault to act on: {subject.diagnosis.get('summary', '')}")
+    if subject.kind == IncidentKind.TARGET and code_at_fault(subject):
+        return _to_a_person(subject)
     if subject.kind == IncidentKind.JOB:
         return _job(subject, facts)
     return _guarded(subject, facts, Learned(), exclude=(), job_phase="")
@@ -307,10 +342,17 @@ def _job(subject: Subject, facts: Facts) -> Decision:
     if status is not None and status.phase == JobPhase.COMPLETED:
         reason = f"job {subject.job} is {status.state}: it ended on purpose or normally, nothing to recover"
         return Close(Outcome.COMPLETED, reason)
+    if code_at_fault(subject):
+        return _to_a_person(subject, learned)
     if facts.fleet is None:
         return Gather(Need.FLEET, learned=learned)
     if facts.fleet.until is not None:
         return Wait(facts.fleet.until, "held by a shared cause", elsewhere=True, learned=learned)
+    if status is not None and status.phase == JobPhase.RUNNING and subject.self_recovery:
+        own = _own_recovery(subject, facts, learned)
+        if not isinstance(own, Learned):
+            return own
+        learned = own
     if subject.culprits and (status is not None or isinstance(job, JobAssumed)):
         allocation = status.nodes if status is not None else tuple(c["node"] for c in subject.culprits)
         confirmed = episodes.confirm(subject.culprits, allocation)
@@ -321,8 +363,8 @@ def _job(subject: Subject, facts: Facts) -> Decision:
             f"culprits: {', '.join(c['node'] for c in confirmed if c['confirmed']) or 'none confirmed'}"
             + (f"; outside the allocation (evidence only): {', '.join(outside)}" if outside else "")
         )
-        learned = Learned(
-            job_unread=learned.job_unread,
+        learned = replace(
+            learned,
             culprits=tuple(confirmed),
             culprit_node=next((c["node"] for c in confirmed if c["confirmed"]), None),
             culprit_message=message,
@@ -341,6 +383,56 @@ def _job(subject: Subject, facts: Facts) -> Decision:
             learned = replace(learned, exclude=exclusion.nodes)
     phase = status.phase if status is not None else JobPhase.UNKNOWN
     return _guarded(subject, facts, learned, exclude=learned.exclude, job_phase=phase)
+
+
+def _to_a_person(subject: Subject, learned: Learned | None = None) -> Close:
+    summary = (subject.diagnosis or {}).get("summary", "")
+    reason = (
+        f"the diagnosis blames the job's own code or configuration ({summary}): a restart alone will not help; "
+        "left as it is for a person"
+    )
+    return Close(Outcome.NEEDS_HUMAN, reason, learned=learned or Learned())
+
+
+def _own_recovery(subject: Subject, facts: Facts, learned: Learned) -> Decision | Learned:
+    """A running job whose playbook gives its own launcher time to restart it (``self_recovery``): closed when
+    it trains again after the fault, held until the grace ends while it does not, then recovered by us. A job
+    whose culprit a node's own alert named (a GPU fault) is recovered at once: restarting on that node is futile."""
+    grace = subject.self_recovery
+    assert grace is not None
+    if any(c.get("playbook") for c in subject.culprits):
+        return learned
+    fault = min(subject.fault_at or facts.now, facts.now)
+    deadline = fault + grace
+    progress = facts.progress
+    if progress is None:
+        return Gather(Need.PROGRESS, learned=learned)
+    since = facts.now - PROGRESS_WINDOW
+    if progress.trained and since >= fault:
+        reason = (
+            f"job {subject.job} trained again after the fault at {fault:%H:%M:%S} (step {progress.before:g} -> "
+            f"{progress.now:g} in the last {PROGRESS_WINDOW.seconds} s): its own launcher recovered it"
+        )
+        return Close(Outcome.SELF_RECOVERED, reason, learned=learned)
+    if facts.now < deadline:
+        seen = (
+            f"progress unreadable: {progress.error}"
+            if progress.error
+            else "no training step seen after the fault yet"
+        )
+        reason = (
+            f"job {subject.job} still runs ({seen}): its own launcher has until {deadline:%H:%M:%S} to bring it "
+            f"back (self_recovery {_seconds(grace)})"
+        )
+        return Wait(deadline, reason, learned=learned)
+    why = f"its progress could not be read ({progress.error})" if progress.error else "it did not train again"
+    return replace(
+        learned, progress=f"job {subject.job} still runs but {why} within {_seconds(grace)} of the fault"
+    )
+
+
+def _seconds(delta: timedelta) -> str:
+    return f"{int(delta.total_seconds())} s"
 
 
 def _guarded(
@@ -408,6 +500,13 @@ def _repair_settled(subject: Subject, facts: Facts) -> Decision:
 
 def benign(diagnosis: Mapping[str, Any] | None) -> bool:
     return bool(diagnosis) and (diagnosis or {}).get("category") in BENIGN_CATEGORIES
+
+
+def code_at_fault(subject: Subject) -> bool:
+    """Whether the diagnosis blames the job's own code or configuration, and no node's own alert (a GPU fault,
+    a straggler) named a culprit that would explain the failure instead."""
+    category = (subject.diagnosis or {}).get("category")
+    return category == CODE_AT_FAULT and not any(c.get("playbook") for c in subject.culprits)
 
 
 def repair_reason(subject: Subject) -> str:

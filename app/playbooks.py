@@ -154,6 +154,10 @@ class ExcludeNode:
 
 # Bound on exclude_node.repair_after (a count of exclusions looked up in the incidents of the window).
 MAX_REPAIR_AFTER = 100
+# Bounds on self_recovery: a job trains again when its step counter grew over the last minute, all after the fault
+# (app.incident_policy.PROGRESS_WINDOW is half the shortest grace); longer than an hour is a job left broken.
+SELF_RECOVERY_MIN = timedelta(minutes=2)
+SELF_RECOVERY_MAX = timedelta(hours=1)
 
 
 @dataclass(frozen=True)
@@ -180,6 +184,9 @@ class Playbook:
     node_repair: NodeRepair | None = None
     # Set on playbooks naming a culprit that is excluded from the job without a repair (stragglers).
     exclude_node: ExcludeNode | None = None
+    # How long a running job's own launcher (torchrun --max-restarts, a pod's restart policy) is given to bring it
+    # back after the fault before the playbook acts; a job that trains again closes ``self_recovered``.
+    self_recovery: timedelta | None = None
     source: str = ""
     line: int = 0
     # The YAML document as written, with the line of every key (lint's warnings point at the line they mean).
@@ -351,6 +358,13 @@ def playbook_schema(registry: ActionRegistry) -> dict[str, Any]:
                 },
             },
             "cooldown": duration,
+            "self_recovery": {
+                "anyOf": [duration, {"type": "null"}],
+                "description": "How long a running job's own launcher (torchrun --max-restarts, a restart "
+                "policy) is given to bring it back before the steps run; a job that trains again after the fault "
+                f"is left alone. Between {SELF_RECOVERY_MIN.seconds // 60}m and "
+                f"{SELF_RECOVERY_MAX.seconds // 3600}h; job targets only.",
+            },
             "priority": {
                 "type": "integer",
                 "minimum": -1000,
@@ -558,6 +572,7 @@ class _PlaybookReader:
             on_resolved=self._steps("on_resolved", read_only=False),
             node_repair=self._node_repair(),
             exclude_node=self._exclude_node(),
+            self_recovery=self._self_recovery(target),
             priority=self._value(("priority",)) or 0,
             source=self.check.source,
             line=self.check.doc.line,
@@ -721,6 +736,21 @@ class _PlaybookReader:
             self.check.fail(("exclude_node", "repair_after"), f"must be between 1 and {MAX_REPAIR_AFTER}")
         window = self._duration(("exclude_node", "window"), ExcludeNode.window, positive=True)
         return ExcludeNode(repair_after=repair_after, window=window)
+
+    def _self_recovery(self, target: Mapping[str, str]) -> timedelta | None:
+        if self._value(("self_recovery",)) is None:
+            return None
+        grace = self._duration(("self_recovery",), SELF_RECOVERY_MIN)
+        if not SELF_RECOVERY_MIN <= grace <= SELF_RECOVERY_MAX:
+            self.check.fail(
+                ("self_recovery",),
+                f"must be between {SELF_RECOVERY_MIN.seconds // 60}m and {SELF_RECOVERY_MAX.seconds // 3600}h",
+            )
+        if "job" not in target:
+            self.check.fail(
+                ("self_recovery",), "only a playbook whose target names a job can wait for its launcher"
+            )
+        return grace
 
     def _literal_or_template(
         self, path: PathKey, owner: str, spec: Param, value: Any, namespaces: Sequence[str]

@@ -44,6 +44,9 @@ class Outcome(StrEnum):
     HANDLED = "handled"
     BENIGN = "benign"  # the diagnosis found no fault to act on
     COMPLETED = "completed"  # the scheduler says the job ended (done, cancelled, time limit): nothing to do
+    SELF_RECOVERED = (
+        "self_recovered"  # the job's own launcher restarted it and it trains again: nothing to do
+    )
 
 
 class UndoState(StrEnum):

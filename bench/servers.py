@@ -131,11 +131,19 @@ def children(pid: int) -> list[int]:
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` (/proc/<pid>/stat fields 14 and 15); 0 once it has exited."""
+    """CPU seconds ``pid`` has run; 0 once it has exited. The larger of two lower bounds: user + system clock ticks
+    (/proc/<pid>/stat fields 14 and 15, every thread that ever ran, but sampled at each tick, so a process that runs
+    in short bursts on a busy machine may be charged nothing) and the scheduler's exact count over its live threads
+    (/proc/<pid>/task/*/schedstat, nanoseconds; the servers' threads live as long as they do)."""
     fields = _stat_fields(Path(f"/proc/{pid}/stat"))
     if not fields:
         return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    try:
+        exact = sum(int(p.read_text().split()[0]) for p in Path(f"/proc/{pid}/task").glob("*/schedstat")) / 1e9
+    except (OSError, ValueError, IndexError):
+        exact = 0.0
+    return max(ticks, exact)
 
 
 def _stat_fields(stat: Path) -> list[str]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
@@ -120,6 +120,8 @@ class FakePrometheus:
 
     def __init__(self) -> None:
         self.answers: dict[str, list[FakeSample]] = {}
+        # Answers that depend on the evaluation time (``at``, None: the server's now), as a series over time is.
+        self.over_time: dict[str, Callable[[datetime | None], list[FakeSample]]] = {}
         self.default: list[FakeSample] = []
         self.down = False
         self.queries: list[str] = []
@@ -130,6 +132,8 @@ class FakePrometheus:
         self.queries.append(expr)
         if self.down:
             raise Unavailable("prometheus: connection refused")
+        if expr in self.over_time:
+            return self.over_time[expr](at)
         if expr in self.answers:
             return list(self.answers[expr])
         ranges = {_any_range(key): answer for key, answer in self.answers.items()}

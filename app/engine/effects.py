@@ -15,9 +15,15 @@ from app.errors import BackendError, ConfigError
 from app.states import Outcome
 from app.store import records
 
-# Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign) or that a person took
-# over (handled) say nothing.
-NOTIFY_OUTCOMES = frozenset(Outcome) - {Outcome.RESOLVED, Outcome.IGNORED, Outcome.HANDLED, Outcome.BENIGN}
+# Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign, self-recovered) or that
+# a person took over (handled) say nothing.
+NOTIFY_OUTCOMES = frozenset(Outcome) - {
+    Outcome.RESOLVED,
+    Outcome.IGNORED,
+    Outcome.HANDLED,
+    Outcome.BENIGN,
+    Outcome.SELF_RECOVERED,
+}
 FINALIZE_TRIES = 5
 
 

@@ -86,6 +86,9 @@ class ExplainSource:
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         return policy.Blame()
 
+    def progress(self, inc: Incident) -> policy.Progress:
+        return policy.Progress(error="explain does not read the job's progress")
+
     def repair(self, inc: Incident) -> policy.RepairView:
         raise AssertionError("explain decides episodes that have not started")
 

@@ -56,6 +56,9 @@ class Source(Protocol):
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         """Whether the culprits' leaf/rack/block is to blame instead of them."""
 
+    def progress(self, inc: Incident) -> policy.Progress:
+        """The job's step counter now and :data:`app.incident_policy.PROGRESS_WINDOW` ago."""
+
 
 def limits(deps: EngineDeps) -> policy.Limits:
     e = deps.settings.episodes
@@ -73,7 +76,9 @@ def decide_with(
     facts it was made on."""
     facts = policy.Facts(now=deps.clock.now(), limits=limits(deps), diagnosed=diagnosed)
     for _ in range(MAX_GATHERS):
-        decision = policy.decide(policy.Subject.of(inc, bool(playbook.recheck)), facts)
+        decision = policy.decide(
+            policy.Subject.of(inc, bool(playbook.recheck), playbook.self_recovery), facts
+        )
         if not isinstance(decision, policy.Gather):
             return decision, facts
         facts = gather(deps, source, inc, playbook, decision, facts)
@@ -106,6 +111,8 @@ def gather(
         return replace(facts, fleet=source.fleet(inc))
     if need == policy.Need.BLAME:
         return replace(facts, blame=source.blame(inc, ask.exclude))
+    if need == policy.Need.PROGRESS:
+        return replace(facts, progress=source.progress(inc))
     return replace(facts, repair=source.repair(inc))
 
 

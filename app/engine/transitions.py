@@ -339,6 +339,8 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> N
             culprits=confirmed,
             node=facts.culprit_node,
         )
+    if facts.progress:
+        note(conn, now, inc["id"], "self_recovery", facts.progress)
     if facts.blame:
         note(conn, now, inc["id"], "blame", facts.blame, {"nodes": list(facts.exclude)})
     for p in facts.invalid:

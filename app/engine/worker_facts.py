@@ -93,6 +93,20 @@ class WorkerSource:
         widened = self.fleet_holds.widen(inc, culprits)
         return policy.Blame(*widened) if widened is not None else policy.Blame()
 
+    def progress(self, inc: Incident) -> policy.Progress:
+        expr = episodes.progress_query(inc["target"])
+        if expr is None:
+            return policy.Progress(error="the job has no step counter to read")
+        now = self.deps.clock.now()
+        try:
+            values = [
+                self.deps.clients.prometheus.query(expr, at=at) for at in (now, now - policy.PROGRESS_WINDOW)
+            ]
+        except (BackendError, ConfigError) as exc:
+            return policy.Progress(error=str(exc))
+        current, before = (samples[0].value if samples else None for samples in values)
+        return policy.Progress(now=current, before=before)
+
     def repair(self, inc: Incident) -> policy.RepairView:
         repair_id = next((c.get("repair_id") for c in inc["culprits"] or ()), None)
         with self.deps.store.read() as conn:

@@ -20,7 +20,14 @@ Row = Mapping[str, Any]
 # Outcomes after which a job is healthy again: fixed, gone before we acted, deliberately ignored, taken over, or
 # nothing to fix.
 GOOD_OUTCOMES = frozenset(
-    {Outcome.RECOVERED, Outcome.RESOLVED, Outcome.IGNORED, Outcome.HANDLED, Outcome.BENIGN}
+    {
+        Outcome.RECOVERED,
+        Outcome.RESOLVED,
+        Outcome.IGNORED,
+        Outcome.HANDLED,
+        Outcome.BENIGN,
+        Outcome.SELF_RECOVERED,
+    }
 )
 # Every outcome an incident closes with (the history filter offers these).
 OUTCOMES = tuple(sorted(Outcome))

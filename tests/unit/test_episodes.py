@@ -115,6 +115,7 @@ def requeue_action() -> FakeAction:
 def make_world(
     tmp_path,
     *,
+    playbooks: str = PLAYBOOKS,
     url: str | None = None,
     clock: FakeClock | None = None,
     slurm: FakeSlurm | None = None,
@@ -137,7 +138,7 @@ def make_world(
     deps = EngineDeps(
         settings=settings,
         store=store,
-        playbooks=PlaybookSet(parse_playbooks(PLAYBOOKS, "episodes.yaml", registry)),
+        playbooks=PlaybookSet(parse_playbooks(playbooks, "episodes.yaml", registry)),
         registry=registry,
         permissions=Permissions([Grant(action="fake.requeue")]),
         clients=Clients(settings, prometheus=prometheus, slurm=slurm),
@@ -570,3 +571,68 @@ def test_exclusions_older_than_the_window_do_not_count(tmp_path):
     w.run()
     assert w.repair("node2") is None
     assert w.requeue.script.calls[-1] == {"job": "53", "exclude_nodes": "node2"}
+
+
+# -- a running job's own launcher (torchrun --max-restarts) brings it back -------------------------------------------
+RELAUNCHED = PLAYBOOKS.replace("priority: 50\n", "priority: 50\nself_recovery: 3m\n", 1)
+STEPS = 'max(training_step_total{slurm_job_id="4242"})'
+
+
+def steps_over_time(w: World, *, restart_after: float | None) -> None:
+    """The job's highest step: 500 up to the fault (the clock's start), no series while torchrun restarts its
+    workers, then (``restart_after`` seconds after the fault) one step a second from its checkpoint at step 450."""
+    fault = w.clock.now()
+
+    def highest(at: Any) -> list[FakeSample]:
+        elapsed = ((at or w.clock.now()) - fault).total_seconds()
+        if elapsed <= 0:
+            return [FakeSample({}, 500)]
+        if restart_after is None or elapsed < restart_after:
+            return []
+        return [FakeSample({}, 450 + elapsed - restart_after)]
+
+    w.prometheus.over_time[STEPS] = highest
+
+
+def test_a_job_its_launcher_restarts_is_left_alone_and_closes_self_recovered(tmp_path):
+    w = make_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
+    steps_over_time(w, restart_after=40)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    inc = w.only()
+    assert inc["state"] == "waiting" and "its own launcher has until" in inc["reason"]
+    w.clock.advance(180)  # the grace is over: trained 450 -> 590, the last minute of it after the fault
+    w.run()
+    inc = w.only()
+    assert (inc["outcome"], w.requeue.script.calls) == ("self_recovered", [])
+    assert "trained again after the fault" in inc["reason"]
+
+
+def test_a_job_its_launcher_does_not_bring_back_is_requeued_once_the_grace_ends(tmp_path):
+    w = make_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
+    steps_over_time(w, restart_after=None)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    assert w.requeue.script.calls == []
+    w.clock.advance(180)
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242"}]
+    with w.engine.deps.store.read() as conn:
+        notes = [
+            r["message"] for r in records.ledger_for(conn, w.only()["id"]) if r["kind"] == "self_recovery"
+        ]
+    assert notes == ["job 4242 still runs but it did not train again within 180 s of the fault"]
+
+
+def test_a_job_that_died_is_requeued_at_once_whatever_its_launcher(tmp_path):
+    w = make_world(
+        tmp_path,
+        playbooks=RELAUNCHED,
+        correlation_seconds=0,
+        slurm=FakeSlurm({"4242": ("FAILED", "node1,node2")}),
+    )
+    steps_over_time(w, restart_after=None)
+    w.send(alert(nccl("node1", 0)))
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242"}]
+    assert STEPS not in w.prometheus.queries  # nothing to wait for: no launcher restarts a job that ended

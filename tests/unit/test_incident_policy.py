@@ -316,3 +316,100 @@ def test_a_leaf_to_blame_is_excluded_instead_of_its_culprits() -> None:
     assert decision.learned.blame == leaf.message
     asked = policy.decide(job(), facts(blame=None))
     assert isinstance(asked, policy.Gather) and asked.exclude == ("node2",)
+
+
+# -- the job itself at fault; the job's own launcher recovering it ---------------------------------------------------
+APP_ERROR = {"category": "application_error", "summary": "ValueError in rank 1"}
+GRACE = timedelta(minutes=3)
+RUNNING = JobStatus(JobPhase.RUNNING, ("node1", "node2"), "RUNNING")
+FAULT = NOW - timedelta(minutes=1)
+
+
+def relaunchable(**values: Any) -> Subject:
+    """A running job's incident whose playbook gives its launcher ``GRACE`` (no node's own alert named a culprit)."""
+    return job(**{"culprits": (), "fault_at": FAULT, "self_recovery": GRACE, **values})
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        job(culprits=(), diagnosis=APP_ERROR),
+        job(culprits=({**XID, "playbook": None},), diagnosis=APP_ERROR),  # named by the diagnosis only
+        job(kind=IncidentKind.TARGET, job=None, culprits=(), diagnosis=APP_ERROR),
+    ],
+)
+def test_an_application_error_goes_to_a_person_without_a_restart(subject: Subject) -> None:
+    decision = policy.decide(subject, facts())
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+    assert "a restart alone will not help" in decision.reason and "ValueError in rank 1" in decision.reason
+
+
+def test_an_application_error_beside_a_node_s_own_alert_is_recovered_off_that_node() -> None:
+    """A GPU fault's alert named the culprit: the tracebacks it caused do not make it the code's fault."""
+    decision = policy.decide(job(diagnosis=APP_ERROR), facts())
+    assert isinstance(decision, policy.StartAttempt) and decision.exclude == ("node2",)
+
+
+def test_an_application_error_of_a_job_that_ended_on_purpose_is_completed_not_paged() -> None:
+    ended = facts(job=JobStatus(JobPhase.COMPLETED, (), "CANCELLED"))
+    decision = policy.decide(job(culprits=(), diagnosis=APP_ERROR), ended)
+    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.COMPLETED
+
+
+def test_a_running_job_s_progress_is_asked_for_only_when_its_playbook_gives_its_launcher_time() -> None:
+    ask = policy.decide(relaunchable(), facts(job=RUNNING))
+    assert isinstance(ask, policy.Gather) and ask.need == Need.PROGRESS
+    for subject, status in [
+        (relaunchable(self_recovery=None), RUNNING),  # the playbook acts at once
+        (relaunchable(), facts().job),  # the job died: nothing restarts it but us
+        (relaunchable(culprits=(XID,)), RUNNING),  # a node's own alert: restarting on it is futile
+    ]:
+        decision = policy.decide(subject, facts(job=status))
+        assert isinstance(decision, policy.StartAttempt), (subject, decision)
+
+
+@pytest.mark.parametrize(
+    ("progress", "now", "expected", "reason"),
+    [
+        # Trained over the last minute, all of it after the fault: its launcher brought it back.
+        (policy.Progress(now=120, before=80), NOW, Outcome.SELF_RECOVERED, "step 80 -> 120"),
+        # Not yet: the grace runs until three minutes after the fault.
+        (policy.Progress(now=80, before=80), NOW, policy.Wait, "until 03:02:00"),
+        (
+            policy.Progress(),
+            NOW,
+            policy.Wait,
+            "no training step seen after the fault",
+        ),  # between a crash and its restart
+        (policy.Progress(error="prometheus down"), NOW, policy.Wait, "progress unreadable: prometheus down"),
+        # The minute of growth reaches back before the fault: progress of the run that failed, not a restart.
+        (
+            policy.Progress(now=120, before=80),
+            FAULT + timedelta(seconds=30),
+            policy.Wait,
+            "no training step seen after the fault",
+        ),
+        # The grace is over and it does not train: recover it.
+        (policy.Progress(now=80, before=80), FAULT + GRACE, policy.StartAttempt, "did not train again"),
+        (policy.Progress(error="down"), FAULT + GRACE, policy.StartAttempt, "could not be read (down)"),
+    ],
+)
+def test_a_running_job_is_left_to_its_own_launcher_until_the_grace_ends(
+    progress: policy.Progress, now: datetime, expected: Any, reason: str
+) -> None:
+    decision = policy.decide(relaunchable(), facts(now=now, job=RUNNING, progress=progress))
+    if isinstance(expected, Outcome):
+        assert isinstance(decision, policy.Close) and decision.outcome == expected
+        assert reason in decision.reason
+    elif expected is policy.Wait:
+        assert isinstance(decision, policy.Wait) and reason in decision.reason
+        assert decision.until == FAULT + GRACE and not decision.correlating
+    else:
+        assert isinstance(decision, expected) and reason in decision.learned.progress
+
+
+def test_a_fault_dated_in_the_future_counts_from_now() -> None:
+    decision = policy.decide(
+        relaunchable(fault_at=NOW + timedelta(days=1)), facts(job=RUNNING, progress=policy.Progress())
+    )
+    assert isinstance(decision, policy.Wait) and decision.until == NOW + GRACE

@@ -76,7 +76,7 @@ REGISTRY = ActionRegistry([Drain(), Requeue(), Notify(), JobLog()])
 HEAD = "apiVersion: nightshift/v1\nkind: Playbook\nmetadata: {name: p}\n"  # lines 1-3 of every error case
 ROOT_KEYS = (
     "apiVersion, budget, collect, cooldown, exclude_node, kind, match, metadata, node_repair, on_resolved, "
-    "priority, recheck, serialize, steps, "
+    "priority, recheck, self_recovery, serialize, steps, "
 )
 FULL = """\
 apiVersion: nightshift/v1
