@@ -88,9 +88,10 @@ class Regression(lightning.LightningModule):
 
 
 def newest_ckpt(root: Path) -> tuple[int, Path] | None:
-    """The newest ``step-<N>.ckpt`` under ``root``, None when none."""
+    """The newest ``step-<N>.ckpt`` (ModelCheckpoint's) or ``nightshift-step=<N>.ckpt`` (written on a checkpoint
+    request by the progress library's callback) under ``root``, None when none."""
     found = []
-    for path in root.glob("step-*.ckpt") if root.is_dir() else ():
+    for path in [*root.glob("step-*.ckpt"), *root.glob("nightshift-step=*.ckpt")] if root.is_dir() else ():
         digits = path.stem.split("-", 1)[1].split("=")[-1]
         if digits.isdigit():
             found.append((int(digits), path))

@@ -8,6 +8,15 @@ fixtures' Slurm share one machine). The simulated nodes share the loopback inter
 (``GLOO_SOCKET_IFNAME``), each agent announces its node's address (``--local-addr``), and the first node's agent
 hosts the rendezvous store (``is_host``: every agent would otherwise recognise 127.0.0.x as its own).
 
+Checkpoint requests (Nightshift's planned swaps and stragglers, ``progress/README.md``): the job announces
+``nightshift.checkpoint_signal=B:USR1`` and its batch script traps SIGUSR1 (``scancel --batch --signal=USR1``) and
+touches the request file, ``NIGHTSHIFT_CHECKPOINT_REQUEST_FILE``, which srun passes on to every rank; the ranks
+poll it (:mod:`nightshift_progress.checkpoint_request`) and agree in one all-reduce to save the same step. The
+signal cannot go to the steps: every process of the step gets it, torchrun included, and torchrun either dies of
+it (SIGUSR1's default action; its workers, in sessions of their own, train on as orphans outside Slurm's
+control) or, with ``--signals-to-handle`` listing it, forwards it to the workers and shuts them down: the job
+ends either way. So the batch script runs ``srun`` in the background and waits for it, the trap running between.
+
 :func:`write_scripts` writes the two scripts of a :class:`TorchJobSpec`; :func:`submit` submits them.
 """
 
@@ -24,6 +33,8 @@ from typing import Protocol
 from sim.cluster import REPO_ROOT
 
 BIN = Path(sys.executable).parent
+# The checkpoint request file, in the job's directory (shared by the nodes, as a job's directory is on a cluster).
+REQUEST_FILE = "checkpoint-request"
 
 
 class Submitter(Protocol):
@@ -63,7 +74,9 @@ class TorchJobSpec:
         return [*argv, *self.extra]
 
 
-# The batch script: the first node's address is the rendezvous endpoint; srun starts node.sh once per node.
+# The batch script: the first node's address is the rendezvous endpoint; srun starts node.sh once per node. A
+# SIGUSR1 to the batch shell (scancel --batch --signal=USR1) asks the ranks for a checkpoint through the request file;
+# srun runs in the background so that the trap runs while the job does (bash runs a trap between waits).
 JOB_SCRIPT = """\
 #!/bin/bash
 # {name}: a torch.distributed job (sim.torch_job). srun starts one torchrun per node.
@@ -71,8 +84,16 @@ set -u
 declare -A ADDR=({addresses})
 head=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 export RDZV_ENDPOINT="${{ADDR[$head]}}:{rdzv_port}"
+export NIGHTSHIFT_CHECKPOINT_REQUEST_FILE={request_file}
+trap 'echo "checkpoint requested (SIGUSR1)"; touch "$NIGHTSHIFT_CHECKPOINT_REQUEST_FILE"' USR1
 echo "job $SLURM_JOB_ID ({name}) on $SLURM_JOB_NODELIST, restart ${{SLURM_RESTART_COUNT:-0}}, rendezvous $RDZV_ENDPOINT"
-exec srun --kill-on-bad-exit=0 {node_script}
+srun --kill-on-bad-exit=0 {node_script} &
+step=$!
+status=0
+while kill -0 "$step" 2>/dev/null; do
+  wait "$step"; status=$?  # a trapped signal ends the wait early (status > 128) while the step runs on
+done
+exit "$status"
 """
 # One node's task: a host name of its own, then torchrun (exec: srun's signals reach torchrun, which forwards them).
 NODE_SCRIPT = """\
@@ -117,6 +138,7 @@ def write_scripts(spec: TorchJobSpec, directory: Path) -> Path:
             addresses=addresses,
             rdzv_port=spec.rdzv_port,
             node_script=shlex.quote(str(node_script)),
+            request_file=shlex.quote(str(directory / REQUEST_FILE)),
         )
     )
     return job_script
@@ -126,7 +148,8 @@ def submit(
     slurm: Submitter, spec: TorchJobSpec, nodes: Sequence[str], directory: Path, *sbatch_args: str
 ) -> str:
     """Submit ``spec`` as a requeueable batch job on ``nodes`` (one task per node); the job id. The job announces
-    its progress port in its comment (``nightshift.progress_port``, read by Nightshift's service discovery)."""
+    in its comment its progress port (``nightshift.progress_port``, read by Nightshift's service discovery) and
+    that its batch shell takes checkpoint requests (``nightshift.checkpoint_signal=B:USR1``)."""
     script = write_scripts(spec, directory).read_text()
     return slurm.sbatch(
         None,
@@ -136,7 +159,7 @@ def submit(
         f"--nodelist={','.join(nodes)}",
         f"--job-name={spec.name}",
         "--open-mode=append",  # a requeued run adds to the log
-        f"--comment=nightshift.progress_port={spec.port}",
+        f"--comment=nightshift.progress_port={spec.port},nightshift.checkpoint_signal=B:USR1",
         *sbatch_args,
         script=script,
     )

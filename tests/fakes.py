@@ -357,17 +357,35 @@ class RepairBench:
 
 class FakeSlurm:
     """What the engine asks Slurm about a job (``job_info``, ``expand_hostlist``), from ``jobs``: id → (state,
-    comma-separated nodes). An unknown job raises NotFound, as ``scontrol show job`` does."""
+    comma-separated nodes). An unknown job raises NotFound, as ``scontrol show job`` does. A checkpoint request
+    (``job_comment``, ``signal``) reads ``comments`` and records the signals sent in ``signals``."""
 
     name: ClassVar[str] = "slurm"
 
     def __init__(
-        self, jobs: Mapping[str, tuple[str, str]] | None = None, default: tuple[str, str] | None = None
+        self,
+        jobs: Mapping[str, tuple[str, str]] | None = None,
+        default: tuple[str, str] | None = None,
+        comments: Mapping[str, str] | None = None,
     ) -> None:
         """``default``: what any other job is (None: an unknown job is not found)."""
         self.jobs: dict[str, tuple[str, str]] = dict(jobs or {})
         self.default = default
         self.lookups = 0
+        self.comments = dict(comments or {})
+        self.signals: list[tuple[str, str]] = []
+
+    def job_comment(self, job_id: str) -> str:
+        self.job_info(job_id)  # NotFound for an unknown job
+        return self.comments.get(job_id, "")
+
+    def signal(self, job_id: str, signal: str) -> Any:
+        from app.clients.slurm import signal_command
+        from app.clients.ssh import CommandResult
+
+        argv = signal_command(job_id, signal)
+        self.signals.append((job_id, signal))
+        return CommandResult(tuple(argv), " ".join(argv), 0, "", "", 0.01)
 
     def job_info(self, job_id: str) -> Any:
         from app.clients.slurm import JobInfo

@@ -224,6 +224,7 @@ class _Args:
     per_device_train_batch_size: int = 4
     gradient_accumulation_steps: int = 2
     world_size: int = 8
+    device: str = "cpu"
 
 
 def test_hugging_face_callback_through_the_real_callback_handler():

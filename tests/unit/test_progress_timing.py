@@ -169,3 +169,18 @@ def test_the_signal_setting() -> None:
     assert signal_from_env({"NIGHTSHIFT_CHECKPOINT_SIGNAL": "none"}) is None
     with pytest.raises(ValueError, match="not a signal"):
         signal_from_env({"NIGHTSHIFT_CHECKPOINT_SIGNAL": "gremlin"})
+
+
+def test_a_request_older_than_the_checkpoint_resumed_from_was_answered(tmp_path: Path) -> None:
+    """A requeued job finds the request file its previous run answered: it does not checkpoint again at once; a
+    request made after that checkpoint still asks."""
+    clock = Clock(now=2_000_000_000.0)
+    ask(tmp_path / "checkpoint-request")
+    os.utime(tmp_path / "checkpoint-request", (clock.now - 60, clock.now - 60))
+    progress = Progress(identity_from_env(rank_env(0, 0)), exchange=tmp_path, clock=clock)
+    assert progress.checkpoint_requested()  # polled before the resume: pending
+    progress.resumed(step=40, checkpoint_time=clock.now - 30)
+    assert not progress.checkpoint_requested()
+    os.utime(tmp_path / "checkpoint-request", (clock.now - 10, clock.now - 10))
+    clock.now += 2
+    assert progress.checkpoint_requested()

@@ -8,6 +8,8 @@ The contract (``docs/playbooks.md``, planned swaps):
   (Kubernetes: an exec of ``touch`` in the job's pods; any scheduler: a prolog-style hook). The file is
   ``NIGHTSHIFT_CHECKPOINT_REQUEST_FILE``, else ``checkpoint-request`` in the node's exchange directory
   (:func:`nightshift_progress.timing.exchange_dir`).
+- **Stale requests.** A request file older than the checkpoint a run resumed from (``Progress.resumed`` with
+  its ``checkpoint_time``) was answered before: a requeued job does not checkpoint again at its first step.
 - **Answering.** The training loop polls :meth:`Progress.checkpoint_requested` (cheap: a flag and at most one
   ``stat`` a second) and, when it is true, writes a checkpoint inside :meth:`Progress.checkpointing` (or calls
   :meth:`Progress.checkpoint_saved` after). The new ``training_last_checkpoint_timestamp_seconds`` is the
@@ -17,7 +19,9 @@ The contract (``docs/playbooks.md``, planned swaps):
 The signal handler is installed only from the main thread and only where the signal still has its default
 action, so a framework's own handler (Lightning's SLURM auto-requeue uses ``SIGUSR1``) is never replaced;
 ``NIGHTSHIFT_CHECKPOINT_SIGNAL`` names another signal (``USR2``) or ``none``. Under ``torchrun`` the signal
-reaches the agent, not the workers: use the request file there (``docs/playbooks.md`` says how).
+reaches every process of the step, torchrun's agent included, which dies of it or (``--signals-to-handle``)
+shuts the workers down: use the request file there, touched from a ``trap`` in the batch script
+(``progress/README.md`` says how; ``sim/torch_job.py`` does it).
 """
 
 from __future__ import annotations
@@ -92,6 +96,12 @@ class CheckpointRequest:
         self._signalled = False
         self._file_pending = False
         self._last_saved = max(self._last_saved, timestamp)
+
+    def resumed_from(self, timestamp: float) -> None:
+        """The job resumed from a checkpoint saved at ``timestamp``: a request file older than it was answered by
+        that checkpoint (before a requeue, say), so it asks nothing of this run. A signal is left pending."""
+        self._last_saved = max(self._last_saved, timestamp)
+        self._polled_at = -math.inf  # look at the file again with the new bound
 
 
 def request_file_from_env(env: Mapping[str, str], exchange: Path) -> Path:

@@ -11,12 +11,15 @@ Importing this module imports Lightning (``lightning``, else ``pytorch_lightning
 What maps to what: ``on_train_batch_end`` advances ``training_step_total`` to ``trainer.global_step`` (optimizer
 steps; a resumed run jumps to its checkpoint's step), counts ``batch_size`` samples per batch when given, and sets
 ``training_loss`` from the step's ``loss`` output; validation runs between ``on_validation_start`` and
-``on_validation_end``; ``on_save_checkpoint`` (called while Lightning builds the checkpoint, just before writing
+``on_validation_end``; ``on_train_start`` records the time of the checkpoint a resumed run loaded
+(``fit(ckpt_path=...)``); ``on_save_checkpoint`` (called while Lightning builds the checkpoint, just before writing
 it) records the checkpoint time; ``on_exception`` counts the exception's text with the error signatures;
 ``on_fit_end`` closes the endpoint after the linger. A checkpoint request from Nightshift
 (:mod:`nightshift_progress.checkpoint_request`) is answered at the end of the batch with
 ``trainer.save_checkpoint`` into the checkpoint callback's directory (``nightshift-step=N.ckpt``), else
-``<default_root_dir>/checkpoints``.
+``<default_root_dir>/checkpoints``. ``save_checkpoint`` is collective (every rank calls it; the strategy's barrier)
+and the ranks hear a request at different moments, so they agree at the end of every batch through the strategy
+(``reduce_boolean_decision``: any rank asked).
 """
 
 from __future__ import annotations
@@ -63,10 +66,16 @@ class ProgressCallback(Callback):  # type: ignore[misc]  # Lightning's base clas
         loss = _loss(outputs)
         if loss is not None:
             self.progress.loss(loss)
-        if self.progress.checkpoint_requested():
+        if trainer.strategy.reduce_boolean_decision(self.progress.checkpoint_requested(), all=False):
             trainer.save_checkpoint(
                 os.path.join(_checkpoint_dir(trainer), f"nightshift-step={trainer.global_step}.ckpt")
             )
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """A run resumed with ``fit(ckpt_path=...)`` loaded that checkpoint."""
+        path = getattr(trainer, "ckpt_path", None)
+        if path and os.path.isfile(path):
+            self.progress.checkpoint_loaded(os.stat(path).st_mtime)
 
     def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
         self.progress.evaluation(True)

@@ -143,13 +143,21 @@ class Progress:
         self._changed()
 
     def resumed(self, step: int, samples: int = 0, checkpoint_time: float | None = None) -> None:
-        """The job resumed from a checkpoint at global ``step``: the step counter starts there."""
+        """The job resumed from a checkpoint at global ``step``: the step counter starts there. A checkpoint request
+        older than ``checkpoint_time`` was answered by that checkpoint."""
         self._steps.inc(step)
         self._step_total += step
         if samples:
             self._samples.inc(samples)
         if checkpoint_time is not None:
-            self._last_checkpoint.set(checkpoint_time)
+            self.checkpoint_loaded(checkpoint_time)
+        self._changed()
+
+    def checkpoint_loaded(self, checkpoint_time: float) -> None:
+        """This run loaded a checkpoint written at ``checkpoint_time``: the newest checkpoint's time, and a
+        checkpoint request older than it was answered by it (the framework callbacks call this on a resume)."""
+        self._last_checkpoint.set(checkpoint_time)
+        self.checkpoint_request.resumed_from(checkpoint_time)
         self._changed()
 
     def loss(self, value: float) -> None:
