@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from app import schedulers as scheduling
 from app.errors import ConfigError, NightshiftError, PayloadError
 from app.states import StepStatus
 
@@ -256,7 +257,7 @@ def worker(config: str | None) -> None:
 @click.option("--strict", is_flag=True, help="Warnings are problems too (exit 1).")
 @click.option(
     "--schedulers",
-    default="slurm,kubernetes",
+    default=",".join(scheduling.NAMES),
     show_default=True,
     help="The deployment's setting `schedulers`, comma-separated: playbooks for others are checked, not counted.",
 )
@@ -269,12 +270,12 @@ def lint(paths: tuple[str, ...], permissions: str | None, strict: bool, schedule
     from app.alert_labels import alert_labels
     from app.permissions import load_permissions
     from app.playbook_warnings import warnings
-    from app.playbooks import SCHEDULERS, PlaybookError, load_playbooks
+    from app.playbooks import PlaybookError, load_playbooks
 
     chosen = [name.strip() for name in schedulers.split(",") if name.strip()]
-    if not chosen or not set(chosen) <= set(SCHEDULERS):
+    if not chosen or not set(chosen) <= set(scheduling.NAMES):
         raise click.BadParameter(
-            f"one or both of {', '.join(SCHEDULERS)}, got {schedulers!r}", param_hint="--schedulers"
+            f"one or both of {', '.join(scheduling.NAMES)}, got {schedulers!r}", param_hint="--schedulers"
         )
     registry = default_registry()
     problems: list[str] = []

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app import schedulers as scheduling
 from app.config_documents import Document, read_documents
 from app.errors import ConfigError
 from app.fleet import FleetSettings
@@ -295,7 +296,7 @@ class Settings:
     log_level: str = "INFO"
     log_format: str = "text"  # or "json": one object a line for log shippers (app/logging_setup.py)
     # The schedulers this deployment acts on (slurm, kubernetes): playbooks for any other are never loaded.
-    schedulers: list[str] = field(default_factory=lambda: ["slurm", "kubernetes"])
+    schedulers: list[str] = field(default_factory=lambda: list(scheduling.NAMES))
     webhook: WebhookSettings = field(default_factory=WebhookSettings)
     access: AccessSettings = field(default_factory=AccessSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
@@ -324,7 +325,7 @@ class Settings:
                 f"(one of {', '.join(LOG_FORMATS)})"
             )
         check_ranges(self)
-        known = ("slurm", "kubernetes")
+        known = scheduling.NAMES
         bad = [s for s in self.schedulers if s not in known]
         if bad or not self.schedulers or len(set(self.schedulers)) != len(self.schedulers):
             raise ConfigError(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+from app import schedulers
 from app.playbooks import Playbook
 from app.states import IncidentKind
 from app.templates import render_promql
@@ -32,41 +33,14 @@ class Episode:
     culprit: str | None = None  # the node this alert names as faulty (node-scoped playbooks only)
 
 
-DEFAULT_SCHEDULER = "slurm"  # a playbook target that names no scheduler is Slurm's (the one default, here)
-
-
-def scheduler_of(target: Mapping[str, str]) -> str:
-    """The scheduler a rendered target (or an incident's ``target``) belongs to."""
-    return target.get("scheduler") or DEFAULT_SCHEDULER
-
-
-def job_identity(target: Mapping[str, str]) -> str | None:
-    """The training job a rendered target names: ``slurm/<job id>`` or ``kubernetes/<namespace>/<job>``."""
-    job = target.get("job")
-    if not job:
-        return None
-    scheduler = scheduler_of(target)
-    if scheduler == "kubernetes":
-        namespace = target.get("namespace")
-        return f"kubernetes/{namespace}/{job}" if namespace else None
-    return f"{scheduler}/{job}"
-
-
-# The highest step any rank of the job reports, by scheduler: what a job's own recovery is judged on (the labels the
-# progress library's identity sets: nightshift_progress.identity).
-PROGRESS_QUERIES = {
-    "slurm": 'max(training_step_total{slurm_job_id="{{ target.job }}"})',
-    "kubernetes": 'max(training_step_total{namespace="{{ target.namespace }}",train_job="{{ target.job }}"})',
-}
-
-
 def progress_query(target: Mapping[str, str]) -> str | None:
-    """The PromQL of the job's step counter (values escaped as PromQL literals); None for a target without a job
-    or a scheduler without one."""
-    template = PROGRESS_QUERIES.get(scheduler_of(target))
-    if template is None or job_identity(target) is None:
+    """The PromQL of the highest step any rank of the target's job reports (the labels the progress library's
+    identity sets, nightshift_progress.identity; its scheduler's ``job_selector``), values escaped as PromQL
+    literals: what a job's own recovery is judged on. None for a target without a job."""
+    scheduler = schedulers.of(target)
+    if scheduler is None or schedulers.job_identity(target) is None:
         return None
-    return render_promql(template, {"target": target})
+    return render_promql(f"max(training_step_total{{{scheduler.job_selector}}})", {"target": target})
 
 
 def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -> Episode:
@@ -75,12 +49,13 @@ def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -
     names_culprit = (
         playbook.node_repair is not None or playbook.exclude_node is not None
     ) and node is not None
-    job = job_identity(target)
+    job = schedulers.job_identity(target)
     if job is not None:
         return Episode(IncidentKind.JOB, f"job:{job}", culprit=node if names_culprit else None)
     # Without a job only a playbook that repairs takes the node on: a straggler of no job is nobody's.
-    if playbook.node_repair is not None and node is not None:
-        return Episode(IncidentKind.NODE, f"node:{scheduler_of(target)}/{node}", culprit=node)
+    scheduler = schedulers.of(target)
+    if playbook.node_repair is not None and node is not None and scheduler is not None:
+        return Episode(IncidentKind.NODE, f"node:{scheduler.name}/{node}", culprit=node)
     return Episode(IncidentKind.TARGET, f"{playbook.name}|{target_key}")
 
 

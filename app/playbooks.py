@@ -20,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from app import schedulers as scheduling
 from app.actions.base import Action
 from app.actions.registry import ActionRegistry
 from app.config_documents import (
@@ -38,8 +39,6 @@ from app.params import (
     K8S_NAMESPACE,
     NODE_NAME,
     SLURM_JOB_ID,
-    SLURM_NODE_NAME,
-    SLURM_RESERVED,
     Param,
     validate_params,
 )
@@ -61,10 +60,11 @@ SERIALIZE = ("node", "job", "none")
 TARGET_NAMESPACES = ("labels", "annotations")
 NODE_REPAIR_NAMESPACES = (*NAMESPACES, "node")  # {{ node.name }}: the node being repaired
 # What a rendered target may hold; a missing label renders "" and leaves that key out of the target.
-SCHEDULERS = ("slurm", "kubernetes")  # what a deployment can act on (setting ``schedulers``)
 TARGET_PARAMS: Mapping[str, Param] = {
     "scheduler": Param(
-        required=False, choices=("slurm", "kubernetes", "none"), description="slurm, kubernetes or none"
+        required=False,
+        choices=(*scheduling.NAMES, scheduling.NO_SCHEDULER),
+        description=f"{', '.join(scheduling.NAMES)} or {scheduling.NO_SCHEDULER}",
     ),
     "node": Param(required=False, pattern=NODE_NAME, description="the node the alert is about"),
     "job": Param(
@@ -82,16 +82,6 @@ TARGET_PARAMS: Mapping[str, Param] = {
         required=False,
         choices=("Job", "PyTorchJob", "JobSet", "TrainJob"),
         description="Job, PyTorchJob, JobSet or TrainJob (from the object itself: app/workloads.py)",
-    ),
-}
-
-# A Slurm target's job and node by Slurm's own rules, as the Slurm actions check them (app/actions/slurm.py): a job
-# id is numeric (an array or het-job suffix allowed), never a name (``all`` passed the generic job pattern as a
-# Kubernetes name); a node is one node and never the reserved ``ALL`` in any case.
-SLURM_TARGET_PARAMS: Mapping[str, Param] = {
-    "job": Param(required=False, pattern=SLURM_JOB_ID, description="Slurm job id"),
-    "node": Param(
-        required=False, pattern=SLURM_NODE_NAME, reserved=SLURM_RESERVED, description="Slurm node (not ALL)"
     ),
 }
 
@@ -206,9 +196,9 @@ class Playbook:
                 *self.node_repair.repair,
                 *([self.node_repair.validate] if self.node_repair.validate else []),
             ]
-        found = {step.action.partition(".")[0] for step in steps} & set(SCHEDULERS)
+        found = {step.action.partition(".")[0] for step in steps} & set(scheduling.NAMES)
         declared = self.target.get("scheduler", "")
-        if declared in SCHEDULERS:
+        if declared in scheduling.NAMES:
             found.add(declared)
         return frozenset(found)
 
@@ -220,10 +210,9 @@ class Playbook:
         context = {"labels": labels, "annotations": annotations}
         rendered = {key: render(text, context) for key, text in self.target.items()}
         target = validate_params("target", TARGET_PARAMS, rendered)
-        if target.get("scheduler", "slurm") == "slurm":  # job_identity's default scheduler too
-            validate_params(
-                "target", SLURM_TARGET_PARAMS, {k: v for k, v in target.items() if k in ("job", "node")}
-            )
+        scheduler = scheduling.of(target)
+        if scheduler is not None:
+            scheduler.check_target(target)
         return target
 
 
@@ -237,7 +226,7 @@ class PlaybookSet:
     statistic (and the test hook showing that matching is indexed), not a limit.
     """
 
-    def __init__(self, playbooks: Iterable[Playbook] = (), schedulers: Iterable[str] = SCHEDULERS):
+    def __init__(self, playbooks: Iterable[Playbook] = (), schedulers: Iterable[str] = scheduling.NAMES):
         chosen = frozenset(schedulers)
         every = sorted(playbooks, key=lambda p: p.name)
         self.schedulers = chosen
@@ -467,7 +456,7 @@ def write_schema(path: str | Path, registry: ActionRegistry) -> None:
 
 
 def load_playbooks(
-    paths: Sequence[str | Path], registry: ActionRegistry, schedulers: Iterable[str] = SCHEDULERS
+    paths: Sequence[str | Path], registry: ActionRegistry, schedulers: Iterable[str] = scheduling.NAMES
 ) -> PlaybookSet:
     """Load every ``*.yaml``/``*.yml`` file named (or directly inside a named directory, sorted); those for a
     scheduler outside ``schedulers`` are checked, then set aside (:class:`PlaybookSet`).

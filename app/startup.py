@@ -4,9 +4,9 @@ screen of a new install answers "will it act?", "can it re-check?", "can anyone 
 
 from __future__ import annotations
 
-import os
 from urllib.parse import urlsplit, urlunsplit
 
+from app import schedulers
 from app.config import Settings
 from app.permissions import Permissions
 
@@ -34,16 +34,11 @@ def startup_summary(
             else "prometheus: unset (prometheus.url): re-checks and verification cannot run, so incidents "
             "whose playbook has one are held"
         ),
-        (
-            "slurm: not acted on (schedulers)"
-            if "slurm" not in settings.schedulers
-            else f"slurm: {settings.slurm.user}@{settings.slurm.host}:{settings.slurm.port}"
-            + (" (sudo -n)" if settings.slurm.sudo and settings.slurm.user != "root" else "")
-            if settings.slurm.host
-            else "slurm: unset (slurm.host): Slurm actions cannot run"
+        *(
+            f"{s.name}: "
+            + (s.connection(settings) if s.name in settings.schedulers else "not acted on (schedulers)")
+            for s in schedulers.SCHEDULERS.values()
         ),
-        "kubernetes: "
-        + (_kubernetes(settings) if "kubernetes" in settings.schedulers else "not acted on (schedulers)"),
         "reads: " + _reads(settings),
         "webhook: "
         + (
@@ -55,16 +50,6 @@ def startup_summary(
         ),
     ]
     return lines
-
-
-def _kubernetes(settings: Settings) -> str:
-    if settings.kubernetes.kubeconfig:
-        return f"kubeconfig {settings.kubernetes.kubeconfig}" + (
-            f" (context {settings.kubernetes.context})" if settings.kubernetes.context else ""
-        )
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return "in-cluster service account"
-    return "default kubeconfig (~/.kube/config), if any: Kubernetes actions fail without one"
 
 
 def _reads(settings: Settings) -> str:

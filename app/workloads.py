@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app import errors
+from app import errors, schedulers
 from app.params import K8S_NAME, K8S_NAMESPACE
 
 Json = Mapping[str, Any]
@@ -334,7 +334,8 @@ def with_workload(target: Mapping[str, str], resolution: Resolution | None) -> d
     from the object itself (a playbook's own ``job``/``kind`` are replaced); a refused resolution leaves no job
     (node-level). Targets of other schedulers, and alerts with nothing looked up, are returned unchanged."""
     values = dict(target)
-    if values.get("scheduler") != "kubernetes" or resolution is None:
+    scheduler = schedulers.of(values)
+    if scheduler is None or not scheduler.resolves_workloads or resolution is None:
         return values
     if resolution.workload is not None:
         w = resolution.workload
@@ -347,6 +348,6 @@ def with_workload(target: Mapping[str, str], resolution: Resolution | None) -> d
 
 def workload_resolver(settings: Any, clients: Any) -> WorkloadResolver | None:
     """The resolver of a deployment acting on Kubernetes (``schedulers``), reading through ``clients.kube``."""
-    if "kubernetes" not in settings.schedulers:
+    if not any(schedulers.named(name).resolves_workloads for name in settings.schedulers):
         return None
     return WorkloadResolver(lambda: clients.kube)

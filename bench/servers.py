@@ -140,7 +140,9 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     ticks = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     try:
-        exact = sum(int(p.read_text().split()[0]) for p in Path(f"/proc/{pid}/task").glob("*/schedstat")) / 1e9
+        exact = (
+            sum(int(p.read_text().split()[0]) for p in Path(f"/proc/{pid}/task").glob("*/schedstat")) / 1e9
+        )
     except (OSError, ValueError, IndexError):
         exact = 0.0
     return max(ticks, exact)

@@ -21,11 +21,12 @@ from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import VALIDATION_PARAMS, check_validation
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
+from app.schedulers import OUR_MARK
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient
 
-OWNER = "nightshift"
+OWNER = OUR_MARK  # the value of our ownership annotations
 CORDONED_BY = "nightshift.io/cordoned-by"
 CORDONED_AT = "nightshift.io/cordoned-at"
 SUSPENDED_BY = "nightshift.io/suspended-by"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from app import schedulers
 from app.alertmanager import Notification
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
@@ -111,8 +112,7 @@ class Engine:
             pause = records.get_control(conn, "pause") or {"paused": False}
             paused, _ = self.deps.pause_state(conn)
             credentials = {
-                "slurm": {"state": "unknown"},
-                "kubernetes": {"state": "unknown"},
+                **{name: {"state": "unknown"} for name in schedulers.NAMES},
                 **records.controls_with_prefix(conn, "credential:"),
             }
             by_state = records.count_incidents_by(conn, "state")

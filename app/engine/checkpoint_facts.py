@@ -20,17 +20,14 @@ from datetime import timedelta
 from app.checkpoint_advice import Advice, FailureRate, JobCheckpoints, NoAdvice, advise
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
+from app.schedulers import Scheduler
 from app.store import records
 from app.templates import render_promql
 
 WINDOW = timedelta(days=30)
 # The fleet's training node-hours over the window (hourly samples of the number of node endpoints).
 NODE_HOURS = "sum(sum_over_time(count(training_step_total)[30d:1h]))"
-# One job's figures; {{ labels.sel }} is filled per scheduler by JOB_SELECTORS.
-JOB_SELECTORS = {
-    "slurm": 'slurm_job_id="{{ labels.job }}"',
-    "kubernetes": 'namespace="{{ labels.namespace }}",train_job="{{ labels.job }}"',
-}
+# One job's figures; %s is the scheduler's job selector (app/schedulers.py ``job_selector``).
 JOB_NODES = "count(training_step_total{%s})"
 CHECKPOINT_SECONDS = (
     "max(sum_over_time(training_checkpoint_in_progress{%s}[1d:15s])) * 15"
@@ -40,14 +37,14 @@ CHECKPOINTS_A_DAY = "max(changes(training_last_checkpoint_timestamp_seconds{%s}[
 
 
 def job_advice(
-    deps: EngineDeps, scheduler: str, identity: Mapping[str, str], gpus_per_node: int
+    deps: EngineDeps, scheduler: Scheduler, identity: Mapping[str, str], gpus_per_node: int
 ) -> Advice | NoAdvice:
-    """The checkpoint-interval advice for the job ``identity`` names (``job``; ``namespace`` on Kubernetes)."""
+    """The checkpoint-interval advice for the job ``identity`` names (the scheduler's ``identity`` keys)."""
     now = deps.clock.now()
     with deps.store.read() as conn:
         failures = records.job_failures_since(conn, now - WINDOW)
-    selector = JOB_SELECTORS[scheduler]
-    context = {"labels": dict(identity)}
+    selector = scheduler.job_selector
+    context = {"target": dict(identity)}
 
     def query(template: str) -> float | None:
         expr = render_promql(template.replace("%s", selector), context)

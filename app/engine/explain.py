@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import episodes
+from app import episodes, schedulers
 from app import incident_policy as policy
 from app.alertmanager import Alert, Notification
 from app.engine import guard_facts
@@ -26,8 +26,8 @@ from app.engine.context import template_context
 from app.engine.deps import EngineDeps, render_target
 from app.engine.facts import decide_with
 from app.engine.ingest import prefetch_workloads
-from app.engine.jobs import job_status
-from app.engine.repair import plan_repair, pool_facts
+from app.engine.repair import plan_repair
+from app.engine.scheduler_backends import job_status, pool_facts
 from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError, ParamError
 from app.planning import PlannedStep
@@ -64,7 +64,7 @@ class ExplainSource:
 
     def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobAssumed:
         try:
-            status = job_status(self.deps.clients, inc["target"])
+            status = job_status(self.deps, inc["target"])
         except (BackendError, ConfigError) as exc:
             self.job_note = f"the scheduler was not asked ({exc})"
             return policy.JobAssumed(str(exc))
@@ -75,7 +75,7 @@ class ExplainSource:
         return guard_facts.History()
 
     def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
-        return pool_facts(self.deps, episodes.scheduler_of(inc["target"]), node)[0]
+        return pool_facts(self.deps, schedulers.of(inc["target"]), node)[0]
 
     def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
         return policy.Recheck(expr, samples=({"assumed": "the condition still holds"},))
@@ -172,10 +172,9 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
         "collect": _steps(source.collect),
     }
     plan = _plan(deps, leading, inc, decision, source)
-    scheduler = episodes.scheduler_of(target)
     if draft.kind == IncidentKind.NODE:
         report["job_plan"] = None
-        repair = _node_plan(deps, inc["node"], scheduler, leading.name, inc)
+        repair = _node_plan(deps, inc["node"], leading.name, inc)
         # Handed to its repair: the repair's own outcome (repaired, or advisory when its steps are not granted).
         merged = {**plan, **repair} if isinstance(decision, policy.HandToRepair) else {**repair, **plan}
         report["node_plans"] = [merged]
@@ -183,7 +182,7 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
     steps = _steps(facts.planned or ())
     report["job_plan"] = {"correlation": _correlation(deps, draft, job), **plan, "steps": steps}
     report["node_plans"] = [
-        _node_plan(deps, c["node"], scheduler, c["playbook"], inc)
+        _node_plan(deps, c["node"], c["playbook"], inc)
         for c in draft.culprits
         # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
         # exclusion, so it gets no repair (the worker counts the earlier ones: app.episodes.repair_due).
@@ -237,13 +236,11 @@ def _outcome(decision: policy.Decision) -> str:
     return str(decision)
 
 
-def _node_plan(
-    deps: EngineDeps, node: str, scheduler: str, playbook: str | None, inc: Mapping[str, Any]
-) -> dict[str, Any]:
+def _node_plan(deps: EngineDeps, node: str, playbook: str | None, inc: Mapping[str, Any]) -> dict[str, Any]:
     repair = {
         "id": 0,
         "node": node,
-        "scheduler": scheduler,
+        "scheduler": schedulers.of_incident(inc["target"]).name,
         "playbook": playbook,
         "incident_id": None,
         "reason": f"culprit named by {playbook or 'the diagnosis'}",

@@ -14,7 +14,7 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from app import episodes, guards
+from app import guards, schedulers
 from app import incident_policy as policy
 from app.engine import guard_facts
 from app.engine.context import template_context
@@ -125,7 +125,7 @@ def plan(
         draft = {
             "id": 0,
             "node": inc["node"],
-            "scheduler": episodes.scheduler_of(inc["target"]),
+            "scheduler": schedulers.of_incident(inc["target"]).name,
             "playbook": playbook.name,
             "incident_id": inc.get("id") or None,
             "reason": policy.repair_reason(policy.Subject.of(inc, False)),

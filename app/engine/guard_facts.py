@@ -132,8 +132,9 @@ def build(
     pool: Mapping[str, Any] | None = None,
     repair_takes_out: bool = False,
 ) -> guards.GuardFacts:
-    """``pool``: the partition/pool facts of the node the plan takes out (:func:`app.engine.repair.pool_facts`),
-    so the share limit holds for incidents' take-outs as for repairs'; None: only the absolute limit.
+    """``pool``: the partition/pool facts of the node the plan takes out
+    (:func:`app.engine.scheduler_backends.pool_facts`), so the share limit holds for incidents' take-outs as for
+    repairs'; None: only the absolute limit.
     ``repair_takes_out``: the plan is a node repair's, whose own guard counts its take-out (a node incident)."""
     g = settings.guards
     runs = [p for p in planned if p.runs]

@@ -15,7 +15,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes, paging
+from app import episodes, paging, schedulers
 from app.actions.notify import send_notification
 from app.alertmanager import Alert, Notification
 from app.engine import fleet_hold, transitions
@@ -150,7 +150,7 @@ def _ingest_alert(
                 )
         return
     workload = deps.workload_of(alert.labels)
-    if workload is not None and any(p.target.get("scheduler") == "kubernetes" for p in matched):
+    if workload is not None and any(_resolves_workloads(p) for p in matched):
         facts["job_lookup"] = workload.note
     for playbook in matched:
         try:
@@ -186,7 +186,8 @@ def _join(
     name = alert.labels.get("alertname", "")
     incident = records.find_open_incident(conn, episode.open_key)
     if incident is None and episode.kind == IncidentKind.NODE:
-        repair = repairs.open_repair(conn, episodes.scheduler_of(target.values), episode.culprit or "")
+        scheduler = schedulers.of_incident(target.values).name
+        repair = repairs.open_repair(conn, scheduler, episode.culprit or "")
         if repair is not None:  # already out of service or on its way: the alert is evidence for that repair
             transitions.note(
                 conn,
@@ -328,6 +329,12 @@ def _resolve(
             transitions.alert_resolved(
                 conn, now, incident, f"{name} resolved while the incident is {incident['state']}"
             )
+
+
+def _resolves_workloads(playbook: Playbook) -> bool:
+    """Whether the playbook's target is a scheduler's whose jobs are looked up from their pods (Kubernetes)."""
+    scheduler = schedulers.of(playbook.target)
+    return scheduler is not None and scheduler.resolves_workloads
 
 
 def _has_on_resolved(deps: EngineDeps, incident: records.Row) -> bool:

@@ -26,7 +26,6 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes
 from app import incident_policy as policy
 from app.engine import transitions
 from app.engine.context import template_context
@@ -34,7 +33,7 @@ from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
 from app.engine.facts import decide_with
 from app.engine.fleet_hold import FleetHolds
-from app.engine.jobs import job_status
+from app.engine.scheduler_backends import job_status
 from app.engine.steps import StepRunner
 from app.engine.worker_facts import WorkerSource
 from app.errors import BackendError, ConfigError
@@ -177,7 +176,6 @@ class Lifecycle:
                     now,
                     inc,
                     _repairable(inc, close.exclude),
-                    scheduler=episodes.scheduler_of(inc["target"]),
                     playbooks=self.deps.playbooks,
                 )
             )
@@ -197,7 +195,6 @@ class Lifecycle:
                 now,
                 inc,
                 _repairable(inc, start.exclude),
-                scheduler=episodes.scheduler_of(inc["target"]),
                 playbooks=self.deps.playbooks,
             )
             if inc["kind"] == IncidentKind.JOB:
@@ -217,7 +214,6 @@ class Lifecycle:
                 now,
                 inc,
                 node=hand.node,
-                scheduler=episodes.scheduler_of(inc["target"]),
                 playbook=playbook.name,
                 reason=hand.reason,
             )
@@ -317,7 +313,7 @@ class Lifecycle:
         """A requeued job waiting in the queue is not a failed attempt: hold the verification (its deadline and
         its first sample) until the scheduler reports it running. Returns when to look again while it waits."""
         try:
-            status = job_status(self.deps.clients, inc["target"])
+            status = job_status(self.deps, inc["target"])
         except (BackendError, ConfigError) as exc:
             self._note(inc, "job_status_error", f"cannot read job {inc['job']}'s state: {exc}")
             return None

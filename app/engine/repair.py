@@ -9,10 +9,11 @@ and the claim's lease covers the longest of them so a live worker's claim never 
 
 The plan of a repair, from take-out to return (one step each, run one per tick)::
 
-    take_out   slurm.drain_node / kubernetes.cordon_node    (the scheduler's; someone else's mark: not ours)
+    take_out   the scheduler's (slurm.drain_node, kubernetes.cordon_node: app/schedulers.py); someone else's mark:
+               not ours
     repair:<i> the playbook's node_repair.repair steps     (e.g. slurm.reboot_node; none by default)
     validate   node_repair.validate, or the scheduler's validate_node with repair.validation_command
-    return     slurm.resume_node / kubernetes.uncordon_node (only what carries our mark)
+    return     the scheduler's (slurm.resume_node, kubernetes.uncordon_node): only what carries our mark
 
 Every step of the plan must be whitelisted before anything runs; otherwise the repair is advisory (plan recorded).
 """
@@ -27,14 +28,15 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from app import guards, paging
+from app import guards, paging, schedulers
 from app import repair_policy as policy
 from app.actions.base import ActionContext
 from app.actions.notify import send_notification
 from app.engine import guard_facts
 from app.engine.context import repair_context
 from app.engine.deps import EngineDeps
-from app.errors import BackendError, ConfigError, ParamError
+from app.engine.scheduler_backends import hold_default, pool_facts
+from app.errors import ParamError
 from app.outcome import Failed, Outcome, Retry, tail
 from app.planning import SKIPPED, PlannedStep, plan_steps, when_context
 from app.playbooks import Step
@@ -45,24 +47,18 @@ from app.store import records, repairs
 log = logging.getLogger(__name__)
 
 Repair = dict[str, Any]
-SCHEDULERS = ("slurm", "kubernetes")
-# The scheduler's own take-out, default validation and return actions.
-TAKE_OUT_ACTION = {"slurm": "slurm.drain_node", "kubernetes": "kubernetes.cordon_node"}
-VALIDATE_ACTION = {"slurm": "slurm.validate_node", "kubernetes": "kubernetes.validate_node"}
-RETURN_ACTION = {"slurm": "slurm.resume_node", "kubernetes": "kubernetes.uncordon_node"}
 _UNSAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=@+#%()\[\]-]")
-OUR_MARK = "nightshift"  # kubernetes.cordon_node's cordoned-by annotation value
 RETRY_LEDGER_EVERY = 20  # looks at one wait between two of its ledger rows
 
 
+STEP_NAMES = {TAKE_OUT: "take out", VALIDATE: "validate", RETURN: "return to service"}
+
+
 def default_steps(scheduler: str) -> dict[str, Step]:
-    """The take-out, validation and return steps implied by the scheduler."""
-    node = "{{ node.name }}"
-    take_out_with = {"node": node, "reason": "{{ node.reason }}"} if scheduler == "slurm" else {"node": node}
+    """The take-out, validation and return steps of the scheduler (:meth:`app.schedulers.Scheduler.default_steps`)."""
     return {
-        TAKE_OUT: Step(action=TAKE_OUT_ACTION[scheduler], with_=take_out_with, name="take out"),
-        VALIDATE: Step(action=VALIDATE_ACTION[scheduler], with_={"node": node}, name="validate"),
-        RETURN: Step(action=RETURN_ACTION[scheduler], with_={"node": node}, name="return to service"),
+        marker: Step(action=action, with_=with_, name=STEP_NAMES[marker])
+        for marker, (action, with_) in schedulers.named(scheduler).default_steps().items()
     }
 
 
@@ -111,30 +107,6 @@ def plan_repair(
 def safe_reason(text: str) -> str:
     """A repair's reason as a drain reason may carry it (SAFE_TEXT), at most 150 characters."""
     return " ".join(_UNSAFE_REASON.sub(" ", text).split())[:150] or "node repair"
-
-
-def pool_facts(deps: EngineDeps, scheduler: str, node: str) -> tuple[dict[str, Any], str]:
-    """The blast-radius inputs about the node's partition (Slurm) or node pool (Kubernetes label
-    ``guards.node_pool_label``): ``pool``, ``pool_nodes``, ``blast_max_share`` for :class:`app.guards.GuardFacts`,
-    and a note. Unknown (lookup failed, no partition, no label): no facts, so only the absolute limit applies."""
-    try:
-        if scheduler == "slurm":
-            slurm = deps.clients.slurm
-            partitions = slurm.node_info(node).partitions
-            if not partitions:
-                return {}, f"node {node} is in no partition"
-            pool, members = f"partition {partitions[0]}", slurm.partition_nodes(partitions[0])
-        else:
-            label = deps.settings.guards.node_pool_label
-            value = (deps.clients.kube.get_node(node)["metadata"].get("labels") or {}).get(label)
-            if not value:
-                return {}, f"node {node} has no label {label}"
-            pool, members = f"pool {label}={value}", deps.clients.kube.node_names(f"{label}={value}")
-    except (BackendError, ConfigError) as exc:
-        return {}, f"partition/pool of {node} unknown: {exc}"
-    share = deps.settings.guards.blast_radius_max_share
-    facts = {"pool": pool, "pool_nodes": frozenset(members), "blast_max_share": share}
-    return facts, f"{pool}: {len(members)} nodes"
 
 
 class NodeRepairs:
@@ -207,7 +179,7 @@ class NodeRepairs:
             repair = repairs.open_repair_of(conn, node)
             following = policy.hold(RepairState(repair["state"]) if repair else None, by, note)
             if repair is None:
-                scheduler = scheduler or ("slurm" if self.deps.settings.slurm.host else "kubernetes")
+                scheduler = scheduler or hold_default(self.deps.settings)
                 repairs.insert_held(
                     conn, node=node, scheduler=scheduler, reason=following.held_reason or "", now=now
                 )
@@ -283,7 +255,7 @@ class NodeRepairs:
             state, reason = problem
             settle = policy.held(reason) if state == RepairState.HELD else policy.Next(state, None, reason)
             return self._transition(repair, settle, kind="repair_plan", data={"plan": described})
-        facts, note = pool_facts(deps, repair["scheduler"], repair["node"])
+        facts, note = pool_facts(deps, schedulers.named(repair["scheduler"]), repair["node"])
         window = guard_facts.blast_window(deps.settings)
         with deps.store.read() as conn:
             out = guard_facts.taken_out_nodes(conn, deps.settings, deps.registry, now)
@@ -353,7 +325,7 @@ class NodeRepairs:
             with deps.store.transaction() as conn:
                 repairs.update_repair(conn, repair["id"], deps.clock.now(), step_status=StepStatus.RUNNING)
             outcome = self._execute(repair, planned)
-            result = _result(marker, outcome)
+            result = _result(marker, outcome, schedulers.named(repair["scheduler"]))
         lemon = None
         if marker == TAKE_OUT:
             limits = self._limits()
@@ -498,14 +470,14 @@ class NodeRepairs:
                         {"node": repair["node"], "repair_id": repair["id"], "status": outcome.status})  # fmt: skip
 
 
-def _result(marker: str, outcome: Outcome) -> policy.Result:
+def _result(marker: str, outcome: Outcome, scheduler: schedulers.Scheduler) -> policy.Result:
     """The policy's view of an action's outcome. A take-out counts as ours when the action changed the node or
     found our own mark on it; a return that changed nothing found no mark of ours."""
     data = outcome.data or {}
     reason = getattr(outcome, "reason", "") or outcome.output
     changed = True
     if marker in (TAKE_OUT, RETURN) and data.get("changed") is False:
-        changed = marker == TAKE_OUT and data.get("cordoned_by") == OUR_MARK
+        changed = marker == TAKE_OUT and scheduler.took_out_ours(data)
         reason = data.get("reason") or outcome.output
     after = outcome.after if isinstance(outcome, Retry) else 0.0
     return policy.Result(StepStatus(outcome.status), reason=tail(reason, 500), after=after, changed=changed)

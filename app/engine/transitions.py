@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes
+from app import episodes, schedulers
 from app.incident_policy import Learned
 from app.planning import RUN, PlannedStep
 from app.playbooks import PlaybookSet
@@ -377,7 +377,6 @@ def hand_to_repair(
     inc: Incident,
     *,
     node: str,
-    scheduler: str,
     playbook: str,
     reason: str,
 ) -> int:
@@ -386,7 +385,7 @@ def hand_to_repair(
     repair_id = repairs.request_repair(
         conn,
         node=node,
-        scheduler=scheduler,
+        scheduler=schedulers.of_incident(inc["target"]).name,
         playbook=playbook,
         incident_id=inc["id"],
         reason=reason[:500],
@@ -417,7 +416,6 @@ def request_repairs(
     inc: Incident,
     nodes: Sequence[str],
     *,
-    scheduler: str,
     playbooks: PlaybookSet,
 ) -> None:
     """Hand each culprit node of a job incident to the node repair lifecycle, except a culprit its playbook only
@@ -445,7 +443,7 @@ def request_repairs(
         repairs.request_repair(
             conn,
             node=node,
-            scheduler=scheduler,
+            scheduler=schedulers.of_incident(inc["target"]).name,
             playbook=named_by,
             incident_id=inc["id"],
             reason=f"culprit of job {inc['job']}: {why}"[:500],

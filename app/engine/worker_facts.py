@@ -6,13 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app import episodes
+from app import episodes, schedulers
 from app import incident_policy as policy
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.fleet_hold import FleetHolds
-from app.engine.jobs import job_status
-from app.engine.repair import pool_facts
+from app.engine.scheduler_backends import job_status, pool_facts
 from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError
 from app.outcome import Ok
@@ -60,7 +59,7 @@ class WorkerSource:
 
     def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobUnread:
         try:
-            return job_status(self.deps.clients, inc["target"])
+            return job_status(self.deps, inc["target"])
         except (BackendError, ConfigError) as exc:
             with self.deps.store.read() as conn:
                 earlier = sum(
@@ -77,7 +76,7 @@ class WorkerSource:
             )
 
     def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
-        return pool_facts(self.deps, episodes.scheduler_of(inc["target"]), node)[0]
+        return pool_facts(self.deps, schedulers.of(inc["target"]), node)[0]
 
     def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
         try:

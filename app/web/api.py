@@ -14,10 +14,10 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
+from app import schedulers
 from app.checkpoint_advice import NoAdvice
 from app.engine import checkpoint_facts
-from app.engine.repair import SCHEDULERS
-from app.params import NODE_NAME, SLURM_JOB_ID
+from app.params import NODE_NAME
 from app.states import Outcome, State
 from app.web import MAX_ID, error, header_text, int_arg, plain_text
 from app.web.access import read_refusal
@@ -82,13 +82,8 @@ def get_incident(incident_id: int):
     return jsonify({"status": "ok", **detail})
 
 
-# Bounds of the checkpoint-advice query (GET /api/v1/checkpoint-advice).
+# Bounds of the checkpoint-advice query (GET /api/v1/checkpoint-advice); its job by the scheduler's identity_params.
 MAX_GPUS_PER_NODE = 64
-ADVICE_JOB = {
-    "slurm": re.compile(SLURM_JOB_ID),
-    "kubernetes": re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,252}"),
-}
-K8S_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
 @bp.get("/checkpoint-advice")
@@ -97,26 +92,23 @@ def checkpoint_advice():
     failures Nightshift measured and the job's progress markers. ``scheduler`` (slurm | kubernetes), ``job`` (a
     Slurm job id, or the ``train_job`` on Kubernetes), ``namespace`` (Kubernetes), ``gpus_per_node`` 1..64
     (default 8)."""
-    scheduler = request.args.get("scheduler", "slurm")
-    if scheduler not in ADVICE_JOB:
-        return error(400, f"scheduler: one of {', '.join(ADVICE_JOB)}")
-    job = request.args.get("job", "")
-    if not ADVICE_JOB[scheduler].fullmatch(job):
-        return error(400, f"job: not a {scheduler} job name")
-    identity = {"job": job}
-    if scheduler == "kubernetes":
-        namespace = request.args.get("namespace", "")
-        if not K8S_NAMESPACE.fullmatch(namespace):
-            return error(400, "namespace: a Kubernetes namespace name is required")
-        identity["namespace"] = namespace
+    scheduler = schedulers.SCHEDULERS.get(request.args.get("scheduler", schedulers.DEFAULT.name))
+    if scheduler is None:
+        return error(400, f"scheduler: one of {', '.join(schedulers.NAMES)}")
+    identity = {}
+    for key, param in scheduler.identity_params.items():
+        value = request.args.get(key, "")
+        if not re.fullmatch(param.pattern or "", value):
+            return error(400, f"{key}: a {param.description} is required")
+        identity[key] = value
     gpus_per_node = int_arg("gpus_per_node", 8, 1, MAX_GPUS_PER_NODE)
     deps = current_app.extensions["nightshift"].engine.deps
     advice = checkpoint_facts.job_advice(deps, scheduler, identity, gpus_per_node)
     if isinstance(advice, NoAdvice):
         return jsonify(
-            {"status": "ok", "scheduler": scheduler, **identity, "advice": None, "reason": advice.reason}
+            {"status": "ok", "scheduler": scheduler.name, **identity, "advice": None, "reason": advice.reason}
         )
-    return jsonify({"status": "ok", "scheduler": scheduler, **identity, "advice": advice.as_dict()})
+    return jsonify({"status": "ok", "scheduler": scheduler.name, **identity, "advice": advice.as_dict()})
 
 
 @bp.get("/status")
@@ -203,12 +195,13 @@ def release_node(node: str):
 @operator_only
 def hold_node(node: str):
     """Hold a node: its repair stops where it is, or (none open) no later request repairs or returns it.
-    Body: ``{"reason": ..., "scheduler": "slurm"|"kubernetes"}`` (scheduler: for a node with no repair yet)."""
+    Body: ``{"reason": ..., "scheduler": <one of app.schedulers.NAMES>}`` (scheduler: for a node with no repair
+    yet; default :func:`app.engine.scheduler_backends.hold_default`)."""
     engine = current_app.extensions["nightshift"].engine
     body = request.get_json(silent=True) or {}
     scheduler = body.get("scheduler") if isinstance(body, dict) else None
-    if scheduler is not None and scheduler not in SCHEDULERS:
-        return error(400, f"scheduler: one of {', '.join(SCHEDULERS)}")
+    if scheduler is not None and scheduler not in schedulers.NAMES:
+        return error(400, f"scheduler: one of {', '.join(schedulers.NAMES)}")
     try:
         detail = engine.repairs.hold(_node_name(node), by=_operator(), note=_reason(), scheduler=scheduler)
     except ValueError as exc:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from app import schedulers
 from app.states import Outcome, State, StepStatus
 
 Row = Mapping[str, Any]
@@ -94,7 +95,8 @@ def job_state(
     """
     if open_incidents:
         incident = min(open_incidents, key=lambda row: row["id"])
-        backend = (incident.get("target") or {}).get("scheduler", "")
+        scheduler = schedulers.of(incident.get("target") or {})
+        backend = scheduler.name if scheduler is not None else ""
         credential = credentials.get(backend) or {}
         if credential.get("state") == "credential_error":
             return (

@@ -410,10 +410,6 @@ def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finish
 
 
 def test_the_correlation_rules_are_pure():
-    assert episodes.job_identity({"scheduler": "kubernetes", "namespace": "ml", "job": "llama"}) == (
-        "kubernetes/ml/llama"
-    )
-    assert episodes.job_identity({"scheduler": "kubernetes", "job": "llama"}) is None
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 2, 2, 0.5).nodes == ("a",)
     assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).nodes == (
         "a",
