@@ -50,6 +50,7 @@ def build_engine(
     from app.metrics import Metrics
     from app.permissions import load_permissions
     from app.playbooks import load_playbooks
+    from app.retention import check_windows
     from app.store import Store
     from app.workloads import workload_resolver
 
@@ -58,10 +59,12 @@ def build_engine(
     store = Store.from_url(settings.resolved_store_url, clock, settings.store)
     store.create_schema()
     clients = clients or Clients(settings)
+    playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
+    check_windows(settings, playbooks.playbooks)
     deps = EngineDeps(
         settings=settings,
         store=store,
-        playbooks=load_playbooks(settings.playbook_paths, registry, settings.schedulers),
+        playbooks=playbooks,
         registry=registry,
         permissions=load_permissions(settings.permissions_file, registry),
         clients=clients,

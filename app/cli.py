@@ -46,6 +46,11 @@ def _log_startup(settings: Any, engine: Any) -> None:
     playbooks = engine.deps.playbooks
     for line in startup_summary(settings, len(playbooks), engine.deps.permissions, len(playbooks.excluded)):
         log.info("%s", line)
+    if settings.retention.enabled and engine.deps.store.auto_vacuum() == "none":
+        log.info(
+            "store: created with auto_vacuum=NONE: retention's freed pages are reused but the file never shrinks "
+            "(docs/reliability.md, Retention, says how to switch)"
+        )
 
 
 def main() -> None:
@@ -513,13 +518,27 @@ def replay(config: str | None, alert_id: int) -> None:
 @cli.command()
 @config_option
 @click.option("--after-id", default=0, show_default=True, help="Only ledger rows after this id.")
-def export(config: str | None, after_id: int) -> None:
-    """Write the ledger as JSON lines to stdout."""
+@click.option(
+    "--prunable",
+    is_flag=True,
+    help="Instead of the ledger: every row, of every table, that a retention pass would delete now.",
+)
+def export(config: str | None, after_id: int, prunable: bool) -> None:
+    """Write the ledger as JSON lines to stdout; with --prunable, what retention would delete now, one
+    {"table": ..., "row": {...}} object a line (docs/reliability.md, "Retention"). Reads only."""
     from app import build_engine
-    from app.store import records
+    from app.retention import cutoffs
+    from app.store import records, retention
 
-    engine = build_engine(_settings(config))
-    with engine.deps.store.transaction() as conn:
+    settings = _settings(config)
+    engine = build_engine(settings)
+    with engine.deps.store.read() as conn:
+        if prunable:
+            cut = cutoffs(settings.retention, engine.deps.clock.now())
+            for found in retention.prunable(conn, cut, settings.retention.batch_rows):
+                for line in retention.jsonl(found):
+                    click.echo(line)
+            return
         for row in records.iter_ledger(conn, after_id=after_id):
             click.echo(json.dumps(row, default=str, sort_keys=True))
 

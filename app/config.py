@@ -16,7 +16,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,44 @@ class StoreSettings:
 
 
 @dataclass
+class RetentionSettings:
+    """What the worker prunes from the store, and when (docs/reliability.md, "Retention"). Never an open incident,
+    an open or held node repair, or a row one of them references."""
+
+    enabled: bool = True
+    # Closed incidents (with their alerts' links, attempts, steps and ledger), settled node repairs and the ledger
+    # rows of no incident, this many days after they closed: at least every window the guards read back.
+    incidents_days: int = 400
+    # Alert instances not notified for this many days, set-aside notifications and the ledger's per-alert rows
+    # (longer than Alertmanager's repeat_interval: a repeat of a forgotten instance would be a new alert).
+    alerts_days: int = 30
+    interval_seconds: int = 3600  # how often a pass starts (one worker at a time)
+    batch_rows: int = 500  # rows of one kind deleted per transaction (an incident's own rows go with it)
+    # Set: each batch is appended to <export_dir>/pruned-<UTC date>.jsonl (one {"table", "row"} object a line)
+    # before it is deleted; a failed write deletes nothing.
+    export_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for name, low, high in RETENTION_BOUNDS:
+            value = getattr(self, name)
+            if not low <= value <= high:
+                raise ConfigError(f"retention.{name}: {low}..{high}, got {value!r}")
+
+
+ADVICE_WINDOW_SECONDS = (
+    30 * 86400
+)  # the job failures the checkpoint advice counts (app/engine/checkpoint_facts.py)
+# Documented bounds of the retention settings (docs/reliability.md): at least the checkpoint advice's 30 days of
+# incidents, at least a day of alerts (Alertmanager repeats a firing alert every few hours).
+RETENTION_BOUNDS = (
+    ("incidents_days", 30, 36_500),
+    ("alerts_days", 1, 36_500),
+    ("interval_seconds", 60, 86_400),
+    ("batch_rows", 1, 10_000),
+)
+
+
+@dataclass
 class Settings:
     """Everything configurable. Build with :func:`load_settings`; tests build it directly."""
 
@@ -311,6 +349,7 @@ class Settings:
     repair: RepairSettings = field(default_factory=RepairSettings)
     worker: WorkerSettings = field(default_factory=WorkerSettings)
     store: StoreSettings = field(default_factory=StoreSettings)
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
     episodes: EpisodeSettings = field(default_factory=EpisodeSettings)
     fleet: FleetSettings = field(default_factory=FleetSettings)
 
@@ -331,6 +370,30 @@ class Settings:
             raise ConfigError(
                 f"schedulers: one or both of {', '.join(known)}, each once; got {self.schedulers!r}"
             )
+        self.check_retention(self.history_windows())
+
+    def history_windows(self) -> list[tuple[str, float]]:
+        """``(setting, seconds)`` of every window the guards, the lemon rule and the checkpoint advice read back
+        through closed history (app/retention.py adds each playbook's)."""
+        return [
+            ("guards.blast_radius_window_seconds", self.guards.blast_radius_window_seconds),
+            ("guards.job_recoveries_window_seconds", self.guards.job_recoveries_window_seconds),
+            ("repair.lemon_window_seconds", self.repair.lemon_window_seconds),
+            ("the checkpoint advice's window (30 days)", ADVICE_WINDOW_SECONDS),
+        ]
+
+    def check_retention(self, windows: Iterable[tuple[str, float]]) -> None:
+        """ConfigError naming the first of ``windows`` longer than ``retention.incidents_days`` keeps closed
+        history (nothing to check when retention is off)."""
+        if not self.retention.enabled:
+            return
+        days = self.retention.incidents_days
+        for where, seconds in windows:
+            if seconds > days * 86400:
+                raise ConfigError(
+                    f"{where}: reads back {seconds / 86400:g} days, more than retention.incidents_days keeps "
+                    f"({days}); raise retention.incidents_days or shorten the window"
+                )
 
     @property
     def resolved_store_url(self) -> str:

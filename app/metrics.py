@@ -23,6 +23,17 @@ OUTCOMES = tuple(Outcome)
 ALERT_STATUSES = ("firing", "resolved")
 # How node repairs settle (app.states.REPAIR_SETTLED): the values of nightshift_node_repairs' one label.
 REPAIR_OUTCOMES = tuple(sorted(str(state) for state in REPAIR_SETTLED))
+# The tables retention deletes from (app/store/retention.py): the values of nightshift_pruned_rows' one label.
+PRUNED_TABLES = (
+    "alerts",
+    "inbox",
+    "incidents",
+    "incident_alerts",
+    "attempts",
+    "steps",
+    "ledger",
+    "node_repairs",
+)
 
 
 class Metrics:
@@ -63,20 +74,31 @@ class Metrics:
             self.incidents.labels(outcome)
         for status in ALERT_STATUSES:
             self.alerts_received.labels(status)
-        self.node_repairs = Counter(
+        self.node_repairs = self._counter(
             "nightshift_node_repairs",
             "Node repairs settled, by outcome (returned, held, advisory, released, not_ours).",
-            ["outcome"],
-            registry=r,
+            "outcome",
+            REPAIR_OUTCOMES,
         )
-        for repair_outcome in REPAIR_OUTCOMES:
-            self.node_repairs.labels(repair_outcome)
+        self.pruned_rows = self._counter(
+            "nightshift_pruned_rows",
+            "Rows deleted by retention, by table (docs/reliability.md, Retention).",
+            "table",
+            PRUNED_TABLES,
+        )
         self.paused = Gauge(
             "nightshift_paused",
             "1 while automation is paused (kill switch).",
             registry=r,
             multiprocess_mode="max",
         )
+
+    def _counter(self, name: str, documentation: str, label: str, values: Iterable[str]) -> Counter:
+        """A counter of one label whose every value exists at zero from the start."""
+        counter = Counter(name, documentation, [label], registry=self.registry)
+        for value in values:
+            counter.labels(value)
+        return counter
 
     def exposition(self, live: Sequence[Metric] = ()) -> bytes:
         """The text exposition: aggregated over gunicorn workers in multiprocess mode, else this registry.

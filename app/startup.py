@@ -39,6 +39,7 @@ def startup_summary(
             + (s.connection(settings) if s.name in settings.schedulers else "not acted on (schedulers)")
             for s in schedulers.SCHEDULERS.values()
         ),
+        "retention: " + _retention(settings),
         "reads: " + _reads(settings),
         "webhook: "
         + (
@@ -50,6 +51,15 @@ def startup_summary(
         ),
     ]
     return lines
+
+
+def _retention(settings: Settings) -> str:
+    r = settings.retention
+    if not r.enabled:
+        return "off (retention.enabled: false): the store keeps everything"
+    return f"closed incidents {r.incidents_days} days, alerts {r.alerts_days} days" + (
+        f", exported to {r.export_dir} before deletion" if r.export_dir else ""
+    )
 
 
 def _reads(settings: Settings) -> str:

@@ -15,6 +15,7 @@ from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.engine.repair import NodeRepairs
+from app.engine.retention import Retention
 from app.states import Outcome, StepStatus
 from app.store import records
 from app.wakeup import Wakeup
@@ -28,6 +29,7 @@ class Engine:
         self.inbox = Inbox(deps)
         self.lifecycle = Lifecycle(deps)
         self.repairs = NodeRepairs(deps)
+        self.retention = Retention(deps)
 
     @property
     def wakeup(self) -> Wakeup:
@@ -43,12 +45,13 @@ class Engine:
         return ingest(self.deps, notification)
 
     def work_once(self, worker: str) -> bool:
-        """One batch from the inbox, one incident tick and one node repair step, so that none starves the others.
-        False when idle."""
+        """One batch from the inbox, one incident tick, one node repair step and one retention batch, so that none
+        starves the others. False when idle."""
         ingested = self.inbox.ingest_next()
         ticked = self.lifecycle.work_once(worker)
         repaired = self.repairs.work_once(worker)
-        return ingested is not None or ticked is not None or repaired is not None
+        pruned = self.retention.work_once(worker)
+        return ingested is not None or ticked is not None or repaired is not None or pruned
 
     def run_until_idle(self, worker: str = "inline", limit: int = 1000) -> int:
         """Work until the inbox is empty and no incident is due (tests, `replay`). Returns the number of rounds."""

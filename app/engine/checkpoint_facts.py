@@ -18,13 +18,14 @@ from collections.abc import Mapping
 from datetime import timedelta
 
 from app.checkpoint_advice import Advice, FailureRate, JobCheckpoints, NoAdvice, advise
+from app.config import ADVICE_WINDOW_SECONDS
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
 from app.schedulers import Scheduler
 from app.store import records
 from app.templates import render_promql
 
-WINDOW = timedelta(days=30)
+WINDOW = timedelta(seconds=ADVICE_WINDOW_SECONDS)  # retention keeps at least this (app/config.py)
 # The fleet's training node-hours over the window (hourly samples of the number of node endpoints).
 NODE_HOURS = "sum(sum_over_time(count(training_step_total)[30d:1h]))"
 # One job's figures; %s is the scheduler's job selector (app/schedulers.py ``job_selector``).

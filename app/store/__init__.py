@@ -172,6 +172,38 @@ class Store:
         finally:
             raw.close()
 
+    def auto_vacuum(self) -> str | None:
+        """SQLite's auto_vacuum mode (``none``, ``full``, ``incremental``); None on PostgreSQL. A database created
+        before Nightshift set ``incremental`` keeps ``none`` until a VACUUM (docs/reliability.md, "Retention")."""
+        if self.dialect != "sqlite":
+            return None
+        with self.read() as conn:
+            mode = conn.exec_driver_sql("PRAGMA auto_vacuum").scalar_one()
+        return {0: "none", 1: "full", 2: "incremental"}.get(int(mode), str(mode))
+
+    def reclaim(self, max_pages: int) -> int:
+        """SQLite in incremental auto-vacuum: hand up to ``max_pages`` free pages (left by deletions) back to the
+        file system, under the writer lock; returns the free pages left. Elsewhere 0: PostgreSQL's autovacuum
+        makes dead rows' space reusable, and SQLite without it reuses free pages without shrinking the file."""
+        if self.dialect != "sqlite":
+            return 0
+        with _translated():
+            raw = self.engine.raw_connection()
+        try:
+            driver = raw.driver_connection
+            assert driver is not None  # a pooled connection, just checked out
+            if driver.execute("PRAGMA auto_vacuum").fetchone()[0] != 2:
+                return 0
+            with self._writers:
+                # One step of the statement frees one page and yields a row that Python's sqlite3 does not
+                # fetch; executescript steps it to the end (autocommit: its own write transaction).
+                driver.executescript(f"PRAGMA incremental_vacuum({int(max_pages)});")
+            return int(driver.execute("PRAGMA freelist_count").fetchone()[0])
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"store unavailable: {exc}") from exc
+        finally:
+            raw.close()
+
     def check_writable(self) -> None:
         """Commit one small write (the ``store_probe`` row), as any writer would, within the same bounded waits;
         on SQLite on a file, also refuse when the disk beside it is (nearly) full. StoreUnavailable says why."""
@@ -219,6 +251,9 @@ def _configure_sqlite(engine: Engine) -> None:
     def _on_connect(dbapi_conn: Any, _record: Any) -> None:
         dbapi_conn.isolation_level = None
         cursor = dbapi_conn.cursor()
+        # Before anything creates a table: a new database gives the pages retention frees back to the file system
+        # (Store.reclaim); an existing one keeps its mode (switching it needs a VACUUM: docs/reliability.md).
+        cursor.execute("PRAGMA auto_vacuum=INCREMENTAL")
         cursor.execute("PRAGMA journal_mode=WAL")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.execute("PRAGMA foreign_keys=ON")

@@ -55,6 +55,11 @@ class UtcDateTime(TypeDecorator[datetime]):
 
 metadata = MetaData()
 
+# NEVER_REUSED: ids people and tools see (incident, alert, step and repair ids, ledger ids that `nightshift export
+# --after-id` resumes from) are never given twice. Without AUTOINCREMENT, SQLite numbers a new row after the highest
+# id present, so a retention pass that deleted a table's newest rows would hand their ids out again. Stores created
+# before this keep their tables as they were (docs/reliability.md, "Retention"); PostgreSQL's sequences never reuse.
+
 schema_version = Table(
     "schema_version",
     metadata,
@@ -99,6 +104,7 @@ alerts = Table(
     Column("last_received_at", UtcDateTime, nullable=False),
     Column("notifications", Integer, nullable=False, default=1),
     UniqueConstraint("fingerprint", "starts_at", name="uq_alert_instance"),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 
 incidents = Table(
@@ -149,6 +155,7 @@ incidents = Table(
     Column("next_run_at", UtcDateTime),
     Column("claimed_by", String(200)),
     Column("claim_expires_at", UtcDateTime),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_incidents_due", incidents.c.next_run_at)
 Index("ix_incidents_serialize", incidents.c.serialize_key)
@@ -177,6 +184,7 @@ attempts = Table(
     Column("finished_at", UtcDateTime),
     Column("outcome", String(32)),
     UniqueConstraint("incident_id", "number", name="uq_attempt"),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_attempts_target", attempts.c.playbook, attempts.c.target_key, attempts.c.started_at)
 Index("ix_attempts_started", attempts.c.started_at)
@@ -207,6 +215,7 @@ steps = Table(
     Column("duration", JSON),
     # Each step of each attempt exists once: two workers can never both run it.
     UniqueConstraint("incident_id", "attempt", "phase", "idx", name="uq_step"),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 
 ledger = Table(
@@ -218,6 +227,7 @@ ledger = Table(
     Column("kind", String(40), nullable=False),
     Column("message", Text, nullable=False),
     Column("data", JSON, nullable=False),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_ledger_incident", ledger.c.incident_id, ledger.c.id)
 
@@ -269,6 +279,7 @@ node_repairs = Table(
     Column("next_run_at", UtcDateTime),
     Column("claimed_by", String(200)),
     Column("claim_expires_at", UtcDateTime),
+    sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_node_repairs_due", node_repairs.c.next_run_at)
 Index("ix_node_repairs_node", node_repairs.c.node, node_repairs.c.created_at)
