@@ -196,6 +196,13 @@ class RepairSettings:
     # Kubernetes: the validation runs in a pod pinned to the node, with this image, in this namespace.
     validation_image: str = "nvcr.io/nvidia/cloud-native/dcgm:3.3.5-1-ubuntu22.04"
     validation_namespace: str = "nightshift"
+    # The GPUs it requests: "all" (the node's allocatable count of validation_gpu_resource) or a number.
+    validation_gpus: str = "all"
+    validation_gpu_resource: str = "nvidia.com/gpu"
+    validation_runtime_class: str | None = None  # runtimeClassName (e.g. nvidia); None: the cluster's default
+    # The user it runs as: None keeps the image's (root in NVIDIA's DCGM image: parts of dcgmi diag need root);
+    # a non-root uid also sets runAsNonRoot, so the pod passes a restricted Pod Security namespace.
+    validation_run_as_user: int | None = None
 
     def __post_init__(self) -> None:
         require_positive(
@@ -210,6 +217,12 @@ class RepairSettings:
         )
         if self.lemon_repairs < 1:
             raise ConfigError(f"repair.lemon_repairs: must be >= 1, got {self.lemon_repairs!r}")
+        gpus = str(self.validation_gpus).strip()
+        if gpus != "all" and not (gpus.isdigit() and int(gpus) > 0):
+            raise ConfigError(
+                f"repair.validation_gpus: 'all' or a positive number, got {self.validation_gpus!r}"
+            )
+        self.validation_gpus = gpus
 
 
 @dataclass

@@ -43,12 +43,45 @@ def slurm_phase(state: str) -> JobPhase:
     return JobPhase.DIED if base else JobPhase.UNKNOWN
 
 
-def pods_status(pods: Sequence[Mapping[str, Any]]) -> JobStatus:
-    """A Kubernetes training job's status from its pods (their phases, and the nodes they are bound to)."""
+# The status conditions by which each Kubernetes training kind says it has finished (type with status "True"): the
+# batch/v1 Job controller, the Kubeflow training operator (PyTorchJob), the JobSet controller, Kubeflow Trainer v2.
+FINISHED_CONDITIONS: dict[str, tuple[str, str]] = {
+    "Job": ("Complete", "Failed"),
+    "PyTorchJob": ("Succeeded", "Failed"),
+    "JobSet": ("Completed", "Failed"),
+    "TrainJob": ("Complete", "Failed"),
+}
+
+
+def finished_phase(kind: str, obj: Mapping[str, Any]) -> tuple[JobPhase, str] | None:
+    """(COMPLETED or DIED, the condition) when the object's status says it has finished, else None."""
+    succeeded, failed = FINISHED_CONDITIONS.get(kind, ("", ""))
+    for condition in (obj.get("status") or {}).get("conditions") or []:
+        if not isinstance(condition, Mapping) or condition.get("status") != "True":
+            continue
+        if condition.get("type") == succeeded:
+            return JobPhase.COMPLETED, succeeded
+        if condition.get("type") == failed:
+            reason = condition.get("reason")
+            return JobPhase.DIED, f"{failed} ({reason})" if reason else failed
+    return None
+
+
+def workload_status(kind: str, obj: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]]) -> JobStatus:
+    """A Kubernetes training job's status. Finished (completed, or died) from the job object's own conditions,
+    which outlive its pods (the training operator's cleanPodPolicy and TTL remove them); a job suspended waits;
+    otherwise from its pods' phases. ``obj`` None: the object was not read (kind unknown) or no longer exists."""
+    nodes = tuple(sorted({p["spec"]["nodeName"] for p in pods if (p.get("spec") or {}).get("nodeName")}))
+    if obj is not None:
+        finished = finished_phase(kind, obj)
+        if finished is not None:
+            return JobStatus(finished[0], nodes, f"{kind} {finished[1]}")
+        conditions = (obj.get("status") or {}).get("conditions") or []
+        if any(c.get("type") == "Suspended" and c.get("status") == "True" for c in conditions):
+            return JobStatus(JobPhase.WAITING, nodes, f"{kind} Suspended")
     if not pods:
-        return JobStatus(JobPhase.UNKNOWN)
-    phases = {p.get("status", {}).get("phase", "") for p in pods}
-    nodes = tuple(sorted({p["spec"]["nodeName"] for p in pods if p.get("spec", {}).get("nodeName")}))
+        return JobStatus(JobPhase.UNKNOWN, (), f"{kind} not found" if obj is None and kind else "no pods")
+    phases = {(p.get("status") or {}).get("phase", "") for p in pods}
     if "Running" in phases:
         return JobStatus(JobPhase.RUNNING, nodes, "Running")
     if "Pending" in phases:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app import errors, schedulers
+from app.job_phase import JobStatus, workload_status
 from app.params import K8S_NAME, K8S_NAMESPACE
 
 Json = Mapping[str, Any]
@@ -351,3 +352,17 @@ def workload_resolver(settings: Any, clients: Any) -> WorkloadResolver | None:
     if not any(schedulers.named(name).resolves_workloads for name in settings.schedulers):
         return None
     return WorkloadResolver(lambda: clients.kube)
+
+
+def kubernetes_job_status(kube: Any, target: Mapping[str, str]) -> JobStatus:
+    """The status of the job ``target`` names (``namespace``, ``job``, and ``kind`` when the API named it): the
+    object's finished conditions first (a finished PyTorchJob whose pods were cleaned up is completed or died, not
+    unknown), then its pods (:func:`app.job_phase.workload_status`). Raises the client's BackendError."""
+    kind, namespace, name = target.get("kind", ""), target["namespace"], target["job"]
+    obj = None
+    if kind:
+        try:
+            obj = kube.get_workload(kind, namespace, name)
+        except errors.NotFound:
+            obj = None
+    return workload_status(kind, obj, kube.job_pods(namespace, name))

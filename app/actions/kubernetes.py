@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any
 from app import errors
 from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import VALIDATION_PARAMS, check_validation
+from app.job_phase import JobPhase, finished_phase
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
 from app.schedulers import OUR_MARK
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient
+    from app.config import RepairSettings
 
 OWNER = OUR_MARK  # the value of our ownership annotations
 CORDONED_BY = "nightshift.io/cordoned-by"
@@ -258,11 +260,14 @@ class PodLogs(KubernetesAction):
 
 class RestartJob(KubernetesAction):
     """Restart a whole training job. Job: delete (propagation Background) and recreate from its own spec.
-    PyTorchJob / JobSet: suspend, wait until the operator reports ``Suspended`` (it has deleted the pods),
-    then resume (it creates them again).
+    PyTorchJob / JobSet / TrainJob: suspend, wait until the operator reports ``Suspended`` (it has deleted the
+    pods), then resume (it creates them again). A job whose status says it failed (its finished condition,
+    :data:`app.job_phase.FINISHED_CONDITIONS`) is recreated like a Job whatever its kind: its operator acts on
+    no suspend once it has finished. A job that succeeded is not restarted.
 
     The suspend is recorded with ``nightshift.io/suspended-by``, so a run interrupted between suspend and
-    resume is completed by the next run instead of being mistaken for someone else's suspension.
+    resume is completed by the next run instead of being mistaken for someone else's suspension. A TrainJob's pod
+    templates live in its TrainingRuntime, out of reach of an exclusion: its culprits must be cordoned.
     """
 
     name = "kubernetes.restart_job"
@@ -289,28 +294,43 @@ class RestartJob(KubernetesAction):
         ns, name, kind = params["namespace"], params["name"], params["kind"]
         nodes = _node_list(params)
         off = f", its pods kept off {', '.join(nodes)} (node affinity NotIn)" if nodes else ""
+        recreate = f"DELETE {kind} {ns}/{name} (uid precondition); POST {kind} {ns}/{name} from its spec"
         if kind == "Job":
             return Plan(
                 summary=f"restart Job {ns}/{name}: delete it (propagation Background) and recreate it "
                 f"from its spec{off}",
-                command=f"DELETE /apis/batch/v1/namespaces/{ns}/jobs/{name} (uid precondition); "
-                f"POST /apis/batch/v1/namespaces/{ns}/jobs",
+                command=recreate,
             )
         field = ".".join(SUSPEND_PATHS[kind][1:])
         return Plan(
             summary=f"restart {kind} {ns}/{name}: set {field}=true, wait for the operator to suspend it, "
-            f"then set {field}=false{off}",
+            f"then set {field}=false{off}; if it has failed, recreate it from its spec instead",
             command=f"PATCH {kind} {ns}/{name} {field}=true (merge patch, resourceVersion precondition); "
-            f"wait for condition Suspended=True; PATCH {field}=false",
+            f"wait for condition Suspended=True; PATCH {field}=false | if failed: {recreate}",
         )
 
     def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
         nodes = _node_list(params)
-        if params["kind"] == "Job":
-            return self._recreate_job(params["namespace"], params["name"], kube, ctx, command, nodes)
-        return self._suspend_and_resume(
-            params["kind"], params["namespace"], params["name"], kube, ctx, command, nodes
-        )
+        kind, ns, name = params["kind"], params["namespace"], params["name"]
+        current = kube.get_workload(kind, ns, name)
+        finished = finished_phase(kind, current)
+        if finished is not None and finished[0] is JobPhase.COMPLETED:
+            return Failed(
+                command=command, reason=f"{kind} {ns}/{name} has finished ({finished[1]}): not restarted"
+            )
+        if kind == "TrainJob" and nodes:
+            uncordoned = [n for n in nodes if not (kube.get_node(n).get("spec") or {}).get("unschedulable")]
+            if uncordoned:
+                return Failed(
+                    command=command,
+                    reason=f"TrainJob {ns}/{name}: its pod templates are in its TrainingRuntime, so only a cordon "
+                    f"keeps its pods off a node, and {', '.join(uncordoned)} is not cordoned: not restarted",
+                )
+        if kind == "Job" or finished is not None:
+            if finished is not None:
+                ctx.record("recreate", f"{kind} {ns}/{name} has {finished[1]}: recreated, not resumed", {})
+            return self._recreate(kind, current, kube, ctx, command, nodes)
+        return self._suspend_and_resume(kind, ns, name, kube, ctx, command, nodes)
 
     def _suspend_and_resume(
         self,
@@ -375,35 +395,43 @@ class RestartJob(KubernetesAction):
             )
         return Ok(command=command, output=f"{kind} {ns}/{name} suspended and resumed: its pods are recreated")
 
-    def _recreate_job(
-        self, ns: str, name: str, kube: KubeClient, ctx: ActionContext, command: str, exclude: Sequence[str]
+    def _recreate(
+        self,
+        kind: str,
+        job: Mapping[str, Any],
+        kube: KubeClient,
+        ctx: ActionContext,
+        command: str,
+        exclude: Sequence[str],
     ) -> Outcome:
-        job = kube.get_workload("Job", ns, name)
+        ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         owner = next((o for o in job["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
         if owner is not None:
             return Failed(
                 command=command,
-                reason=f"Job {ns}/{name} is managed by {owner['kind']} {owner['name']}: restart that instead",
+                reason=f"{kind} {ns}/{name} is managed by {owner['kind']} {owner['name']}: restart that instead",
             )
-        manifest = fresh_job_manifest(job, _stamp(ctx.clock.now()))
+        manifest = fresh_manifest(job, _stamp(ctx.clock.now()))
         if exclude:
-            manifest["spec"].update(excluded_templates("Job", manifest["spec"], exclude))
+            manifest["spec"].update(excluded_templates(kind, manifest["spec"], exclude))
         old_uid = job["metadata"]["uid"]
-        kube.delete_workload("Job", ns, name, uid=old_uid)
-        ctx.record("delete", f"Job {ns}/{name} deleted", {"uid": old_uid})
-        # From here on the Job exists only in `manifest`: a failure hands it to a human to create again.
+        kube.delete_workload(kind, ns, name, uid=old_uid)
+        ctx.record("delete", f"{kind} {ns}/{name} deleted", {"uid": old_uid})
+        # From here on the job exists only in `manifest`: a failure hands it to a human to create again.
         try:
-            if not self._wait(ctx, lambda: _gone(kube, ns, name, old_uid)):
+            if not self._wait(ctx, lambda: _gone(kube, kind, ns, name, old_uid)):
                 raise errors.BackendError(
-                    f"Job {ns}/{name} still exists {self.operator_timeout_seconds:g}s after delete"
+                    f"{kind} {ns}/{name} still exists {self.operator_timeout_seconds:g}s after delete"
                 )
-            created = kube.create_workload("Job", ns, manifest)
+            created = kube.create_workload(kind, ns, manifest)
         except errors.BackendError as exc:
-            reason = f"Job {ns}/{name} was deleted but not recreated ({exc}); its manifest is in the output"
+            reason = (
+                f"{kind} {ns}/{name} was deleted but not recreated ({exc}); its manifest is in the output"
+            )
             return _stranded(exc, command, reason, output=json.dumps(manifest, indent=1))
         return Ok(
             command=command,
-            output=f"Job {ns}/{name} recreated",
+            output=f"{kind} {ns}/{name} recreated",
             data={"previous_uid": old_uid, "uid": created["metadata"]["uid"]},
         )
 
@@ -466,10 +494,21 @@ class ValidateNode(KubernetesAction):
         try:
             pod = kube.get_pod(namespace, pod_name)
         except errors.NotFound:
-            kube.create_pod(
-                namespace, validation_pod(namespace, pod_name, node, argv, cfg.validation_image, timeout)
+            gpus = validation_gpus(cfg.validation_gpus, cfg.validation_gpu_resource, kube.get_node(node))
+            if gpus == 0:
+                return Failed(
+                    command=command,
+                    reason=f"node {node} advertises no allocatable {cfg.validation_gpu_resource}: counts as failed "
+                    "(its GPUs or their device plugin are gone)",
+                    data={"node": node, "verdict": "fail"},
+                )
+            manifest = validation_pod(namespace, pod_name, node, argv, timeout, gpus, cfg)
+            kube.create_pod(namespace, manifest)
+            ctx.record(
+                "validation_pod",
+                f"pod {namespace}/{pod_name} created on {node} ({gpus} {cfg.validation_gpu_resource})",
+                {"argv": argv, "gpus": gpus},
             )
-            ctx.record("validation_pod", f"pod {namespace}/{pod_name} created on {node}", {"argv": argv})
             return Retry(command=command, reason=f"validation pod {pod_name} started", after=cfg.poll_seconds)
         phase = (pod.get("status") or {}).get("phase") or "Pending"
         if phase not in ("Succeeded", "Failed"):
@@ -517,10 +556,49 @@ def validation_pod_name(node: str, run: int) -> str:
     return name
 
 
+def validation_gpus(wanted: str, resource: str, node: Mapping[str, Any]) -> int:
+    """How many GPUs the validation pod requests: ``wanted`` ("all": the node's allocatable ``resource``)."""
+    if wanted != "all":
+        return int(wanted)
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    value = str(allocatable.get(resource, "0"))
+    return int(value) if value.isdigit() else 0
+
+
 def validation_pod(
-    namespace: str, name: str, node: str, argv: list[str], image: str, timeout: int
+    namespace: str, name: str, node: str, argv: list[str], timeout: int, gpus: int, cfg: RepairSettings
 ) -> dict[str, Any]:
-    """The pod that validates ``node``: pinned to it, tolerating every taint (ours included), never restarted."""
+    """The pod that validates ``node``: pinned to it, tolerating every taint (ours included), never restarted,
+    requesting ``gpus`` of ``cfg.validation_gpu_resource`` (the device plugin hands it those GPUs and no other),
+    in ``cfg.validation_runtime_class``, with the restricted securityContext save the user: no privilege
+    escalation, every capability dropped, seccomp RuntimeDefault; non-root only with
+    ``cfg.validation_run_as_user`` (parts of ``dcgmi diag`` need root)."""
+    pod_security: dict[str, Any] = {"seccompProfile": {"type": "RuntimeDefault"}}
+    container_security: dict[str, Any] = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    if cfg.validation_run_as_user:
+        pod_security.update(runAsNonRoot=True, runAsUser=cfg.validation_run_as_user)
+    spec: dict[str, Any] = {
+        "nodeName": node,
+        "restartPolicy": "Never",
+        "activeDeadlineSeconds": timeout,
+        "tolerations": [{"operator": "Exists"}],
+        "automountServiceAccountToken": False,
+        "securityContext": pod_security,
+        "containers": [
+            {
+                "name": "validate",
+                "image": cfg.validation_image,
+                "command": argv,
+                "resources": {"limits": {cfg.validation_gpu_resource: str(gpus)}},
+                "securityContext": container_security,
+            }
+        ],
+    }
+    if cfg.validation_runtime_class:
+        spec["runtimeClassName"] = cfg.validation_runtime_class
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -533,20 +611,7 @@ def validation_pod(
             },
             "annotations": {VALIDATES: node},
         },
-        "spec": {
-            "nodeName": node,
-            "restartPolicy": "Never",
-            "activeDeadlineSeconds": timeout,
-            "tolerations": [{"operator": "Exists"}],
-            "containers": [
-                {
-                    "name": "validate",
-                    "image": image,
-                    "command": argv,
-                    "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -611,14 +676,14 @@ def _exclude(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
     required["nodeSelectorTerms"] = terms
 
 
-def fresh_job_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, Any]:
-    """The create body for a new incarnation of ``job``: same name, labels, annotations and spec; none of the
-    server-owned fields (uid, resourceVersion, status...) and, unless the selector is manual, none of the
-    uid-derived selector and labels, which the apiserver generates afresh for the new uid."""
+def fresh_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, Any]:
+    """The create body for a new incarnation of ``job`` (any training kind): same name, labels, annotations and
+    spec; none of the server-owned fields (uid, resourceVersion, status...) and, for a batch/v1 Job whose selector
+    is not manual, none of the uid-derived selector and labels, which the apiserver generates afresh."""
     meta = job["metadata"]
     spec = json.loads(json.dumps(job["spec"]))
     labels = dict(meta.get("labels") or {})
-    if not spec.get("manualSelector"):
+    if job.get("kind", "Job") == "Job" and not spec.get("manualSelector"):
         spec.pop("selector", None)
         template_labels = spec.get("template", {}).get("metadata", {}).get("labels") or {}
         for key in GENERATED_JOB_LABELS:
@@ -628,8 +693,8 @@ def fresh_job_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, A
     # Non-controller owners (garbage-collection parents) still own the new incarnation.
     owners = {"ownerReferences": meta["ownerReferences"]} if meta.get("ownerReferences") else {}
     return {
-        "apiVersion": "batch/v1",
-        "kind": "Job",
+        "apiVersion": job.get("apiVersion", "batch/v1"),
+        "kind": job.get("kind", "Job"),
         "metadata": {
             **owners,
             "name": meta["name"],
@@ -641,9 +706,9 @@ def fresh_job_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, A
     }
 
 
-def _gone(kube: KubeClient, ns: str, name: str, uid: str) -> bool:
+def _gone(kube: KubeClient, kind: str, ns: str, name: str, uid: str) -> bool:
     try:
-        return kube.get_workload("Job", ns, name)["metadata"]["uid"] != uid
+        return kube.get_workload(kind, ns, name)["metadata"]["uid"] != uid
     except errors.NotFound:
         return True
 

@@ -17,7 +17,8 @@ from app.clients import Clients
 from app.config import Settings
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
-from app.job_phase import JobStatus, pods_status, slurm_phase
+from app.job_phase import JobStatus, slurm_phase
+from app.workloads import kubernetes_job_status
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,7 @@ class KubernetesBackend:
         return True  # in-cluster credentials need no setting
 
     def job_status(self, target: Mapping[str, str]) -> JobStatus:
-        return pods_status(self.clients.kube.job_pods(target["namespace"], target["job"]))
+        return kubernetes_job_status(self.clients.kube, target)
 
     def pool(self, node: str) -> Pool:
         kube, label = self.clients.kube, self.pool_label

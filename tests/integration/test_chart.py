@@ -31,7 +31,7 @@ from app.config import load_settings
 from app.permissions import load_permissions
 from app.playbooks import load_playbooks
 from rules import gen_prometheusrule
-from tests.fixtures.containers import CHART, HELM_TIMEOUT_SECONDS, RenderRefused, render
+from tests.fixtures.containers import CHART, HELM_TIMEOUT_SECONDS, RenderRefused, rbac_grants, render
 from tests.fixtures.kube import KubeAdmin, assert_contains
 from tests.fixtures.monitoring import KINDS, crd
 from tests.fixtures.procs import free_port
@@ -92,7 +92,7 @@ def test_the_defaults_are_one_advisory_replica_on_sqlite(helm: str) -> None:
     volumes = {volume["name"]: volume for volume in pod["volumes"]}
 
     assert kinds(docs) == [
-        "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PersistentVolumeClaim",
+        "ClusterRole", "ClusterRole", "ClusterRoleBinding", "ConfigMap", "Deployment", "PersistentVolumeClaim",
         "PodDisruptionBudget", "Role", "RoleBinding", "Service", "ServiceAccount",
     ]  # fmt: skip
     assert (deployment["spec"]["replicas"], deployment["spec"]["strategy"]["type"]) == (1, "Recreate")
@@ -413,3 +413,45 @@ def test_the_schedulers_value_reaches_the_settings(helm: str, tmp_path: Path) ->
         folder.mkdir()
         files = config_documents(render(helm, *args), folder)
         assert load_settings(files["config.yaml"], env={}).schedulers == expected
+
+
+def test_the_rendered_rbac_is_exactly_the_documented_table(helm: str) -> None:
+    """Every rule the chart renders is one of files/rbac.yaml's, bound in its group's scope and no wider (and
+    each of them is rendered); docs/kubernetes.md's table is that file's. Whatever the template does, a rule
+    broader than the table fails here."""
+    namespaces = {"cluster": [""], "training": ["ml", "research"], "validation": ["gpu-checks"]}
+    docs = render(
+        helm, "--set", "rbac.trainingNamespaces={ml,research}", "--set", "rbac.validationNamespace=gpu-checks"
+    )
+    groups = yaml.safe_load((CHART / "files" / "rbac.yaml").read_text())["groups"]
+    documented = {
+        (verb, api_group, resource, namespace)
+        for name, group in groups.items()
+        for namespace in namespaces[name]
+        for rule in group["rules"]
+        for api_group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    rendered = rbac_grants(docs)
+
+    assert sorted(set(rendered) - documented) == [], "rendered but not documented (or bound wider)"
+    assert sorted(documented - set(rendered)) == [], "documented but not rendered"
+    assert not [g for g in rendered if "*" in g], "no wildcard"
+    cluster_wide = {(verb, resource) for verb, _, resource, namespace in rendered if namespace == ""}
+    assert not {("create", "pods"), ("create", "jobs")} & cluster_wide
+    assert {verb for verb, _, _, ns in rendered if ns == ""} <= {"get", "list", "patch"}
+    done = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "rbac_table.py"), "--check"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_default_chart_acts_in_no_namespace_until_told(helm: str) -> None:
+    """rbac.trainingNamespaces empty: reads and cordons only; no RoleBinding of the training role anywhere."""
+    rendered = rbac_grants(render(helm))
+    assert {ns for *_, ns in rendered} == {"", "nightshift"}
+    assert {(v, r) for v, _, r, ns in rendered if ns == "nightshift"} == {
+        ("create", "pods"), ("get", "pods"), ("delete", "pods"), ("get", "pods/log"),
+    }  # fmt: skip

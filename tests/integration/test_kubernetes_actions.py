@@ -20,9 +20,12 @@ from app.actions.base import ActionContext
 from app.actions.kubernetes import CORDONED_AT, CORDONED_BY, RESTARTED_AT, SUSPENDED_BY, RestartJob
 from app.clients.kube import CONFLICT_ATTEMPTS, KubeClient
 from app.errors import CredentialRejected
+from app.job_phase import JobPhase
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
+from app.workloads import kubernetes_job_status
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (
+    GPU,
     TRAINING_KINDS,
     KubeAdmin,
     KubeCluster,
@@ -400,6 +403,163 @@ def test_restart_completes_one_it_left_suspended(
         assert operator.observed == [True, False]
     finally:
         operator.stop()
+
+
+def finish(admin: KubeAdmin, namespace: str, kind: str, name: str, condition: str) -> None:
+    """Play the operator finishing the job: its terminal condition True in the status it writes."""
+    status = {"conditions": [{"type": condition, "status": "True", "reason": f"Job{condition}",
+                              "lastTransitionTime": "2025-01-01T00:00:00Z"}]}  # fmt: skip
+    admin.merge_patch(
+        TRAINING_KINDS[kind][0], kind, name, {"status": status}, namespace=namespace, status=True
+    )
+
+
+@pytest.mark.parametrize("kind", ["PyTorchJob", "JobSet"])
+def test_a_failed_job_is_recreated_from_its_spec_off_the_culprits_not_suspended(
+    kind: str, kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """Its operator acts on no suspend once the job has finished (no operator runs here: a suspend would wait
+    for a Suspended condition that never comes); a new incarnation is created instead."""
+    before = kube_admin.create_training_job(kube_namespace, kind, "dead")
+    finish(kube_admin, kube_namespace, kind, "dead", "Failed")
+
+    outcome = run_action(
+        "kubernetes.restart_job", kube_context(), namespace=kube_namespace, name="dead", kind=kind,
+        exclude_nodes="gpu-7",
+    )  # fmt: skip
+
+    assert isinstance(outcome, Ok), outcome
+    after = kube_admin.get(TRAINING_KINDS[kind][0], kind, "dead", kube_namespace)
+    assert after["metadata"]["uid"] != before["metadata"]["uid"] == outcome.data["previous_uid"]
+    assert "status" not in after or not after["status"].get("conditions")
+    assert is_suspended(kind, after) is False and RESTARTED_AT in after["metadata"]["annotations"]
+    if kind == "PyTorchJob":
+        templates = [r["template"] for r in after["spec"]["pytorchReplicaSpecs"].values()]
+    else:
+        templates = [j["template"]["spec"]["template"] for j in after["spec"]["replicatedJobs"]]
+    for template in templates:
+        [term] = template["spec"]["affinity"]["nodeAffinity"][
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ]["nodeSelectorTerms"]
+        assert {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-7"]} in term[
+            "matchExpressions"
+        ]
+
+
+def test_a_job_that_succeeded_is_not_restarted(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    before = kube_admin.create_training_job(kube_namespace, "PyTorchJob", "done")
+    finish(kube_admin, kube_namespace, "PyTorchJob", "done", "Succeeded")
+
+    outcome = run_action(
+        "kubernetes.restart_job", kube_context(), namespace=kube_namespace, name="done", kind="PyTorchJob"
+    )
+
+    assert isinstance(outcome, Failed) and "has finished (Succeeded): not restarted" in outcome.reason
+    after = kube_admin.get(TRAINING_KINDS["PyTorchJob"][0], "PyTorchJob", "done", kube_namespace)
+    assert after["metadata"]["uid"] == before["metadata"]["uid"] and after["spec"] == before["spec"]
+
+
+def test_a_trainjob_is_not_restarted_off_a_node_that_is_not_cordoned(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """Its pod templates are in its TrainingRuntime: only a cordon keeps the new pods off a node (a straggler's
+    node, which is not cordoned, cannot be excluded)."""
+    trainjob = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob",
+                "metadata": {"name": "tj", "namespace": kube_namespace},
+                "spec": {"runtimeRef": {"name": "torch"}}}  # fmt: skip
+    kube_admin.apply(trainjob)
+    free, cordoned = kube_admin.create_node(), kube_admin.create_node(unschedulable=True)
+
+    outcome = run_action(
+        "kubernetes.restart_job", kube_context(), namespace=kube_namespace, name="tj", kind="TrainJob",
+        exclude_nodes=f"{cordoned},{free}",
+    )  # fmt: skip
+
+    assert isinstance(outcome, Failed) and f"{free} is not cordoned" in outcome.reason, outcome
+    assert cordoned not in outcome.reason
+    after = kube_admin.get("trainer.kubeflow.org/v1alpha1", "TrainJob", "tj", kube_namespace)
+    assert not after["spec"].get("suspend")
+
+
+@pytest.mark.parametrize(
+    ("condition", "phase"),
+    [("Failed", JobPhase.DIED), ("Succeeded", JobPhase.COMPLETED), (None, JobPhase.UNKNOWN)],
+)
+def test_a_finished_jobs_status_comes_from_its_conditions_when_its_pods_are_gone(
+    condition: str | None,
+    phase: JobPhase,
+    kube_admin: KubeAdmin,
+    kube_context: MakeContext,
+    kube_namespace: str,
+) -> None:
+    """The training operator's cleanPodPolicy removed the pods; the PyTorchJob's conditions still say how it ended."""
+    kube_admin.create_training_job(kube_namespace, "PyTorchJob", "gone")
+    if condition:
+        finish(kube_admin, kube_namespace, "PyTorchJob", "gone", condition)
+    target = {"scheduler": "kubernetes", "namespace": kube_namespace, "job": "gone", "kind": "PyTorchJob"}
+
+    status = kubernetes_job_status(kube_context().clients.kube, target)
+
+    assert status.phase is phase, status
+    if condition:
+        assert status.state.startswith(f"PyTorchJob {condition}")
+
+
+# -- node validation -----------------------------------------------------------------------------------------
+
+
+def test_the_validation_pod_requests_the_nodes_gpus_in_its_runtime_class_restricted(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """What the apiserver stored: the node's 4 GPUs requested (the device plugin hands those and no others), the
+    runtime class (admitted: it exists), and the restricted profile's fields (Pod Security Standards, restricted:
+    runAsNonRoot, allowPrivilegeEscalation false, capabilities drop ALL, seccomp RuntimeDefault)."""
+    kube_admin.apply({"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": "nvidia"},
+                      "handler": "nvidia"})  # fmt: skip
+    node = kube_admin.create_node(gpus=4)
+    ctx = kube_context()
+    repair = ctx.settings.repair
+    repair.validation_namespace, repair.validation_runtime_class = kube_namespace, "nvidia"
+    repair.validation_run_as_user = 1000
+
+    started = run_action("kubernetes.validate_node", ctx, node=node, run="7")
+
+    assert isinstance(started, Retry), started
+    pod = kube_admin.get("v1", "Pod", f"nightshift-validate-{node}-7", kube_namespace)
+    spec = pod["spec"]
+    [container] = spec["containers"]
+    assert container["resources"]["limits"] == {GPU: "4"} and spec["runtimeClassName"] == "nvidia"
+    assert spec["nodeName"] == node and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"] == {
+        "runAsNonRoot": True, "runAsUser": 1000, "seccompProfile": {"type": "RuntimeDefault"},
+    }  # fmt: skip
+    assert container["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert not any(e["name"] == "NVIDIA_VISIBLE_DEVICES" for e in container.get("env") or [])
+
+
+def test_the_validation_pod_requests_a_set_number_of_gpus_and_a_node_without_any_fails(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    ctx = kube_context()
+    ctx.settings.repair.validation_namespace, ctx.settings.repair.validation_gpus = kube_namespace, "1"
+    node = kube_admin.create_node(gpus=8)
+
+    assert isinstance(run_action("kubernetes.validate_node", ctx, node=node, run="1"), Retry)
+    pod = kube_admin.get("v1", "Pod", f"nightshift-validate-{node}-1", kube_namespace)
+    assert pod["spec"]["containers"][0]["resources"]["limits"] == {GPU: "1"}
+    assert "runtimeClassName" not in pod["spec"] and "runAsUser" not in pod["spec"]["securityContext"]
+
+    ctx.settings.repair.validation_gpus = "all"
+    bare = kube_admin.create_node(gpus=0)
+    outcome = run_action("kubernetes.validate_node", ctx, node=bare, run="1")
+    assert isinstance(outcome, Failed) and "advertises no allocatable nvidia.com/gpu" in outcome.reason
+    assert outcome.data["verdict"] == "fail"
+    assert kube_admin.pod_or_none(kube_namespace, f"nightshift-validate-{bare}-1") is None
 
 
 # -- errors --------------------------------------------------------------------------------------------------

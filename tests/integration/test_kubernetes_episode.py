@@ -7,26 +7,18 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from app.actions import default_registry
 from app.alertmanager import parse_notification
-from app.clients import Clients
-from app.clock import SystemClock
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
-from app.metrics import Metrics
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
+from app.config import Settings
+from app.engine import Engine
 from app.states import RepairState
-from app.store import Store, repairs
-from app.workloads import WorkloadResolver
-from tests.fakes import FakePrometheus, FakeSample
+from app.store import repairs
 from tests.fixtures.fake_kubelet import FakeKubelet
-from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeCluster, SuspendController
+from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeEngine, SuspendController
 from tests.payloads import alert, payload
 
 pytestmark = pytest.mark.integration
@@ -55,45 +47,16 @@ steps:
 
 
 @pytest.fixture
-def engine(
-    kube_cluster: KubeCluster, kube_namespace: str, tmp_path: Path
-) -> Iterator[tuple[Engine, FakePrometheus]]:
-    settings = kube_cluster.settings()
-    settings.data_dir = str(tmp_path / "var")
-    settings.repair.validation_namespace = kube_namespace
-    settings.repair.poll_seconds = 1
-    settings.repair.return_timeout_seconds = 60
-    settings.episodes.correlation_seconds = 2
-    settings.guards.defer_seconds = 1
-    store = Store.from_url(settings.resolved_store_url)
-    store.create_schema()
-    registry = default_registry()
-    # The shipped playbooks, polling the verification every 2 s instead of 90 s.
-    shipped = (ROOT / "playbooks" / "gpu-xid.yaml").read_text().replace("interval: 90s", "interval: 2s")
-    assert "interval: 2s" in shipped
-    prometheus = FakePrometheus()
-    prometheus.default = [FakeSample({"up": "1"}, 1.0)]  # the re-check holds and the job makes progress again
-    clients = Clients(settings, prometheus=prometheus)
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(
-            [
-                *parse_playbooks(shipped, "gpu-xid.yaml", registry),
-                *parse_playbooks(NCCL_K8S, "n.yaml", registry),
-            ]
-        ),
-        registry=registry,
-        permissions=Permissions(Grant(action=name) for name in GRANTS),
-        clients=clients,
-        clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
-        workloads=WorkloadResolver(lambda: clients.kube),
-    )
-    yield Engine(deps), prometheus
-    clients.close()
-    store.dispose()
+def engine(kube_engine: Callable[..., KubeEngine], kube_namespace: str) -> Engine:
+    """The shipped gpu-xid playbooks and an NCCL twin, acting, validation pods in the test's namespace."""
+
+    def settings(s: Settings) -> None:
+        s.repair.validation_namespace = kube_namespace
+        s.repair.return_timeout_seconds = 60
+        s.episodes.correlation_seconds = 2
+
+    shipped = (ROOT / "playbooks" / "gpu-xid.yaml").read_text()
+    return kube_engine(f"{shipped}\n---\n{NCCL_K8S}", GRANTS, settings).engine
 
 
 def labels(alertname: str, node: str, pod: str, namespace: str, **extra: str) -> dict[str, str]:
@@ -102,12 +65,12 @@ def labels(alertname: str, node: str, pod: str, namespace: str, **extra: str) ->
 
 
 def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_after_validation(
-    engine: tuple[Engine, FakePrometheus],
+    engine: Engine,
     kube_admin: KubeAdmin,
     fake_kubelet: FakeKubelet,
     kube_namespace: str,
 ) -> None:
-    nccl_engine, _ = engine
+    nccl_engine = engine
     ns = kube_namespace
     healthy, faulty = (kube_admin.create_node("gpu", kubelet_port=fake_kubelet.port) for _ in range(2))
     job = kube_admin.create_training_job(ns, "PyTorchJob", "llama")

@@ -1,8 +1,12 @@
-"""deploy/ on a real kube-apiserver: the ClusterRole suffices for every Kubernetes action, and grants no more.
+"""The chart's RBAC on a real kube-apiserver: its roles suffice for every Kubernetes action, and grant no more.
 
-The ``remediator`` token authenticates as the ``nightshift/nightshift`` ServiceAccount (tests/fixtures/kube.py),
-so deploy/rbac.yaml is applied unchanged. Every manifest in deploy/ is also created on the apiserver and read
-back, which catches misspelt fields (a 1.20 apiserver silently drops unknown fields rather than rejecting them).
+The chart is rendered with one training namespace (``rbac.trainingNamespaces``) and its RBAC objects applied
+unchanged; the ``remediator`` token authenticates as the ``nightshift/nightshift`` ServiceAccount
+(tests/fixtures/kube.py). Every action then runs with that identity, and SubjectAccessReviews check that what lies
+outside the documented rules is refused: creating pods or Jobs anywhere but where the table says, acting in a
+namespace not listed, exec, secrets, deleting nodes. Every manifest of deploy/ (the chart with its defaults) is
+also created on the apiserver and read back, which catches misspelt fields (a 1.20 apiserver silently drops unknown
+fields rather than rejecting them).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from app.actions.kubernetes import ACTIONS
 from app.clients.kube import KubeClient
 from app.config import load_settings
 from app.outcome import Ok, Retry
+from tests.fixtures.containers import rbac_grants, render
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (
     IDENTITIES,
@@ -39,20 +44,30 @@ pytestmark = pytest.mark.integration
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = ("namespace.yaml", "rbac.yaml", "configmap.yaml", "deployment.yaml", "service.yaml")
+TRAINING = "rbac-training"  # the one namespace the rendered chart lets Nightshift act in
+ELSEWHERE = "rbac-elsewhere"  # a namespace it does not list
+RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
 def documents(name: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all((DEPLOY / name).read_text()) if doc]
 
 
-def role_rules() -> list[dict[str, Any]]:
-    return next(d for d in documents("rbac.yaml") if d["kind"] == "ClusterRole")["rules"]
+@pytest.fixture(scope="module")
+def chart_rbac(helm: str) -> list[dict[str, Any]]:
+    """The chart's RBAC objects, rendered to act in :data:`TRAINING`."""
+    docs = render(helm, "--set", f"rbac.trainingNamespaces={{{TRAINING}}}", namespace=REMEDIATOR_NAMESPACE)
+    return [doc for doc in docs if doc["kind"] in RBAC_KINDS]
 
 
 @pytest.fixture(scope="module")
-def remediator(kube_cluster: KubeCluster, kube_admin: KubeAdmin) -> Iterator[KubeCluster]:
-    """deploy/rbac.yaml (and its namespace) applied, and in force for the remediator identity."""
-    for doc in [*documents("namespace.yaml"), *documents("rbac.yaml")]:
+def remediator(
+    kube_cluster: KubeCluster, kube_admin: KubeAdmin, chart_rbac: list[dict[str, Any]]
+) -> Iterator[KubeCluster]:
+    """The rendered RBAC (and its namespaces) applied, and in force for the remediator identity."""
+    for namespace in (REMEDIATOR_NAMESPACE, TRAINING, ELSEWHERE):
+        kube_admin.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    for doc in chart_rbac:
         kube_admin.apply(doc)
     kube = KubeClient.from_settings(kube_cluster.settings("remediator"))
     wait_until(lambda: kube.check() is None, 30, "the ClusterRoleBinding to take effect")
@@ -60,42 +75,41 @@ def remediator(kube_cluster: KubeCluster, kube_admin: KubeAdmin) -> Iterator[Kub
     yield kube_cluster
 
 
-def access_review(
-    admin: KubeAdmin, verb: str, group: str, resource: str, namespace: str = "training"
-) -> bool:
-    """Would the ServiceAccount be allowed ``verb`` on ``group/resource`` (``pods/eviction`` style)?"""
+def access_review(admin: KubeAdmin, verb: str, group: str, resource: str, namespace: str) -> bool:
+    """Would the ServiceAccount be allowed ``verb`` on ``group/resource`` (``pods/eviction`` style) in
+    ``namespace`` ("" : cluster-wide, or a cluster-scoped resource)?"""
     user, groups = IDENTITIES["remediator"]
     name, _, subresource = resource.partition("/")
     review = admin.resource("authorization.k8s.io/v1", "SubjectAccessReview").create(body={
         "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
         "spec": {"user": user, "groups": list(groups), "resourceAttributes": {
-            "verb": verb, "group": group, "resource": name, "subresource": subresource,
-            "namespace": "" if name == "nodes" else namespace,
+            "verb": verb, "group": group, "resource": name, "subresource": subresource, "namespace": namespace,
         }},
     })  # fmt: skip
     return bool(review.status.allowed)
 
 
-def test_the_binding_names_the_deployments_service_account() -> None:
-    rbac = documents("rbac.yaml")
-    account = next(d for d in rbac if d["kind"] == "ServiceAccount")["metadata"]
-    binding = next(d for d in rbac if d["kind"] == "ClusterRoleBinding")
+def test_the_bindings_name_the_deployments_service_account(chart_rbac: list[dict[str, Any]]) -> None:
+    account = next(d for d in documents("rbac.yaml") if d["kind"] == "ServiceAccount")["metadata"]
     deployment = documents("deployment.yaml")[0]
+    bindings = [d for d in chart_rbac if d["kind"] in ("ClusterRoleBinding", "RoleBinding")]
 
     assert (account["namespace"], account["name"]) == (REMEDIATOR_NAMESPACE, REMEDIATOR_SERVICE_ACCOUNT)
-    assert binding["subjects"] == [
-        {"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}
-    ]
+    assert bindings and all(
+        b["subjects"]
+        == [{"kind": "ServiceAccount", "name": account["name"], "namespace": account["namespace"]}]
+        for b in bindings
+    )
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
 
 
-def test_every_action_succeeds_with_only_the_deploy_role(
+def test_every_action_succeeds_with_only_the_charts_roles(
     remediator: KubeCluster,
     kube_admin: KubeAdmin,
     kube_context: Callable[..., ActionContext],
     fake_kubelet: FakeKubelet,
 ) -> None:
-    ns = kube_admin.create_namespace("rbac")
+    ns = TRAINING
     node = kube_admin.create_node(kubelet_port=fake_kubelet.port)
     evictee = kube_admin.create_pod(ns, node=node, labels={"app": "evictee"})
     kube_admin.create_pdb(ns, {"app": "evictee"}, disruptions_allowed=1)
@@ -104,6 +118,11 @@ def test_every_action_succeeds_with_only_the_deploy_role(
     kube_admin.create_job(ns, "job")
     for kind, name in (("PyTorchJob", "ptj"), ("JobSet", "js")):
         kube_admin.create_training_job(ns, kind, name)
+    failed = kube_admin.create_training_job(ns, "PyTorchJob", "failed")
+    kube_admin.merge_patch(
+        "kubeflow.org/v1", "PyTorchJob", "failed", namespace=ns, status=True,
+        patch={"status": {"conditions": [{"type": "Failed", "status": "True"}]}},
+    )  # fmt: skip
     operators = [
         SuspendController(kube_admin, "PyTorchJob", ns, "ptj"),
         SuspendController(kube_admin, "JobSet", ns, "js"),
@@ -119,52 +138,75 @@ def test_every_action_succeeds_with_only_the_deploy_role(
         ("kubernetes.restart_job", {"namespace": ns, "name": "job", "kind": "Job"}),
         ("kubernetes.restart_job", {"namespace": ns, "name": "ptj", "kind": "PyTorchJob"}),
         ("kubernetes.restart_job", {"namespace": ns, "name": "js", "kind": "JobSet"}),
+        ("kubernetes.restart_job", {"namespace": ns, "name": "failed", "kind": "PyTorchJob"}),  # recreated
     ]
     validation = {
         "node": node,
         "run": "1",
     }  # a node repair's validation pod, in the chart's release namespace
+    ctx.settings.repair.validation_namespace = REMEDIATOR_NAMESPACE
     try:
         outcomes = {
-            f"{name}:{params.get('kind', '')}": run_action(name, ctx, **params) for name, params in steps
+            f"{name}:{params.get('name', '')}": run_action(name, ctx, **params) for name, params in steps
         }
         started = run_action("kubernetes.validate_node", ctx, **validation)
         assert isinstance(started, Retry), started
-        namespace = ctx.settings.repair.validation_namespace
-        assert fake_kubelet.finish_validation_pods(kube_admin, namespace, {node: 0})
+        assert fake_kubelet.finish_validation_pods(kube_admin, REMEDIATOR_NAMESPACE, {node: 0})
         outcomes["kubernetes.validate_node:"] = run_action("kubernetes.validate_node", ctx, **validation)
     finally:
         for operator in operators:
             operator.stop()
 
-    failed = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, Ok)}
-    assert failed == {}
+    refused = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, Ok)}
+    assert refused == {}
     assert outcomes["kubernetes.pod_logs:"].data["log"] == "NCCL WARN timeout\n"
+    recreated = kube_admin.get("kubeflow.org/v1", "PyTorchJob", "failed", ns)
+    assert recreated["metadata"]["uid"] != failed["metadata"]["uid"]
     assert {name for name, _ in steps} | {"kubernetes.validate_node"} == {
         action.name for action in ACTIONS
     }, "an action is missing from this test"
 
 
-def test_the_role_grants_its_rules_and_nothing_else(remediator: KubeCluster, kube_admin: KubeAdmin) -> None:
-    granted = [
-        (verb, group, resource)
-        for rule in role_rules()
-        for group in rule["apiGroups"]
-        for resource in rule["resources"]
-        for verb in rule["verbs"]
-    ]
-    outside = [
-        ("delete", "", "nodes"), ("update", "", "nodes"), ("patch", "", "nodes/status"),
-        ("create", "", "pods"), ("patch", "", "pods"), ("create", "", "pods/exec"),
-        ("get", "", "secrets"), ("list", "", "secrets"), ("get", "", "configmaps"),
-        ("update", "batch", "jobs"), ("patch", "batch", "jobs"), ("list", "batch", "jobs"),
-        ("delete", "kubeflow.org", "pytorchjobs"), ("create", "kubeflow.org", "pytorchjobs"),
-        ("delete", "jobset.x-k8s.io", "jobsets"), ("update", "jobset.x-k8s.io", "jobsets"),
-        ("create", "rbac.authorization.k8s.io", "clusterrolebindings"), ("impersonate", "", "users"),
-    ]  # fmt: skip
+def test_the_same_actions_are_refused_in_a_namespace_not_listed(
+    remediator: KubeCluster, kube_admin: KubeAdmin, kube_context: Callable[..., ActionContext]
+) -> None:
+    kube_admin.create_job(ELSEWHERE, "job")
+    kube_admin.create_training_job(ELSEWHERE, "PyTorchJob", "ptj")
+    ctx = kube_context("remediator")
 
-    assert all(access_review(kube_admin, *attrs) for attrs in granted), (
-        "the review must see what the role grants"
+    for kind, name in (("Job", "job"), ("PyTorchJob", "ptj")):
+        outcome = run_action("kubernetes.restart_job", ctx, namespace=ELSEWHERE, name=name, kind=kind)
+        assert outcome.status == "credential_error", outcome
+        assert "forbidden" in outcome.reason.lower() and ELSEWHERE in outcome.reason
+    assert (
+        kube_admin.get("kubeflow.org/v1", "PyTorchJob", "ptj", ELSEWHERE)["spec"]["runPolicy"]["suspend"]
+        is False
+    )
+
+
+def test_the_roles_grant_their_rules_where_bound_and_nothing_else(
+    remediator: KubeCluster, kube_admin: KubeAdmin, chart_rbac: list[dict[str, Any]]
+) -> None:
+    outside = [
+        ("delete", "", "nodes", ""), ("update", "", "nodes", ""), ("patch", "", "nodes/status", ""),
+        ("create", "", "pods", ""), ("create", "", "pods", TRAINING), ("create", "", "pods", ELSEWHERE),
+        ("patch", "", "pods", TRAINING), ("delete", "", "pods", ELSEWHERE),
+        ("create", "", "pods/eviction", ELSEWHERE), ("get", "", "pods/log", ELSEWHERE),
+        ("create", "", "pods/exec", TRAINING), ("get", "", "pods/exec", TRAINING),
+        ("create", "batch", "jobs", ""), ("create", "batch", "jobs", ELSEWHERE),
+        ("create", "batch", "jobs", REMEDIATOR_NAMESPACE), ("delete", "batch", "jobs", ELSEWHERE),
+        ("update", "batch", "jobs", TRAINING), ("patch", "batch", "jobs", TRAINING), ("list", "batch", "jobs", ""),
+        ("patch", "kubeflow.org", "pytorchjobs", ELSEWHERE), ("create", "kubeflow.org", "pytorchjobs", ""),
+        ("update", "jobset.x-k8s.io", "jobsets", TRAINING),
+        ("get", "", "secrets", TRAINING), ("list", "", "secrets", ""), ("get", "", "configmaps", TRAINING),
+        ("create", "rbac.authorization.k8s.io", "rolebindings", TRAINING), ("impersonate", "", "users", ""),
+        ("create", "", "serviceaccounts/token", TRAINING),
+    ]  # fmt: skip
+    rules = rbac_grants(chart_rbac)
+
+    assert ("create", "", "pods", REMEDIATOR_NAMESPACE) in rules  # the validation pods, and only there
+    assert all(access_review(kube_admin, *attrs) for attrs in rules), (
+        "the review must see what the roles grant"
     )
     assert [attrs for attrs in outside if access_review(kube_admin, *attrs)] == []
 
@@ -198,3 +240,6 @@ def test_the_shipped_settings_load(tmp_path: Path) -> None:
 
     assert settings.kubernetes.kubeconfig is None  # in-cluster ServiceAccount
     assert settings.permissions_file is None  # advisory until an operator opts in
+    assert (
+        settings.repair.validation_namespace == REMEDIATOR_NAMESPACE
+    )  # where the chart's Role lets pods be made

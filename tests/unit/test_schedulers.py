@@ -13,7 +13,7 @@ from app.actions import default_registry
 from app.actions.kubernetes import CORDONED_BY, OWNER
 from app.engine import scheduler_backends as backends
 from app.errors import ParamError
-from app.job_phase import JobPhase, pods_status
+from app.job_phase import JobPhase, workload_status
 from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,12 +81,12 @@ def test_a_kubernetes_jobs_status_is_read_from_its_pods() -> None:
     def pod(phase: str, node: str | None = None) -> dict[str, object]:
         return {"status": {"phase": phase}, "spec": {"nodeName": node} if node else {}}
 
-    assert pods_status([]).phase == JobPhase.UNKNOWN
-    running = pods_status([pod("Running", "n2"), pod("Pending"), pod("Running", "n1")])
+    assert workload_status("", None, []).phase == JobPhase.UNKNOWN
+    running = workload_status("", None, [pod("Running", "n2"), pod("Pending"), pod("Running", "n1")])
     assert (running.phase, running.nodes, running.state) == (JobPhase.RUNNING, ("n1", "n2"), "Running")
-    assert pods_status([pod("Pending")]).phase == JobPhase.WAITING
-    assert pods_status([pod("Succeeded", "n1")]).phase == JobPhase.COMPLETED
-    died = pods_status([pod("Failed", "n1"), pod("Succeeded", "n2")])
+    assert workload_status("", None, [pod("Pending")]).phase == JobPhase.WAITING
+    assert workload_status("", None, [pod("Succeeded", "n1")]).phase == JobPhase.COMPLETED
+    died = workload_status("", None, [pod("Failed", "n1"), pod("Succeeded", "n2")])
     assert (died.phase, died.state) == (JobPhase.DIED, "Failed,Succeeded")
 
 

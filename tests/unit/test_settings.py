@@ -81,6 +81,14 @@ def test_the_example_settings_work_from_any_directory(
         ),
         ("slurm:\n  port: 70000\n", "settings.yaml:2: slurm.port: a port is 1..65535"),
         ("webhook: {token_file: a, token_file: b}\n", "settings.yaml:1: webhook.token_file: duplicate key"),
+        (
+            "repair:\n  validation_gpus: some\n",
+            "settings.yaml:2: repair.validation_gpus: 'all' or a positive number, got 'some'",
+        ),
+        (
+            "repair:\n  validation_gpus: 0\n",
+            "settings.yaml:2: repair.validation_gpus: 'all' or a positive number",
+        ),
     ],
 )
 def test_settings_errors_name_file_line_and_what_to_write(tmp_path, monkeypatch, text, expected):

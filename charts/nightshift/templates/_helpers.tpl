@@ -94,9 +94,9 @@ slurmKnownHosts: slurm.known_hosts_file
 {{- $_ := set $s "external_url" (printf "http://%s.%s.svc:%v" (include "nightshift.fullname" .) .Release.Namespace .Values.service.port) -}}
 {{- end -}}
 {{- $_ := set $s "data_dir" "/var/lib/nightshift" -}}
-{{- /* Node validation pods run in the release namespace, where the chart's Role lets them be created. */ -}}
+{{- /* Node validation pods run where the chart's Role lets them be created. */ -}}
 {{- $repair := get $s "repair" | default dict -}}
-{{- $_ := set $repair "validation_namespace" .Release.Namespace -}}
+{{- $_ := set $repair "validation_namespace" (include "nightshift.validationNamespace" .) -}}
 {{- $_ := set $s "repair" $repair -}}
 {{- $_ := set $s "playbook_paths" (list (include "nightshift.playbookDir" .)) -}}
 {{- $_ := set $s "permissions_file" (ternary "/etc/nightshift/config/permissions.yaml" nil (not (empty .Values.permissions))) -}}
@@ -115,4 +115,20 @@ slurmKnownHosts: slurm.known_hosts_file
 {{- end -}}
 {{- end -}}
 {{- toYaml $s -}}
+{{- end -}}
+
+{{/* Where node validation pods run (settings repair.validation_namespace) and the chart's Role lets them be
+created: rbac.validationNamespace, else the release namespace. */}}
+{{- define "nightshift.validationNamespace" -}}
+{{- .Values.rbac.validationNamespace | default .Release.Namespace -}}
+{{- end -}}
+
+{{/* The rules of one group of files/rbac.yaml, each with its reason as a comment. */}}
+{{- define "nightshift.rbacRules" -}}
+{{- range .rules }}
+# {{ .why }}
+- apiGroups: {{ toJson .apiGroups }}
+  resources: {{ toJson .resources }}
+  verbs: {{ toJson .verbs }}
+{{- end }}
 {{- end -}}
