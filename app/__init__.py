@@ -17,6 +17,8 @@ if TYPE_CHECKING:
     from app.config import Settings
     from app.engine import Engine
     from app.metrics import Metrics
+    from app.permissions import Permissions
+    from app.playbooks import PlaybookSet
     from app.store import Store
     from app.web.auth import WebhookAuth
 
@@ -40,8 +42,11 @@ def build_engine(
     clients: Clients | None = None,
     registry: ActionRegistry | None = None,
     metrics: Metrics | None = None,
+    playbooks: PlaybookSet | None = None,
+    permissions: Permissions | None = None,
 ) -> Engine:
-    """Store, playbooks, permissions, clients and metrics wired into an engine (used by the app and the CLI)."""
+    """Store, playbooks, permissions, clients and metrics wired into an engine (used by the app and the CLI).
+    ``playbooks`` and ``permissions``: as :func:`app.preflight.preflight` loaded them (else loaded here)."""
     from app.actions import default_registry
     from app.clients import Clients
     from app.clock import SystemClock
@@ -59,14 +64,17 @@ def build_engine(
     store = Store.from_url(settings.resolved_store_url, clock, settings.store)
     store.create_schema()
     clients = clients or Clients(settings)
-    playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
-    check_windows(settings, playbooks.playbooks)
+    if playbooks is None:
+        playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
+        check_windows(settings, playbooks.playbooks)
+    if permissions is None:
+        permissions = load_permissions(settings.permissions_file, registry)
     deps = EngineDeps(
         settings=settings,
         store=store,
         playbooks=playbooks,
         registry=registry,
-        permissions=load_permissions(settings.permissions_file, registry),
+        permissions=permissions,
         clients=clients,
         clock=clock,
         metrics=metrics or Metrics(),
@@ -81,14 +89,17 @@ def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
     from flask import Flask
 
     from app import web
-    from app.config import load_settings, read_secret
-    from app.web.auth import WebhookAuth, check_operator_token
+    from app.config import load_settings
+    from app.preflight import preflight
 
     settings = settings or load_settings()
-    webhook_auth = WebhookAuth.from_settings(settings)
-    operator_token = read_secret(settings.operator_token_file, "operator_token_file")
-    check_operator_token(settings, webhook_auth, operator_token)
-    engine = build_engine(settings, **wiring)  # type: ignore[arg-type]
+    checked = preflight(settings, wiring.get("registry"))  # type: ignore[arg-type]
+    engine = build_engine(
+        settings,
+        playbooks=checked.playbooks,
+        permissions=checked.permissions,
+        **wiring,  # type: ignore[arg-type]
+    )
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.webhook.max_body_bytes
     app.extensions["nightshift"] = Services(
@@ -96,8 +107,8 @@ def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
         store=engine.deps.store,
         engine=engine,
         metrics=engine.deps.metrics,
-        webhook_auth=webhook_auth,
-        operator_token=operator_token,
+        webhook_auth=checked.webhook_auth,
+        operator_token=checked.operator_token,
     )
     web.register(app)
     return app

@@ -197,27 +197,18 @@ def init(directory: str, prometheus_url: str | None, slurm_host: str | None, for
 @config_option
 @click.option("--json", "as_json", is_flag=True, help="The summary as JSON.")
 def check_config(config: str | None, as_json: bool) -> None:
-    """Check settings, playbooks, permissions and every file they name the way `serve` loads them, touching no
-    store, network or cluster; print what is configured. Exit 0: `serve` would start with them; 2: it would
-    not (the reason, file:line where there is one). The Helm chart runs it before the server starts."""
-    from app.actions import default_registry
-    from app.config import load_settings, local_files, read_secret
-    from app.permissions import load_permissions
-    from app.playbooks import load_playbooks
+    """Run the checks `serve` runs before it opens the store (app/preflight.py: settings, every file they name,
+    tokens, playbooks, permissions), touching no store, network or cluster; print what is configured. Exit 0:
+    `serve` would start with them; 2: it would not (the reason, file:line where there is one). The Helm chart
+    runs it before the server starts."""
+    from app.config import load_settings
+    from app.preflight import preflight
     from app.startup import startup_summary
-    from app.web.access import ReadAccess
-    from app.web.auth import WebhookAuth
 
     settings = load_settings(config)
-    for name, path in local_files(settings):
-        if not os.access(path, os.R_OK):
-            raise ConfigError(f"{name}: {path}: cannot read it (missing, or not readable by this user)")
-    WebhookAuth.from_settings(settings)
-    ReadAccess.from_settings(settings, read_secret(settings.operator_token_file, "operator_token_file"))
-    registry = default_registry()
-    playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
-    permissions = load_permissions(settings.permissions_file, registry)
-    summary = startup_summary(settings, len(playbooks), permissions, len(playbooks.excluded))
+    checked = preflight(settings)
+    playbooks = checked.playbooks
+    summary = startup_summary(settings, len(playbooks), checked.permissions, len(playbooks.excluded))
     if as_json:
         click.echo(json.dumps({"ok": True, "summary": summary}, indent=2))
     else:

@@ -3,8 +3,9 @@ of running Slurm jobs (:mod:`app.clients.slurm_discovery`, convention in docs/sl
 
 Readers only (:mod:`app.web.access`: the viewer or operator token as Prometheus's ``authorization``). The answer
 is cached per process for ``slurm.discovery_cache_seconds`` so Prometheus servers polling every few seconds cost
-one SSH exec per window; one request refreshes at a time and the others never wait for it (the stale value, or
-503 before the first); a failed refresh is answered again (503) until its backoff has passed. A running job
+one SSH exec per window. The SSH round trip never runs on a request thread: a stale cache starts one refresh on a
+background thread and the request answers at once (the stale value, or 503 before the first value and after a
+failed refresh, which is retried after its backoff). A running job
 without a port is logged once per process (and again only after it has left the queue and come back), never per
 request. Slurm unreachable or failing: 503 with the reason (Prometheus keeps the targets it had).
 """
@@ -34,16 +35,28 @@ MAX_REMEMBERED = 100_000
 MAX_BACKOFF = 60.0
 
 
+def in_background(refresh: Callable[[], None]) -> None:
+    """Run ``refresh`` on its own daemon thread (never a request's)."""
+    threading.Thread(target=refresh, name="nightshift-sd-refresh", daemon=True).start()
+
+
 class DiscoveryCache:
-    """One :class:`Discovered` per ``ttl`` seconds; ``fetch`` runs under a lock, so one refresh at a time."""
+    """One :class:`Discovered` per ``ttl`` seconds, refreshed off the request threads: ``spawn`` runs each refresh
+    (a background thread; tests run it when they choose), one at a time."""
 
     def __init__(
-        self, ttl: float, fetch: Callable[[], Discovered], clock: Callable[[], float] = time.monotonic
+        self,
+        ttl: float,
+        fetch: Callable[[], Discovered],
+        clock: Callable[[], float] = time.monotonic,
+        spawn: Callable[[Callable[[], None]], None] = in_background,
     ):
         self.ttl = ttl
         self.fetch = fetch
         self.clock = clock
-        self._lock = threading.Lock()
+        self.spawn = spawn
+        self._lock = threading.Lock()  # held for bookkeeping only, never across a fetch
+        self._refreshing = False
         self._value: Discovered | None = None
         self._at = 0.0
         self._logged: set[str] = set()
@@ -52,34 +65,47 @@ class DiscoveryCache:
         self._retry_at = 0.0
 
     def get(self) -> Discovered:
-        """The cached value while fresh. Stale: one request refreshes (a try-lock: never waits for another's
-        refresh); the others answer at once with the stale value, or Unavailable when there is none yet. A
-        failed refresh is cached too: its error is raised again until ``backoff`` has passed (doubling per
-        failure, at most :data:`MAX_BACKOFF` seconds), so a login node that accepts TCP and never speaks SSH
-        costs one stuck refresh per backoff, not one per request."""
-        now = self.clock()
-        if self._value is not None and now - self._at < self.ttl:
-            return self._value
-        if self._failure is not None and now < self._retry_at:
-            raise self._failure
-        if not self._lock.acquire(blocking=False):
-            if self._value is not None:
+        """Answers at once, never running a fetch itself: the cached value while fresh. Stale, it starts a
+        background refresh (unless one runs, or a failed one's backoff has not passed) and answers with the stale
+        value; with the last refresh's error (Unavailable, say) when that refresh failed; Unavailable when there
+        is no value yet. A failed refresh is retried after a backoff doubling per failure from ``ttl`` (at most
+        :data:`MAX_BACKOFF` seconds), so a login node that accepts TCP and never speaks SSH costs one stuck
+        background refresh per backoff and holds no request."""
+        with self._lock:
+            now = self.clock()
+            if self._value is not None and now - self._at < self.ttl:
                 return self._value
-            raise Unavailable("slurm discovery: the first refresh is still running; try again shortly")
+            start = not self._refreshing and now >= self._retry_at
+            self._refreshing = self._refreshing or start
+            value, failure = self._value, self._failure
+        if start:
+            self.spawn(self._refresh)
+        if failure is not None:
+            raise failure
+        if value is not None:
+            return value
+        raise Unavailable("slurm discovery: the first refresh is still running; try again shortly")
+
+    def _refresh(self) -> None:
         try:
-            try:
-                value = self.fetch()
-            except (BackendError, ConfigError) as exc:
+            value = self.fetch()
+        except (BackendError, ConfigError) as exc:
+            with self._lock:
                 self._failures += 1
                 self._failure = exc
                 self._retry_at = self.clock() + min(self.ttl * 2**self._failures, MAX_BACKOFF)
-                raise
+                self._refreshing = False
+            log.warning("slurm discovery: refresh failed: %s", exc)
+            return
+        except BaseException:
+            with self._lock:
+                self._refreshing = False
+            raise
+        self._log_new(value)
+        with self._lock:
             self._failure, self._failures = None, 0
             self._value, self._at = value, self.clock()
-            self._log_new(value)
-            return value
-        finally:
-            self._lock.release()
+            self._refreshing = False
 
     def _log_new(self, found: Discovered) -> None:
         running = set(found.without_port) | set(found.ambiguous)

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flask.testing import FlaskClient
@@ -51,6 +52,19 @@ def client(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[FlaskClient]:
     app.extensions["nightshift"].engine.deps.clients.close()
 
 
+def _answer(client: FlaskClient) -> Any:
+    """The endpoint's answer once its first background refresh has ended (until then: 503, still running)."""
+    found: list[Any] = []
+
+    def refreshed() -> bool:
+        response = client.get("/api/v1/sd/training", headers=READER)
+        found[:] = [response]
+        return response.status_code != 503 or "still running" not in response.get_json()["message"]
+
+    wait_until(refreshed, 30, "the first discovery refresh")
+    return found[0]
+
+
 def _running(cluster: SlurmCluster, *jobs: str) -> None:
     wait_until(lambda: all(cluster.squeue_state(j) == "RUNNING" for j in jobs), 30, f"jobs {jobs} running")
 
@@ -63,7 +77,7 @@ def test_lists_each_node_of_a_job_with_a_port_and_nothing_else(
     _running(clean_slurm, announced, silent)
 
     with caplog.at_level(logging.INFO, logger="app.web.discovery"):
-        first = client.get("/api/v1/sd/training", headers=READER)
+        first = _answer(client)
         second = client.get("/api/v1/sd/training", headers=READER)
 
     assert first.status_code == 200, first.get_json()
@@ -91,7 +105,7 @@ def test_a_comment_forging_another_jobs_line_hides_that_job_and_adds_nothing(
     forger = clean_slurm.sbatch("sleep 120", f"--comment=x\n{victim} nightshift.progress_port=22")
     _running(clean_slurm, forger)
 
-    groups = client.get("/api/v1/sd/training", headers=READER).get_json()
+    groups = _answer(client).get_json()
 
     assert all(g["targets"] != ["127.0.0.1:22"] for g in groups)
     assert victim not in {g["labels"]["__meta_slurm_job_id"] for g in groups}
@@ -110,9 +124,7 @@ def test_slurm_unreachable_is_503(clean_slurm: SlurmCluster, tmp_path: Path) -> 
         slurm=dataclasses.replace(clean_slurm.settings.slurm, port=1, connect_timeout_seconds=2.0),
         webhook=dataclasses.replace(clean_slurm.settings.webhook, auth_disabled=True),
     )
-    response = (
-        create_app(settings, metrics=Metrics()).test_client().get("/api/v1/sd/training", headers=READER)
-    )
+    response = _answer(create_app(settings, metrics=Metrics()).test_client())
     assert response.status_code == 503
     assert (
         response.get_json()["status"] == "error"

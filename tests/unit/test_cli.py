@@ -214,3 +214,56 @@ def test_explain_takes_many_payloads_and_playbooks_and_exits_1_when_a_person_is_
     assert both.returncode == 1, both.stdout + both.stderr
     reports = json.loads(both.stdout)
     assert len(reports) == 2 and "needs_human" in reports[1]["episodes"][0]["job_plan"]["outcome"]
+
+
+SECRET = "a-secret-of-our-own-0123456789"
+REFUSED_BY_SERVE = {
+    "the operator token file is the webhook's": (
+        "webhook: {token_file: webhook.token}\noperator_token_file: webhook.token\n",
+        "operator_token_file and webhook.token_file (or webhook.basic_password_file) must differ",
+    ),
+    "the operator token equals the webhook's": (
+        "webhook: {token_file: webhook.token}\noperator_token_file: copy.token\n",
+        "must differ",
+    ),
+    "the public example token": (
+        f"webhook: {{token_file: {ROOT / 'examples' / 'webhook.token'}}}\n",
+        "example token",
+    ),
+    "no webhook authentication": ("data_dir: var\n", "webhook: no authentication configured"),
+    "an unreadable SSH key": (
+        "webhook: {token_file: webhook.token}\nslurm: {host: login1, key_file: missing.key}\n",
+        "slurm.key_file:",
+    ),
+    "retention shorter than a playbook's budget window": (
+        "webhook: {token_file: webhook.token}\nplaybook_paths: [long.yaml]\nretention: {incidents_days: 30}\n",
+        "budget.window: reads back 40 days",
+    ),
+}
+
+
+def test_check_config_refuses_exactly_what_serve_refuses(tmp_path):
+    """Issue 22's caveat: check-config passed a settings file serve refused (one token file for the webhook and
+    the operator). Both run app.preflight; each case fails both with the same message, a good file passes both."""
+    from app import create_app
+    from app.config import load_settings
+    from app.errors import ConfigError
+
+    (tmp_path / "webhook.token").write_text(SECRET)
+    (tmp_path / "copy.token").write_text(SECRET)
+    xid_playbooks = (ROOT / "playbooks" / "gpu-xid.yaml").read_text()
+    (tmp_path / "long.yaml").write_text(xid_playbooks.replace("window: 24h", "window: 40d", 1))
+    for case, (text, message) in REFUSED_BY_SERVE.items():
+        config = tmp_path / "settings.yaml"
+        config.write_text(text)
+        checked = nightshift("check-config", "-c", str(config))
+        assert checked.returncode == 2 and message in checked.stderr, (case, checked.stderr)
+        try:
+            create_app(load_settings(config, env={}))
+        except ConfigError as exc:
+            assert message in str(exc) and str(exc) in checked.stderr, case
+        else:
+            raise AssertionError(f"serve started with {case}")
+    config.write_text("data_dir: var\nwebhook: {token_file: webhook.token}\n")
+    assert nightshift("check-config", "-c", str(config)).returncode == 0
+    create_app(load_settings(config, env={})).extensions["nightshift"].store.dispose()

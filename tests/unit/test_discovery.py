@@ -3,12 +3,16 @@ once (app/web/discovery.py). The endpoint on a real Slurm: tests/integration/tes
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
+from collections.abc import Callable
 
 import pytest
 
 from app import discovery, hostlist
 from app.clients.slurm_discovery import Discovered
+from app.errors import Unavailable
 from app.web.discovery import DiscoveryCache
 
 
@@ -76,21 +80,40 @@ class _Fetches:
         return self.results.pop(0)
 
 
+class _Later:
+    """Runs the refreshes the cache starts when the test says so (the cache's background threads, by hand)."""
+
+    def __init__(self) -> None:
+        self.started: list[Callable[[], None]] = []
+
+    def __call__(self, refresh: Callable[[], None]) -> None:
+        self.started.append(refresh)
+
+    def run(self) -> int:
+        ran, self.started = self.started, []
+        for refresh in ran:
+            refresh()
+        return len(ran)
+
+
 def test_cache_refreshes_once_per_ttl_and_logs_a_portless_job_once(caplog: pytest.LogCaptureFixture):
     now = [0.0]
     portless = Discovered(groups=[], without_port=["7"], ambiguous=[])
     fetch = _Fetches(portless, portless, Discovered(groups=[], without_port=[], ambiguous=[]), portless)
-    cache = DiscoveryCache(10, fetch, clock=lambda: now[0])
+    later = _Later()
+    cache = DiscoveryCache(10, fetch, clock=lambda: now[0], spawn=later)
     with caplog.at_level(logging.INFO, logger="app.web.discovery"):
         for t in (0, 5, 10, 15):  # two fetches
             now[0] = t
-            cache.get()
+            with contextlib.suppress(Unavailable):  # the very first request: nothing cached yet
+                cache.get()
+            later.run()
         assert fetch.calls == 2
         assert sum("slurm job 7 runs without" in r.message for r in caplog.records) == 1
-        now[0] = 20
-        cache.get()  # job 7 left the queue
-        now[0] = 30
-        cache.get()  # a job 7 again (ids are reused): logged again
+        for t in (20, 30):  # job 7 leaves the queue, then a job 7 again (ids are reused): logged again
+            now[0] = t
+            cache.get()
+            later.run()
     assert sum("slurm job 7 runs without" in r.message for r in caplog.records) == 2
 
 
@@ -138,41 +161,52 @@ def test_the_checkpoint_signal_a_job_announces(comment: str, signal: str | None)
     assert checkpoint_signal(comment) == signal
 
 
-def test_a_stuck_refresh_never_holds_another_request_and_a_failure_is_cached():
-    """Issue 22 item 3: a refresh stuck on a login node that never speaks SSH held every discovery request
-    behind a lock. Structural: while one refresh is stuck, other requests answer without waiting for it."""
-    import threading
-
-    from app.errors import Unavailable
-
+def test_requests_never_run_a_refresh_and_a_failure_is_cached():
+    """Issue 22 item 3 and its caveat: a refresh stuck on a login node that never speaks SSH held discovery
+    requests (first behind a lock, then the one request that ran it). Structural: no request thread ever calls
+    fetch; each answers at once (stale value, or 503), while one background refresh at a time runs."""
     now = [0.0]
-    release, entered = threading.Event(), threading.Event()
-    calls = [0]
+    fetching_threads: list[int] = []
+    answers: list[Discovered | Exception] = [Unavailable("ssh: banner timeout"), Discovered([], [], [])]
 
-    def stuck() -> Discovered:
-        calls[0] += 1
-        entered.set()
-        release.wait(30)
-        raise Unavailable("ssh: banner timeout")
+    def fetch() -> Discovered:
+        fetching_threads.append(threading.get_ident())
+        answer = answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
 
-    cache = DiscoveryCache(5, stuck, clock=lambda: now[0])
-
-    def refresh() -> None:
-        with pytest.raises(Unavailable):
-            cache.get()
-
-    first = threading.Thread(target=refresh)
-    first.start()
-    assert entered.wait(10)
-    for _ in range(10):  # answered at once: the refresh is someone else's
+    later = _Later()
+    cache = DiscoveryCache(5, fetch, clock=lambda: now[0], spawn=later)
+    for _ in range(10):  # the refresh has not run: every request answers without it
         with pytest.raises(Unavailable, match="still running"):
             cache.get()
-    release.set()
-    first.join(10)
+    assert len(later.started) == 1 and fetching_threads == []  # one refresh started, none run by a request
+    refresher = threading.Thread(target=later.run)
+    refresher.start()
+    refresher.join(10)
+    assert fetching_threads == [refresher.ident]
     with pytest.raises(Unavailable, match="banner"):  # the failure, cached: no second refresh yet
         cache.get()
-    assert calls[0] == 1
+    assert later.started == []
     now[0] = 11  # past the backoff (5 s doubled)
+    with pytest.raises(Unavailable, match="banner"):  # still the last answer, while the retry runs
+        cache.get()
+    assert later.run() == 1
+    assert cache.get() == Discovered([], [], [])
+
+
+def test_the_default_refresh_runs_on_a_background_thread():
+    ran_on: list[str] = []
+    done = threading.Event()
+
+    def fetch() -> Discovered:
+        ran_on.append(threading.current_thread().name)
+        done.set()
+        return Discovered([], [], [])
+
+    cache = DiscoveryCache(5, fetch)
     with pytest.raises(Unavailable):
         cache.get()
-    assert calls[0] == 2
+    assert done.wait(10)
+    assert ran_on == ["nightshift-sd-refresh"]
