@@ -93,12 +93,6 @@ def test_hang_resumes_from_the_checkpoint(hang: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(hang)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed on the real stack: the diagnosis is right (application_error, culprit rank 1 on node2, 'a "
-    "restart alone will not help') but the nccl-failure incident requeues the job anyway (finding for the decision "
-    "owners, issue 26 note)",
-)
 def test_exception_goes_to_a_person_without_a_restart(exception: Scenario) -> None:
     incident, diagnosis = exception.incident, scenarios.diagnosis(exception)
     assert incident["outcome"] == "needs_human", (incident.get("reason"), diagnosis)

@@ -127,13 +127,24 @@ def test_an_oom_kill_resumes_from_the_checkpoint(oom: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(oom)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="observed on the real stack: Nightshift requeues a job that torchrun's --max-restarts already recovered "
-    "(nccl-failure acts on the surviving rank's gloo error while torchrun restarts the workers, ~40 s here); the "
-    "decision needs the job's progress after the error (finding for the playbook/decision owners, issue 26 note)",
-)
-def test_torchrun_s_own_restart_is_left_alone(elastic: Scenario) -> None:
+def torchrun_gave_up(scenario: Scenario) -> bool:
+    """Whether torchrun printed its failure summary in the job's first run (its restarts spent: the Slurm job
+    failed), rather than bringing the workers back itself. Seen here under load: the restarted worker of one node
+    read its peer's address of the round before and gloo's connectFullMesh was refused."""
+    first_run = scenario.log.split(", restart 1,", 1)[0]
+    return "Root Cause (first observed failure)" in first_run
+
+
+def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic: Scenario) -> None:
+    """Nightshift acts exactly when torchrun could not bring the job back: never on top of torchrun's own restart
+    (each incident closes without acting: self_recovered once the job trains again after the fault, or resolved
+    when its alert resolved first), once when torchrun gave up."""
+    if torchrun_gave_up(elastic):
+        assert elastic.incident["outcome"] == "recovered" and len(elastic.requeues()) == 1
+        assert elastic.stack.slurm.job_restarts(elastic.job) == 1
+        return
+    outcomes = {(i["incident"]["outcome"], i["incident"]["reason"]) for i in elastic.incidents}
+    assert all(outcome in scenarios.UNDECIDED for outcome, _ in outcomes), outcomes
     assert elastic.requeues() == []
     assert elastic.stack.slurm.job_restarts(elastic.job) == 0
     assert (

@@ -32,7 +32,7 @@ ARTIFACTS = os.environ.get("E2E_ARTIFACTS_DIR")
 
 
 # How an incident closes when it decided nothing: its alerts resolved first, or nothing was at fault.
-UNDECIDED = ("resolved", "benign", "completed", "ignored")
+UNDECIDED = ("resolved", "benign", "completed", "ignored", "self_recovered")  # closed without acting
 
 
 @dataclass
