@@ -58,6 +58,9 @@ class WebhookSettings:
     allow_example_token: bool = False
     max_body_bytes: int = 1_048_576
     max_alerts_per_payload: int = 1000
+    # Alerts queued and not yet ingested past which a notification of repeats is answered 503 (Alertmanager retries
+    # it); one carrying an alert the store has not seen is still taken, up to twice this (app/engine/inbox.py).
+    max_inbox_alerts: int = 50_000
     # Failed authentications per client address: a burst, refilled per minute; then 429 until one is back.
     # Authenticated deliveries are never limited (docs/reliability.md). 0 disables the limit.
     auth_failure_burst: int = 10
@@ -432,6 +435,7 @@ POSITIVE = frozenset(
         "kubernetes.request_timeout_seconds",
         "webhook.max_body_bytes",
         "webhook.max_alerts_per_payload",
+        "webhook.max_inbox_alerts",
     }
 )
 PORTS = frozenset({"slurm.port", "notify.smtp_port"})

@@ -19,6 +19,14 @@ class StoreUnavailable(NightshiftError):
     """The store cannot be reached (HTTP 503, so Alertmanager retries)."""
 
 
+class InboxFull(NightshiftError):
+    """The inbox holds more alerts than ``webhook.max_inbox_alerts`` (HTTP 503 with Retry-After: retried later)."""
+
+    def __init__(self, message: str, *, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
 class ParamError(NightshiftError):
     """A rendered step parameter failed its action's schema; never passed on to a backend."""
 

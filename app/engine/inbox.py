@@ -6,6 +6,13 @@ waits long for SQLite's single write lock. Each transaction ingests the next ``b
 pending notification and advances its ``next_alert`` with them, so a crash between two batches resumes where it
 stopped, and no alert is ingested twice. A notification whose ingestion raises (a bug, not an outage) is set aside
 with its error (``failed_at``) and the queue moves on; ``nightshift inbox --retry`` puts it back.
+
+Backpressure: a notification carrying a firing alert instance the store has not seen (a new Xid, a node going
+down) goes in lane 0, one of pure repeats (Alertmanager re-sending a group) in lane 1, and the worker takes lane 0
+first, so a new alert never waits behind a flood of repeats. A notification of repeats that would take the alerts
+queued past ``webhook.max_inbox_alerts`` is refused (:class:`InboxFull`: the webhook answers 503 with Retry-After,
+Alertmanager retries it later, nothing is lost); one carrying new alerts is still taken up to twice the bound. An
+empty inbox takes any notification, so the queue never holds more than twice the bound (or one notification).
 """
 
 from __future__ import annotations
@@ -13,16 +20,20 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
 from app.alertmanager import Notification, parse_notification
 from app.engine.deps import EngineDeps
 from app.engine.ingest import IngestResult, ingest_alerts, prefetch_workloads, publish
-from app.errors import StoreUnavailable
+from app.errors import InboxFull, StoreUnavailable
 from app.store import records
 from app.wakeup import SOCKET_NAME, Wakeup
 
 log = logging.getLogger(__name__)
+
+NEW_ALERTS, REPEATS = 0, 1  # inbox lanes
+RETRY_AFTER_SECONDS = 30  # what a refused sender is told (Alertmanager retries on its own backoff anyway)
 
 
 @dataclass
@@ -43,11 +54,19 @@ class Inbox:
         self._parsed_lock = threading.Lock()
 
     def accept(self, notification: Notification, body: bytes) -> int:
-        """Commit the notification as received and return its inbox id. Raises StoreUnavailable (→ 503)."""
+        """Commit the notification as received and return its inbox id. Raises StoreUnavailable or, past the
+        backlog bound, InboxFull (both → 503, retried by Alertmanager)."""
         deps = self.deps
+        lane, new = self._lane(notification)
         with deps.store.transaction() as conn:
             inbox_id = records.enqueue_notification(
-                conn, deps.clock.now(), notification.receiver, len(notification.alerts), body.decode("utf-8")
+                conn,
+                deps.clock.now(),
+                notification.receiver,
+                len(notification.alerts),
+                body.decode("utf-8"),
+                lane=lane,
+                new_instances=new,
             )
         self.wakeup.set()
         firing = sum(alert.status == "firing" for alert in notification.alerts)
@@ -55,8 +74,27 @@ class Inbox:
         deps.metrics.alerts_received.labels("resolved").inc(len(notification.alerts) - firing)
         return inbox_id
 
+    def _lane(self, notification: Notification) -> tuple[int, set[tuple[str, datetime]]]:
+        """The notification's lane and its firing alert instances nobody has seen (in the store or carried by a
+        queued notification); raises InboxFull when the backlog refuses it."""
+        bound = self.deps.settings.webhook.max_inbox_alerts
+        with self.deps.store.read() as conn:
+            backlog = records.inbox_backlog(conn)
+            firing = {(a.fingerprint, a.starts_at) for a in notification.alerts if a.status == "firing"}
+            new = firing - records.known_instances(conn, firing)
+        limit = 2 * bound if new else bound
+        if backlog > 0 and backlog + len(notification.alerts) > limit:
+            what = "new alerts" if new else "repeats only"
+            raise InboxFull(
+                f"inbox backlog of {backlog} alerts (webhook.max_inbox_alerts {bound}): notification of "
+                f"{len(notification.alerts)} alert(s), {what}, refused; retry later",
+                retry_after=RETRY_AFTER_SECONDS,
+            )
+        return (NEW_ALERTS, new) if new else (REPEATS, set())
+
     def ingest_next(self) -> IngestResult | None:
-        """Ingest the next batch of the oldest pending notification: what it did, or None when the inbox is empty.
+        """Ingest the next batch of the first pending notification (new alerts first, then the oldest): what it
+        did, or None when the inbox is empty.
 
         A notification set aside gives an empty result."""
         deps = self.deps

@@ -18,6 +18,7 @@ from app.store.schema import (
     attempts,
     controls,
     inbox,
+    inbox_alerts,
     incident_alerts,
     incidents,
     ledger,
@@ -171,20 +172,26 @@ _LAST_RECOVERY = {
     for by_playbook in (False, True)
 }
 _CONTROL = select(controls.c.value).where(controls.c.key == bindparam("key_"))
+_CONTROL_FOR_UPDATE = _CONTROL.with_for_update()
 _INSERT_INBOX = insert(inbox)
+# New alerts first (lane 0), then repeats; oldest first within a lane.
 _NEXT_INBOX = (
     select(inbox)
     .where(inbox.c.failed_at.is_(None))
-    .order_by(inbox.c.id)
+    .order_by(inbox.c.lane, inbox.c.id)
     .limit(1)
     .with_for_update(skip_locked=True)
 )
-_PEEK_INBOX = select(inbox).where(inbox.c.failed_at.is_(None)).order_by(inbox.c.id).limit(1)
+_PEEK_INBOX = select(inbox).where(inbox.c.failed_at.is_(None)).order_by(inbox.c.lane, inbox.c.id).limit(1)
+_INBOX_BACKLOG = select(func.coalesce(func.sum(inbox.c.alert_count - inbox.c.next_alert), 0)).where(
+    inbox.c.failed_at.is_(None)
+)
 _INBOX_PENDING = select(inbox.c.id).where(inbox.c.failed_at.is_(None)).limit(1)
 _ADVANCE_INBOX = (
     update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
 )
 _DELETE_INBOX = inbox.delete().where(inbox.c.id == bindparam("inbox_id_"))
+_DELETE_INBOX_ALERTS = inbox_alerts.delete().where(inbox_alerts.c.inbox_id == bindparam("inbox_id_"))
 
 
 # --- alerts -------------------------------------------------------------------------------------------------
@@ -291,6 +298,15 @@ def get_incident(conn: Connection, incident_id: int) -> Row | None:
 
 def update_incident(conn: Connection, incident_id: int, **values: Any) -> None:
     conn.execute(_UPDATE_INCIDENT, {"incident_id_": incident_id, **values})
+
+
+def wake_incident(conn: Connection, incident_id: int, at: datetime) -> None:
+    """An open incident is looked at again at ``at`` (a closed one is left alone)."""
+    conn.execute(
+        update(incidents)
+        .where(incidents.c.id == incident_id, incidents.c.open_key.is_not(None))
+        .values(next_run_at=at)
+    )
 
 
 def list_incidents(
@@ -407,12 +423,57 @@ def last_recovery(conn: Connection, playbook: str | None, target_key: str) -> Ro
 # --- inbox --------------------------------------------------------------------------------------------------
 
 
-def enqueue_notification(conn: Connection, now: datetime, receiver: str, alert_count: int, body: str) -> int:
+def enqueue_notification(
+    conn: Connection,
+    now: datetime,
+    receiver: str,
+    alert_count: int,
+    body: str,
+    lane: int = 0,
+    new_instances: Iterable[tuple[str, datetime]] = (),
+) -> int:
+    """Queue a notification as received; ``lane`` 0 (new alerts) is ingested before lane 1 (repeats).
+    ``new_instances``: its firing alert instances the store did not know, remembered while it waits."""
     result = conn.execute(
         _INSERT_INBOX,
-        {"received_at": now, "receiver": receiver, "alert_count": alert_count, "next_alert": 0, "body": body},
+        {
+            "received_at": now,
+            "receiver": receiver,
+            "alert_count": alert_count,
+            "next_alert": 0,
+            "body": body,
+            "lane": lane,
+        },
     )
-    return inserted_id(result)
+    inbox_id = inserted_id(result)
+    rows = [{"inbox_id": inbox_id, "fingerprint": f, "starts_at": at} for f, at in new_instances]
+    if rows:
+        conn.execute(insert(inbox_alerts), rows)
+    return inbox_id
+
+
+def inbox_backlog(conn: Connection) -> int:
+    """Alerts queued and not yet ingested (set-aside notifications not counted)."""
+    return int(conn.execute(_INBOX_BACKLOG).scalar_one())
+
+
+# Fingerprints looked up per query (SQLite allows 32,766 bound parameters; PostgreSQL 65,535).
+KNOWN_CHUNK = 1000
+
+
+def known_instances(conn: Connection, instances: Iterable[tuple[str, datetime]]) -> set[tuple[str, datetime]]:
+    """Which of the alert instances (fingerprint, startsAt) the store already holds, or a queued notification
+    carried as new."""
+    wanted = set(instances)
+    fingerprints = sorted({fingerprint for fingerprint, _ in wanted})
+    found: set[tuple[str, datetime]] = set()
+    for table in (alerts, inbox_alerts):
+        for start in range(0, len(fingerprints), KNOWN_CHUNK):
+            stmt = select(table.c.fingerprint, table.c.starts_at).where(
+                table.c.fingerprint.in_(fingerprints[start : start + KNOWN_CHUNK])
+            )
+            found.update((row.fingerprint, row.starts_at) for row in conn.execute(stmt))
+    return found & wanted
 
 
 def inbox_pending(conn: Connection) -> bool:
@@ -436,6 +497,7 @@ def advance_inbox(conn: Connection, inbox_id: int, done: int) -> None:
 
 def delete_inbox(conn: Connection, inbox_id: int) -> None:
     conn.execute(_DELETE_INBOX, {"inbox_id_": inbox_id})
+    conn.execute(_DELETE_INBOX_ALERTS, {"inbox_id_": inbox_id})
 
 
 def fail_inbox(conn: Connection, inbox_id: int, now: datetime, error: str) -> None:
@@ -515,8 +577,9 @@ def iter_ledger(conn: Connection, *, after_id: int = 0, batch: int = 1000) -> It
 # --- controls -----------------------------------------------------------------------------------------------
 
 
-def get_control(conn: Connection, key: str) -> Any:
-    row = conn.execute(_CONTROL, {"key_": key}).first()
+def get_control(conn: Connection, key: str, *, for_update: bool = False) -> Any:
+    """A control row's value (None: absent); ``for_update``: locked until the transaction ends (PostgreSQL)."""
+    row = conn.execute(_CONTROL_FOR_UPDATE if for_update else _CONTROL, {"key_": key}).first()
     return None if row is None else row.value
 
 

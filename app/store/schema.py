@@ -21,7 +21,8 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-SCHEMA_VERSION = 4  # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions
+# 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts
+SCHEMA_VERSION = 5
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -33,6 +34,7 @@ ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("incidents", "tick_errors"),
         ("incidents", "verify_from"),
     ),
+    5: (("inbox", "lane"),),
 }
 
 
@@ -70,6 +72,8 @@ schema_version = Table(
 # Notifications as received, committed before the webhook answers 200; the worker ingests them alert by alert
 # (``next_alert`` counts those done, in the same transactions) and deletes the row once all are in. A row whose
 # ingestion raised is kept with ``failed_at`` and ``error`` and skipped, so one bad body cannot stall the rest.
+# ``lane``: 0 for a notification carrying a firing alert the store had not seen when it arrived, 1 for pure repeats;
+# the worker takes lane 0 first, so a new alert never waits behind a flood of repeats (app/engine/inbox.py).
 inbox = Table(
     "inbox",
     metadata,
@@ -81,9 +85,22 @@ inbox = Table(
     Column("body", Text, nullable=False),
     Column("failed_at", UtcDateTime),
     Column("error", Text),
+    Column("lane", Integer, nullable=False, default=0, server_default="0"),
     sqlite_autoincrement=True,  # ids never reused: the ledger names them
 )
 Index("ix_inbox_pending", inbox.c.failed_at, inbox.c.id)
+
+# The new firing alert instances of queued lane-0 notifications, kept while they wait (deleted with their inbox
+# row): Alertmanager re-sending the same group before the worker got to it is a repeat, not new alerts.
+inbox_alerts = Table(
+    "inbox_alerts",
+    metadata,
+    Column("inbox_id", Integer, nullable=False),
+    Column("fingerprint", String(16), nullable=False),
+    Column("starts_at", UtcDateTime, nullable=False),
+)
+Index("ix_inbox_alerts_fingerprint", inbox_alerts.c.fingerprint)
+Index("ix_inbox_alerts_inbox", inbox_alerts.c.inbox_id)
 
 # One row per alert instance: Alertmanager's fingerprint (a hash of the label set) plus startsAt (a re-fire).
 alerts = Table(

@@ -3,7 +3,9 @@
 200 once the notification is committed to the store's inbox (the worker ingests its alerts a few milliseconds
 later, :mod:`app.engine.inbox`); 400 for a payload Alertmanager must not retry; 401 without credentials;
 413 over the size limit (``webhook.max_body_bytes``, with a Content-Length or chunked); 429 for a client address
-that keeps failing authentication; 503 when the store is down (Alertmanager retries 5xx).
+that keeps failing authentication; 503 when the store is down, or with Retry-After when the inbox's backlog is past
+``webhook.max_inbox_alerts`` (:mod:`app.engine.inbox`: repeats first, new alerts past twice the bound); Alertmanager
+retries 5xx.
 
 Authenticated deliveries are never rate limited, nor refused because of their address: credentials are checked
 first, and Alertmanager drops a notification answered 4xx, so a limit would lose alerts, and in an alert storm,
@@ -19,7 +21,7 @@ from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
 from app.alertmanager import parse_notification
-from app.errors import PayloadError
+from app.errors import InboxFull, PayloadError
 from app.web import error
 from app.web.auth import refuse_failure
 
@@ -49,7 +51,13 @@ def receive():
     except PayloadError as exc:
         metrics.webhook_requests.labels("400").inc()
         return error(400, str(exc))
-    inbox_id = services.engine.accept(notification, body)
+    try:
+        inbox_id = services.engine.accept(notification, body)
+    except InboxFull as exc:
+        metrics.webhook_requests.labels("503").inc()
+        response = error(503, str(exc))
+        response.headers["Retry-After"] = str(exc.retry_after)
+        return response
     log.debug(
         "webhook: %d alert(s) from receiver %r queued as inbox %d",
         len(notification.alerts),

@@ -11,6 +11,7 @@ from sqlalchemy import func, insert, select
 from app.alertmanager import parse_notification
 from app.config import ConfigError, load_settings
 from app.engine import Engine
+from app.errors import InboxFull
 from app.store import Store, records
 from app.store.schema import SCHEMA_VERSION, metadata, schema_version
 from app.store.schema import alerts as alerts_table
@@ -69,6 +70,40 @@ def test_notifications_are_ingested_oldest_first(tmp_path):
     accept(world, {**firing, "status": "resolved", "endsAt": "2026-01-01T00:05:00Z"})
     total = world.engine.inbox.ingest_all()
     assert (len(total.opened), total.closed) == (1, total.opened)  # opened by the first, closed by the second
+
+
+def test_a_new_alert_is_ingested_before_a_flood_of_repeats(tmp_path):
+    world = make_world(tmp_path)
+    world.engine.deps.settings.worker.inbox_batch_alerts = 10
+    storm = fleet(20)
+    accept(world, *storm)
+    for _ in range(5):  # Alertmanager re-sends the group while the first delivery still waits
+        accept(world, *storm)
+    accept(world, alert(xid(node="node99", job="99")))
+    batches = []
+    while (result := world.engine.inbox.ingest_next()) is not None:
+        batches.append((result.alerts, len(result.opened)))
+    # The storm's first delivery (new alerts, in two batches), then the new alert, then the repeats.
+    assert batches[:3] == [(10, 10), (10, 10), (1, 1)]
+    assert all(opened == 0 for _, opened in batches[3:]) and sum(n for n, _ in batches[3:]) == 100
+    assert len(stored_alerts(world.engine)) == 21 and inbox_rows(world.engine) == []
+
+
+def test_past_the_backlog_bound_repeats_are_refused_and_new_alerts_taken_up_to_twice_the_bound(tmp_path):
+    world = make_world(tmp_path)
+    world.engine.deps.settings.webhook.max_inbox_alerts = 10
+    storm = fleet(6)
+    accept(world, *storm)
+    with pytest.raises(InboxFull, match=r"backlog of 6 alerts.*repeats only") as refused:
+        accept(world, *storm)  # the same group again, while it waits: 12 would be queued, past 10
+    assert refused.value.retry_after > 0
+    accept(world, *(alert(xid(node=f"new{i}", job=str(2000 + i))) for i in range(13)))  # new: 19, taken
+    with pytest.raises(InboxFull, match=r"backlog of 19 alerts.*new alerts"):
+        accept(world, *(alert(xid(node=f"newer{i}", job=str(3000 + i))) for i in range(2)))  # 21 > 2 x 10
+    accept(world, alert(xid(node="newest", job="4000")))  # 20: taken
+    world.engine.inbox.ingest_all()
+    accept(world, *storm)  # the backlog gone: taken again
+    assert len(inbox_rows(world.engine)) == 1
 
 
 def test_a_new_process_resumes_a_half_ingested_notification_without_ingesting_an_alert_twice(tmp_path):

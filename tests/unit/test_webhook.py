@@ -170,6 +170,20 @@ def test_webhook_answers_503_when_the_store_is_down(settings):
     assert client.get("/healthz").status_code == 200
 
 
+def test_webhook_answers_503_with_retry_after_past_the_inbox_backlog_and_takes_new_alerts(settings):
+    settings.webhook.max_inbox_alerts = 2
+    client = make_app(settings).test_client()
+    group = body(*(alert(xid(node=f"node{i}", job=str(i))) for i in range(2)))
+    assert client.post("/api/v1/alerts", data=group, headers=auth()).status_code == 200
+    refused = client.post("/api/v1/alerts", data=group, headers=auth())  # a repeat, while the first waits
+    assert refused.status_code == 503 and refused.headers["Retry-After"].isdigit()
+    assert "webhook.max_inbox_alerts" in refused.json["message"]
+    fresh = client.post("/api/v1/alerts", data=body(alert(xid(node="node7", job="7"))), headers=auth())
+    assert fresh.status_code == 200  # a new alert is taken past the bound (up to twice it)
+    metrics = client.get("/metrics").text
+    assert 'nightshift_webhook_requests_total{code="503"} 1.0' in metrics
+
+
 def test_app_refuses_to_start_without_webhook_auth(settings):
     settings.webhook.token_file = None
     settings.webhook.basic_user = settings.webhook.basic_password_file = None
