@@ -27,6 +27,7 @@ REPAIR_OUTCOMES = tuple(sorted(str(state) for state in REPAIR_SETTLED))
 PRUNED_TABLES = (
     "alerts",
     "inbox",
+    "inbox_alerts",
     "incidents",
     "incident_alerts",
     "attempts",

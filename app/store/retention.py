@@ -8,7 +8,8 @@ Groups, each deleted with what depends on it (docs/reliability.md, "Retention"):
 
 - ``alerts``: alert instances not notified since the alerts cutoff and linked to no open incident, with their
   links to closed incidents (those keep their own labels and ledger);
-- ``inbox``: notifications set aside (their ingestion failed) before the alerts cutoff;
+- ``inbox``: notifications set aside (their ingestion failed) before the alerts cutoff, with the new alert
+  instances they carried (``inbox_alerts``);
 - ``incidents``: incidents closed before the incidents cutoff, with their links, attempts, steps and ledger rows,
   unless one of their alerts is still notified or a repair they asked for is open or settled after the cutoff;
 - ``node_repairs``: repairs settled before the incidents cutoff whose incident is closed;
@@ -33,6 +34,7 @@ from app.store.schema import (
     attempts,
     controls,
     inbox,
+    inbox_alerts,
     incident_alerts,
     incidents,
     ledger,
@@ -177,6 +179,8 @@ def batch(conn: Connection, group: str, ids: Sequence[int]) -> Batch:
     found: dict[str, list[Row]] = {group: _rows(conn, table, table.c.id, ids)}
     if group == "alerts":
         found["incident_alerts"] = _rows(conn, incident_alerts, incident_alerts.c.alert_id, ids)
+    elif group == "inbox":
+        found["inbox_alerts"] = _rows(conn, inbox_alerts, inbox_alerts.c.inbox_id, ids)
     elif group == "incidents":
         found["incident_alerts"] = _rows(conn, incident_alerts, incident_alerts.c.incident_id, ids)
         found["attempts"] = _rows(conn, attempts, attempts.c.incident_id, ids)
@@ -198,6 +202,8 @@ def delete_batch(conn: Connection, group: str, ids: Sequence[int]) -> dict[str, 
 
     if group == "alerts":
         drop(incident_alerts, incident_alerts.c.alert_id)
+    elif group == "inbox":
+        drop(inbox_alerts, inbox_alerts.c.inbox_id)  # the new alerts a set-aside notification carried
     elif group == "incidents":
         for child, column in (
             (incident_alerts, incident_alerts.c.incident_id),
@@ -230,6 +236,8 @@ def prunable(conn: Connection, cut: Cutoffs, batch_rows: int) -> Iterator[Batch]
 
 
 def _key(table: str, row: Row) -> Any:
+    if table == "inbox_alerts":
+        return (row["inbox_id"], row["fingerprint"], row["starts_at"])
     return (row["incident_id"], row["alert_id"]) if table == "incident_alerts" else row["id"]
 
 

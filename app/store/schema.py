@@ -95,12 +95,11 @@ Index("ix_inbox_pending", inbox.c.failed_at, inbox.c.id)
 inbox_alerts = Table(
     "inbox_alerts",
     metadata,
-    Column("inbox_id", Integer, nullable=False),
-    Column("fingerprint", String(16), nullable=False),
-    Column("starts_at", UtcDateTime, nullable=False),
+    Column("inbox_id", Integer, primary_key=True),
+    Column("fingerprint", String(16), primary_key=True),
+    Column("starts_at", UtcDateTime, primary_key=True),
 )
 Index("ix_inbox_alerts_fingerprint", inbox_alerts.c.fingerprint)
-Index("ix_inbox_alerts_inbox", inbox_alerts.c.inbox_id)
 
 # One row per alert instance: Alertmanager's fingerprint (a hash of the label set) plus startsAt (a re-fire).
 alerts = Table(

@@ -240,9 +240,26 @@ def test_inbox_rows_waiting_to_be_ingested_are_never_pruned(tmp_path):
         assert conn.execute(select(func.count()).where(inbox.c.id == waiting)).scalar_one() == 1
 
 
+def test_a_set_aside_notification_is_pruned_with_the_new_alerts_it_carried(tmp_path):
+    engine = make_engine(tmp_path)
+    fingerprint, started = "00000000000000ab", engine.deps.clock.now()
+    with engine.deps.store.transaction() as conn:
+        failed = records.enqueue_notification(
+            conn, started, "nightshift", 1, "{}", new_instances=[(fingerprint, started)]
+        )
+        records.fail_inbox(conn, failed, started, "RuntimeError: a bug")
+    engine.deps.clock.advance(days=400)  # type: ignore[attr-defined]
+    engine.retention.work_once("test")
+    with engine.deps.store.read() as conn:
+        assert conn.execute(select(func.count()).where(inbox.c.id == failed)).scalar_one() == 0
+        assert records.known_instances(conn, [(fingerprint, started)]) == set()
+
+
 def test_the_pruned_tables_are_the_metrics_label_values():
     tables = {
-        t for group in prunable.GROUPS for t in (group, "incident_alerts", "attempts", "steps", "ledger")
+        t
+        for group in prunable.GROUPS
+        for t in (group, "incident_alerts", "inbox_alerts", "attempts", "steps", "ledger")
     }
     assert tables == set(PRUNED_TABLES)
 
