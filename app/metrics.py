@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.states import REPAIR_SETTLED, Outcome
+from app.schedulers import CREDENTIAL_STATES, NAMES
+from app.states import REPAIR_SETTLED, Outcome, State
 
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Created at zero up front: a counter series that first appears at 1 reads as increase() == 0 on dashboards.
@@ -23,6 +24,8 @@ OUTCOMES = tuple(Outcome)
 ALERT_STATUSES = ("firing", "resolved")
 # How node repairs settle (app.states.REPAIR_SETTLED): the values of nightshift_node_repairs' one label.
 REPAIR_OUTCOMES = tuple(sorted(str(state) for state in REPAIR_SETTLED))
+OPEN_STATES = tuple(str(state) for state in State)  # nightshift_open_incidents' label values
+BACKENDS = NAMES  # nightshift_backend_credentials' backend label: the schedulers
 # The tables retention deletes from (app/store/retention.py): the values of nightshift_pruned_rows' one label.
 PRUNED_TABLES = (
     "alerts",
@@ -53,7 +56,11 @@ class Metrics:
             "nightshift_incidents_opened", "Incidents opened, by playbook.", ["playbook"], registry=r
         )
         self.incidents = Counter(
-            "nightshift_incidents", "Incidents closed, by outcome.", ["outcome"], registry=r
+            "nightshift_incidents",
+            "Incidents closed, by outcome: closings only (opened: nightshift_incidents_opened_total; open now: "
+            "nightshift_open_incidents).",
+            ["outcome"],
+            registry=r,
         )
         self.guard_verdicts = Counter(
             "nightshift_guard_verdicts",
@@ -131,6 +138,57 @@ def inbox_families(stats: Mapping[str, Any], now: datetime) -> list[Metric]:
             value=(now - oldest).total_seconds() if oldest is not None else 0.0,
         ),
     ]
+
+
+def vitals_families(
+    *,
+    version: str,
+    store_up: bool,
+    open_by_state: Mapping[str, int] | None = None,
+    credentials: Mapping[str, Mapping[str, Any]] | None = None,
+    last_tick: datetime | None = None,
+) -> list[Metric]:
+    """Build info, the store's reachability and, when it answered, open incidents by state, each backend's
+    credential state and the worker's last tick (app/engine/vitals.py). Labels from closed sets only."""
+    build = GaugeMetricFamily(
+        "nightshift_build_info", "Always 1; the running version in its label.", labels=["version"]
+    )
+    build.add_metric([version], 1)
+    families: list[Metric] = [
+        build,
+        GaugeMetricFamily(
+            "nightshift_store_up",
+            "1 when the store answered this scrape's reads, else 0.",
+            value=int(store_up),
+        ),
+    ]
+    if open_by_state is not None:
+        open_now = GaugeMetricFamily(
+            "nightshift_open_incidents", "Incidents open now, by state.", labels=["state"]
+        )
+        for state in OPEN_STATES:
+            open_now.add_metric([state], open_by_state.get(state, 0))
+        families.append(open_now)
+    if credentials is not None:
+        state_of = GaugeMetricFamily(
+            "nightshift_backend_credentials",
+            "1 for each backend's credential state (unset, configured, credential_error), else 0.",
+            labels=["backend", "state"],
+        )
+        for backend in BACKENDS:
+            current = (credentials.get(backend) or {}).get("state", "unset")
+            for state in CREDENTIAL_STATES:
+                state_of.add_metric([backend, state], int(current == state))
+        families.append(state_of)
+    if last_tick is not None:
+        families.append(
+            GaugeMetricFamily(
+                "nightshift_worker_last_tick_timestamp_seconds",
+                "When a worker last went round its loop (any worker, any replica), Unix time.",
+                value=last_tick.timestamp(),
+            )
+        )
+    return families
 
 
 def repair_families(held: int) -> list[Metric]:

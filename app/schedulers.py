@@ -14,7 +14,7 @@ to repair: its playbook's own steps act on what it names).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from app.params import (
@@ -36,6 +36,11 @@ NO_SCHEDULER = "none"
 OUR_MARK = "nightshift"
 
 NODE = "{{ node.name }}"  # the node being repaired, in a node repair's step templates
+# Kubernetes' in-cluster credentials: the service account token the kubelet mounts.
+SERVICE_ACCOUNT_TOKEN = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+# Credential states (GET /readyz, nightshift_backend_credentials): unset (nothing configured), configured (the
+# files are there and readable, not proven yet), credential_error (unreadable, or rejected when used).
+CREDENTIAL_STATES = ("unset", "configured", "credential_error")
 
 
 class Scheduler(Protocol):
@@ -63,6 +68,10 @@ class Scheduler(Protocol):
 
     def connection(self, settings: Settings) -> str:
         """How Nightshift reaches it with ``settings``, for the startup summary (:mod:`app.startup`)."""
+
+    def credentials(self, settings: Settings, readable: Callable[[str], bool]) -> tuple[str, str]:
+        """(state, why) of its credentials before any use (:data:`CREDENTIAL_STATES`); ``readable(path)``: whether
+        this process can read the file (GET /readyz, ``nightshift_backend_credentials``)."""
 
 
 class Slurm:
@@ -105,6 +114,14 @@ class Slurm:
             return "unset (slurm.host): Slurm actions cannot run"
         return f"{s.user}@{s.host}:{s.port}" + (" (sudo -n)" if s.sudo and s.user != "root" else "")
 
+    def credentials(self, settings: Settings, readable: Callable[[str], bool]) -> tuple[str, str]:
+        s = settings.slurm
+        if not s.host:
+            return "unset", "slurm.host is not set"
+        if s.key_file:
+            return _file_state("slurm.key_file", s.key_file, readable)
+        return "configured", "the SSH agent" if s.use_agent else "the account's default SSH keys"
+
 
 class Kubernetes:
     name = "kubernetes"
@@ -137,6 +154,21 @@ class Kubernetes:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             return "in-cluster service account"
         return "default kubeconfig (~/.kube/config), if any: Kubernetes actions fail without one"
+
+    def credentials(self, settings: Settings, readable: Callable[[str], bool]) -> tuple[str, str]:
+        if settings.kubernetes.kubeconfig:
+            return _file_state("kubernetes.kubeconfig", settings.kubernetes.kubeconfig, readable)
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            return _file_state("the in-cluster service account token", SERVICE_ACCOUNT_TOKEN, readable)
+        if readable(os.path.expanduser("~/.kube/config")):
+            return "configured", "the default kubeconfig (~/.kube/config), readable; not used yet"
+        return "unset", "no kubeconfig: kubernetes.kubeconfig unset, no ~/.kube/config, not in a pod"
+
+
+def _file_state(what: str, path: str, readable: Callable[[str], bool]) -> tuple[str, str]:
+    if readable(path):
+        return "configured", f"{what} {path} readable; not used yet"
+    return "credential_error", f"{what} {path} cannot be read by this user"
 
 
 SLURM: Scheduler = Slurm()

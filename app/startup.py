@@ -4,6 +4,7 @@ screen of a new install answers "will it act?", "can it re-check?", "can anyone 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
 from app import schedulers
@@ -51,6 +52,19 @@ def startup_summary(
         ),
     ]
     return lines
+
+
+def credential_states(settings: Settings, readable: Callable[[str], bool]) -> dict[str, dict[str, str]]:
+    """Per scheduler, what its credentials are before any use: ``{"state", "reason"}``
+    (:data:`app.schedulers.CREDENTIAL_STATES`); one the settings do not act on is ``unset``."""
+    states = {}
+    for name, scheduler in schedulers.SCHEDULERS.items():
+        acted_on = name in settings.schedulers
+        state, reason = (
+            scheduler.credentials(settings, readable) if acted_on else ("unset", "not acted on (schedulers)")
+        )
+        states[name] = {"state": state, "reason": reason}
+    return states
 
 
 def _retention(settings: Settings) -> str:

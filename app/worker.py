@@ -6,8 +6,9 @@ import logging
 import os
 import socket
 import threading
+import time
 
-from app.engine import Engine
+from app.engine import Engine, vitals
 from app.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,13 @@ def run_worker(engine: Engine, stop: threading.Event, poll_seconds: float, kind:
     # The SSH connection to Slurm opens in the background: a slow or unreachable host never delays the loop.
     threading.Thread(target=engine.deps.clients.warm_up, name="nightshift-ssh-warm-up", daemon=True).start()
     backoff = poll_seconds
+    next_beat = 0.0  # monotonic: the heartbeat is due at once
     while not stop.is_set():
         engine.wakeup.clear()  # before looking, so that a notification accepted meanwhile cuts the wait short
         try:
+            if time.monotonic() >= next_beat:
+                vitals.beat(engine.deps, me)  # nightshift_worker_last_tick_timestamp_seconds
+                next_beat = time.monotonic() + vitals.HEARTBEAT_SECONDS
             engine.deps.store.checkpoint()
             if engine.work_once(me):
                 backoff = poll_seconds

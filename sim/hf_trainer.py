@@ -21,7 +21,6 @@ from typing import Any
 
 import torch
 from nightshift_progress.hf import ProgressCallback
-from prometheus_client import disable_created_metrics
 from torch.distributed.elastic.multiprocessing.errors import record
 from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainerCallback, TrainingArguments
 from transformers.trainer_utils import get_last_checkpoint
@@ -83,7 +82,6 @@ def _checkpoint_loss(checkpoint: str) -> float:
 @record
 def main(argv: Sequence[str] | None = None) -> int:
     args = torch_trainer.parse_args(argv)
-    disable_created_metrics()
     torch_trainer.configure_logging()
     settings = torch_trainer.settings_from(args)
     worker = Worker.from_args(args, settings)

@@ -24,7 +24,6 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.strategies import DDPStrategy
 from nightshift_progress.lightning import ProgressCallback
-from prometheus_client import disable_created_metrics
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from sim import torch_trainer
@@ -101,7 +100,6 @@ def newest_ckpt(root: Path) -> tuple[int, Path] | None:
 @record
 def main(argv: Sequence[str] | None = None) -> int:
     args = torch_trainer.parse_args(argv)
-    disable_created_metrics()
     torch_trainer.configure_logging()
     settings = torch_trainer.settings_from(args)
     worker = Worker.from_args(args, settings)

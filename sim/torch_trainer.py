@@ -48,7 +48,6 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from nightshift_progress.identity import identity_from_env
-from prometheus_client import disable_created_metrics
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -337,7 +336,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 @record  # torchrun's error file: the summary names this rank's exception
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    disable_created_metrics()
     configure_logging()
     return Worker.from_args(args, settings_from(args)).run()
 

@@ -46,7 +46,6 @@ from pathlib import Path
 from typing import TextIO
 
 import nightshift_progress
-from prometheus_client import disable_created_metrics
 
 from sim import checkpoints, faults, gpus, logtext, statedir
 
@@ -371,7 +370,6 @@ def _node_map(text: str) -> dict[str, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    disable_created_metrics()  # no *_created series: they add nothing to the contract
     identity = Identity(
         args.name, args.hostname, args.slurm_job_id, args.namespace, args.pod, args.rank, args.world_size
     )

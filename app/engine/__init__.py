@@ -6,9 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from app import schedulers
 from app.alertmanager import Notification
-from app.engine import guard_facts, transitions
+from app.engine import guard_facts, transitions, vitals
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
 from app.engine.inbox import Inbox
@@ -114,10 +113,7 @@ class Engine:
         with self.deps.store.read() as conn:
             pause = records.get_control(conn, "pause") or {"paused": False}
             paused, _ = self.deps.pause_state(conn)
-            credentials = {
-                **{name: {"state": "unknown"} for name in schedulers.NAMES},
-                **records.controls_with_prefix(conn, "credential:"),
-            }
+            credentials = vitals.credentials(self.deps, records.controls_with_prefix(conn, "credential:"))
             by_state = records.count_incidents_by(conn, "state")
         return {
             "paused": paused,

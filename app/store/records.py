@@ -6,7 +6,19 @@ from collections.abc import Iterable, Iterator, Mapping
 from datetime import datetime, timedelta
 from typing import Any, cast
 
-from sqlalchemy import Connection, CursorResult, String, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import (
+    Connection,
+    CursorResult,
+    String,
+    and_,
+    bindparam,
+    func,
+    insert,
+    or_,
+    select,
+    text,
+    update,
+)
 from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
@@ -321,16 +333,43 @@ def list_incidents(
     limit: int = 100,
     before_id: int | None = None,
 ) -> list[Row]:
+    """Newest first. ``node``: the incident's node, or any culprit named in it (a job incident's ``node`` column
+    holds only its first confirmed culprit)."""
     stmt = select(incidents).order_by(incidents.c.id.desc()).limit(limit)
-    filters = {"state": state, "outcome": outcome, "playbook": playbook, "node": node, "job": job}
+    filters = {"state": state, "outcome": outcome, "playbook": playbook, "job": job}
     for column, value in filters.items():
         if value:
             stmt = stmt.where(incidents.c[column] == value)
+    if node:
+        stmt = stmt.where(or_(incidents.c.node == node, _names_culprit(conn.dialect.name, node)))
     if open_only:
         stmt = stmt.where(incidents.c.open_key.is_not(None))
     if before_id:
         stmt = stmt.where(incidents.c.id < before_id)
     return _all(conn, stmt)
+
+
+# Whether an incident's culprits (a JSON list of {node, ...}; JSON null when none) name :culprit_node, per backend.
+_CULPRIT_NAMED = {
+    "sqlite": "EXISTS (SELECT 1 FROM json_each(incidents.culprits) AS c "
+    "WHERE json_extract(c.value, '$.node') = :culprit_node)",
+    "postgresql": "EXISTS (SELECT 1 FROM json_array_elements(CASE WHEN json_typeof(incidents.culprits) = 'array' "
+    "THEN incidents.culprits ELSE '[]'::json END) AS c WHERE c ->> 'node' = :culprit_node)",
+}
+
+
+def _names_culprit(dialect: str, node: str) -> Any:
+    return text(_CULPRIT_NAMED[dialect]).bindparams(culprit_node=node)
+
+
+def open_incidents_by_state(conn: Connection) -> dict[str, int]:
+    """Open incidents, counted per state (states with none are absent)."""
+    stmt = (
+        select(incidents.c.state, func.count())
+        .where(incidents.c.open_key.is_not(None))
+        .group_by(incidents.c.state)
+    )
+    return {str(state): int(n) for state, n in conn.execute(stmt)}
 
 
 def count_incidents_by(conn: Connection, column: str) -> dict[str, int]:

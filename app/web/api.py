@@ -20,7 +20,7 @@ from app.engine import checkpoint_facts
 from app.params import NODE_NAME
 from app.states import Outcome, State
 from app.web import MAX_ID, error, header_text, int_arg, plain_text
-from app.web.access import read_refusal
+from app.web.access import VIEWER, read_access, read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
 
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
@@ -46,6 +46,9 @@ def operator_only(view: Any) -> Any:
         if token is None:
             return error(403, "operator API disabled: set operator_token_file in the settings")
         credential = bearer(request.headers.get("Authorization"))
+        if credential is not None and read_access().token_role(credential) == VIEWER:
+            # Valid credentials, the wrong role: 403 (not an authentication failure, never throttled).
+            return error(403, "the viewer token may read but not act: this endpoint needs the operator token")
         if credential is None or not same_secret(credential, token):
             return refuse_failure("operator") or error(401, "missing or invalid operator token")
         return view(*args, **kwargs)

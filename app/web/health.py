@@ -2,14 +2,27 @@
 
 from __future__ import annotations
 
+from importlib import metadata
+
 from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.engine import vitals
 from app.errors import StoreUnavailable
-from app.metrics import inbox_families, repair_families
+from app.metrics import inbox_families, repair_families, vitals_families
 from app.web import error
 
 bp = Blueprint("health", __name__)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("nightshift")
+    except metadata.PackageNotFoundError:  # run from a source tree without an install
+        return "unknown"
+
+
+VERSION = _version()
 
 
 @bp.get("/healthz")
@@ -43,10 +56,25 @@ def readyz():
 
 @bp.get("/metrics")
 def metrics():
+    """The process's counters, and what the store says now (app/engine/vitals.py): the inbox, held nodes, open
+    incidents, credentials, the worker's last tick. A store that does not answer is ``nightshift_store_up 0``;
+    the rest still answers."""
     services = current_app.extensions["nightshift"]
+    deps = services.engine.deps
     try:
-        live = inbox_families(services.engine.inbox_stats(), services.engine.deps.clock.now())
-        live += repair_families(services.engine.repairs.held())
+        found = vitals.read(deps)
     except StoreUnavailable:
-        live = []  # the process's own counters still answer; readyz reports the store
+        live = vitals_families(version=VERSION, store_up=False)
+    else:
+        live = [
+            *vitals_families(
+                version=VERSION,
+                store_up=True,
+                open_by_state=found.open_by_state,
+                credentials=found.credentials,
+                last_tick=found.last_tick,
+            ),
+            *inbox_families(found.inbox, deps.clock.now()),
+            *repair_families(found.held_nodes),
+        ]
     return Response(services.metrics.exposition(live), content_type=CONTENT_TYPE_LATEST)

@@ -116,15 +116,18 @@ def _csrf_ok() -> bool:
 
 
 def operator_form(view: Any) -> Any:
-    """A form post that changes something: operator token configured (403), logged in (401), CSRF token (403)."""
+    """A form post that changes something: operator token configured (403), logged in (401) as an operator (a
+    viewer: 403), CSRF token (403)."""
 
     @wraps(view)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if _operator_token() is None:
             abort(403, "operator actions are disabled: set operator_token_file in the settings")
         login = current_session()
-        if login is None or login["role"] != OPERATOR:
+        if login is None:
             abort(401, "log in with the operator token first")
+        if login["role"] != OPERATOR:
+            abort(403, "logged in as a viewer, who may read but not act: log in with the operator token")
         if not _csrf_ok():
             abort(403, "missing or invalid CSRF token: reload the page and try again")
         return view(*args, **kwargs)

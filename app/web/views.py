@@ -181,7 +181,7 @@ def guard_view(status: Mapping[str, Any], blast: Mapping[str, Any]) -> GuardView
 @dataclass(frozen=True)
 class CredentialView:
     backend: str
-    state: str  # unknown | ok | credential_error
+    state: str  # app.schedulers.CREDENTIAL_STATES: unset | configured | credential_error
     reason: str
     at: str | None
 

@@ -52,7 +52,7 @@ def test_overview_shows_job_states_open_incidents_guards_and_credentials(site, p
     assert "credential_error" in page.text("#credential-fake") and "publickey" in page.text(
         "#credential-fake"
     )
-    assert "unknown" in page.text("#credential-slurm")
+    assert "unset" in page.text("#credential-slurm")  # slurm.host is not set: said from the start
     assert not page.exists("#pause") and page.exists("#viewer")  # a viewer reads; acting needs the operator
     page.screenshot("overview")
 

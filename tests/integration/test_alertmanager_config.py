@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from app.alert_labels import own
+from rules import gen_prometheusrule
 from sim.webhook_sink import WebhookSink
 from tests.fixtures.alertmanager import (
     SHIPPED_CONFIG,
@@ -62,6 +64,7 @@ def test_shipped_config_routes_everything_to_nightshift_and_to_people() -> None:
     config = yaml.safe_load(SHIPPED_CONFIG.read_text())
     route = config["route"]
     assert route["routes"] == [
+        {"receiver": "people", "matchers": ['alertname=~"Nightshift.+"']},  # Nightshift's own: people only
         {"receiver": "nightshift", "continue": True},
         {"receiver": "people"},
     ]
@@ -101,6 +104,22 @@ def test_amtool_routes_every_alert_to_both_receivers(labels: str) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.split() == ["nightshift,people"]
+
+
+@pytest.mark.parametrize(
+    "name", gen_prometheusrule.alert_names([gen_prometheusrule.RULES / "nightshift.yml"])
+)
+def test_nightshifts_own_alerts_reach_people_only(name: str) -> None:
+    """rules/nightshift.yml's alerts are about Nightshift: never sent to it (issue 23 item 7)."""
+    assert own(name)
+    amtool = require_binary("amtool", "apt-get install prometheus-alertmanager")
+    result = subprocess.run(
+        [amtool, "config", "routes", "test", f"--config.file={SHIPPED_CONFIG}", f"alertname={name}"],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.split() == ["people"]
 
 
 def test_a_real_alertmanager_delivers_each_alert_to_nightshift_and_to_the_people_channel(

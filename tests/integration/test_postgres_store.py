@@ -267,3 +267,9 @@ def test_a_request_finding_every_pooled_connection_busy_waits_at_most_lock_timeo
             pass
     finally:
         store.dispose()
+
+
+def test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits_on_postgres(tmp_path, postgres_url):
+    from tests.unit import test_episodes
+
+    test_episodes.test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits(tmp_path, url=postgres_url)

@@ -632,3 +632,17 @@ def test_a_job_that_died_is_requeued_at_once_whatever_its_launcher(tmp_path):
     w.run()
     assert w.requeue.script.calls == [{"job": "4242"}]
     assert STEPS not in w.prometheus.queries  # nothing to wait for: no launcher restarts a job that ended
+
+
+def test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits(tmp_path, url: str | None = None):
+    """Issue 23 item 7: ``?node=`` read the incident's node column, which holds its first confirmed culprit
+    only: a job incident whose second culprit was the node was missed. (PostgreSQL:
+    tests/integration/test_postgres_store.py runs this with ``url``.)"""
+    w = make_world(tmp_path, url=url)
+    w.send(alert(xid(node="node1", job="4242")), alert(xid(node="node2", job="4242")))
+    w.run()
+    inc = w.only()
+    assert inc["node"] == "node1" and [c["node"] for c in inc["culprits"]] == ["node1", "node2"]
+    assert [i["id"] for i in w.engine.incidents(node="node2")] == [inc["id"]]
+    assert [i["id"] for i in w.engine.incidents(node="node1", state=inc["state"])] == [inc["id"]]
+    assert w.engine.incidents(node="node3") == []

@@ -361,7 +361,7 @@ def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
     assert client.get("/api/v1/nodes/node9", headers=viewer).status_code == 404
     bad = client.get("/api/v1/nodes/node%20x;rm", headers=viewer)
     assert bad.status_code == 400 and bad.json["status"] == "error"
-    assert client.post("/api/v1/nodes/node2/release", headers=viewer).status_code == 401
+    assert client.post("/api/v1/nodes/node2/release", headers=viewer).status_code == 403  # may read, not act
     released = client.post("/api/v1/nodes/node2/release", headers=operator, json={"reason": "GPU replaced"})
     assert released.status_code == 200 and released.json["current"]["state"] == "returning"
     assert client.post("/api/v1/nodes/node2/release", headers=operator).status_code == 409

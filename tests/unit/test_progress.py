@@ -268,3 +268,17 @@ def test_importing_the_package_loads_no_framework_or_nightshift_library():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd="/")
     assert out.stdout.strip() == "[]"
+
+
+def test_the_endpoint_serves_no_created_series():
+    """Issue 23 item 7: the library's /metrics carried a *_created series beside every counter (only the
+    simulated trainer switched them off, process-wide). The library serves its registry without them."""
+    port = free_port()
+    progress = start(env={**SLURM_ENV, "NIGHTSHIFT_PROGRESS_PORT": str(port)}, addr="127.0.0.1")
+    progress.step()
+    progress.error("nccl")
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    progress.close(linger=0)
+    assert "training_step_total{" in text and "training_errors_total{" in text
+    assert [line for line in text.splitlines() if "_created" in line] == []
+    assert any(s.name.endswith("_created") for f in progress.registry.collect() for s in f.samples)

@@ -95,7 +95,9 @@ def test_guard_view_reports_the_pause_and_the_blast_radius_used(tmp_path):
     w.clock.advance(hours=2)  # out of the window
     assert views.guard_view(w.engine.status(), w.engine.blast_radius()).blast_used == 0
     credentials = views.credential_views(w.engine.status()["credentials"])
-    assert [(c.backend, c.state) for c in credentials] == [("kubernetes", "unknown"), ("slurm", "unknown")]
+    assert [c.backend for c in credentials] == ["kubernetes", "slurm"]
+    assert credentials[1].state == "unset"  # slurm.host is not set: said from the start, not "unknown"
+    assert credentials[0].state in ("unset", "configured")  # this machine's ~/.kube/config decides
 
 
 def test_incident_view_has_alerts_diagnosis_verdicts_steps_samples_and_timeline(tmp_path):

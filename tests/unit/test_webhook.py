@@ -198,7 +198,14 @@ def test_app_refuses_to_start_without_webhook_auth(settings):
 
 
 def test_operator_endpoints_need_the_operator_token(client):
-    assert client.post("/api/v1/pause", json={"reason": "x"}).status_code == 401
+    viewer = client.post("/api/v1/pause", json={"reason": "x"})  # the client reads with the viewer token
+    assert viewer.status_code == 403 and viewer.json == {
+        "status": "error",
+        "message": "the viewer token may read but not act: this endpoint needs the operator token",
+    }
+    assert (
+        client.post("/api/v1/pause", json={"reason": "x"}, headers={"Authorization": ""}).status_code == 401
+    )
     assert client.post("/api/v1/pause", json={"reason": "x"}, headers=auth(TOKEN)).status_code == 401
     response = client.post("/api/v1/pause", json={"reason": "GPU firmware rollout"}, headers=auth(OPERATOR))
     assert response.status_code == 200 and response.json["paused"] is True
@@ -245,7 +252,7 @@ def test_operator_handles_an_incident_over_the_api(client):
     client.post("/api/v1/alerts", data=body(alert(xid())), headers=auth())
     (incident_id,) = ingest_inbox(client.application).opened
     url = f"/api/v1/incidents/{incident_id}/handled"
-    assert client.post(url, json={"reason": "mine"}).status_code == 401
+    assert client.post(url, json={"reason": "mine"}).status_code == 403  # the viewer token
     response = client.post(
         url, json={"reason": "mine"}, headers=auth(OPERATOR) | {"X-Nightshift-Operator": "carol"}
     )

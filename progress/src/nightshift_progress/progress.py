@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from nightshift_progress.checkpoint_request import CheckpointRequest, request_file_from_env, signal_from_env
 from nightshift_progress.classify import ERROR_CLASSES, Classifier, packaged_classifier
@@ -39,6 +41,27 @@ log = logging.getLogger("nightshift_progress")
 DEFAULT_PORT = 9464
 # Two scrapes at Prometheus's default 15 s interval.
 DEFAULT_LINGER_SECONDS = 30.0
+
+
+class _WithoutCreated(Collector):
+    """A registry's families without their ``*_created`` samples (when each counter was created): they add
+    nothing to the contract and double the series a scrape stores."""
+
+    def __init__(self, registry: CollectorRegistry):
+        self.registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self.registry.collect():
+            family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+            yield family
+
+
+def served(registry: CollectorRegistry) -> CollectorRegistry:
+    """What ``/metrics`` serves of ``registry``: its families, no ``*_created`` series. Only this library's
+    endpoint changes; the process's other metrics keep prometheus_client's defaults."""
+    view = CollectorRegistry(auto_describe=False)
+    view.register(_WithoutCreated(registry))
+    return view
 
 
 class Progress:
@@ -223,7 +246,7 @@ class Progress:
         does. Raises OSError when the port is taken."""
         if not self.identity.serves(per_node):
             return False
-        self._server, _ = start_http_server(port, addr=addr, registry=self.registry)
+        self._server, _ = start_http_server(port, addr=addr, registry=served(self.registry))
         self.rank_timing.publishing = (
             False  # its own figures are exported here, its siblings' read from files
         )
