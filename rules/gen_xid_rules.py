@@ -16,6 +16,7 @@ from pathlib import Path
 from string import Template
 
 from app.diagnosis.xid import SEVERITY, catalogue, xid_class
+from rules import runbooks
 
 ROOT = Path(__file__).resolve().parent
 
@@ -74,6 +75,7 @@ $expr
         annotations:
           summary: "Xid {{ $$labels.xid }} on {{ $$labels.Hostname }} GPU {{ $$labels.gpu }} ($cls)"
           description: "Xid class $cls: $meaning."
+          runbook_url: "$runbook"
 """)
 
 HEADER = """\
@@ -141,6 +143,7 @@ def render(variant: Variant) -> str:
             severity=CLASS_SEVERITY[cls],
             cls=cls,
             meaning=CLASS_MEANING[cls],
+            runbook=runbooks.url("GpuXidError"),
         )
     return text
 

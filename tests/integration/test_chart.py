@@ -282,6 +282,24 @@ def test_the_prometheusrule_holds_the_generated_rules(helm: str) -> None:
     assert gen_prometheusrule.main(["--check"]) == 0, "run: python -m rules.gen_prometheusrule"
 
 
+def test_the_runbook_base_is_a_chart_value(helm: str) -> None:
+    """monitoring.prometheusRule.runbookBaseUrl replaces the base of every runbook_url, anchors kept; anything
+    else in the rules is unchanged (issue 21 item 3)."""
+    base = "https://wiki.example/nightshift/runbooks"
+    docs = render(
+        helm,
+        "--set", "monitoring.prometheusRule.enabled=true",
+        "--set", f"monitoring.prometheusRule.runbookBaseUrl={base}",
+    )  # fmt: skip
+    spec = one(docs, "PrometheusRule")["spec"]
+    rules = [rule for group in spec["groups"] for rule in group["rules"]]
+    assert rules and all(r["annotations"]["runbook_url"] == f"{base}#{r['alert'].lower()}" for r in rules)
+    generated = yaml.safe_load(gen_prometheusrule.OUTPUT.read_text())
+    for rule in (r for group in generated["groups"] for r in group["rules"]):
+        rule["annotations"]["runbook_url"] = f"{base}#{rule['alert'].lower()}"
+    assert spec == generated
+
+
 def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
     """Fields the operator's schema does not know (the models keep them as extras instead of refusing)."""
     found = [f"{where}.{name}" for name in (model.model_extra or {})]
