@@ -1,12 +1,13 @@
 """Nightshift: Alertmanager webhooks in, audited and guarded remediation out.
 
-``create_app`` is the only place where things are wired; importing this package does nothing.
+``create_app`` and :func:`build_engine` are the only places where things are wired; importing this package does
+nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict, Unpack
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from app.playbooks import PlaybookSet
     from app.store import Store
     from app.web.auth import WebhookAuth
+    from app.workloads import WorkloadResolver
 
 
 @dataclass
@@ -35,18 +37,26 @@ class Services:
     operator_token: str | None
 
 
-def build_engine(
-    settings: Settings,
-    *,
-    clock: Clock | None = None,
-    clients: Clients | None = None,
-    registry: ActionRegistry | None = None,
-    metrics: Metrics | None = None,
-    playbooks: PlaybookSet | None = None,
-    permissions: Permissions | None = None,
-) -> Engine:
-    """Store, playbooks, permissions, clients and metrics wired into an engine (used by the app and the CLI).
-    ``playbooks`` and ``permissions``: as :func:`app.preflight.preflight` loaded them (else loaded here)."""
+class Wiring(TypedDict, total=False):
+    """What a caller may give :func:`build_engine` in place of what it builds from the settings (tests, the
+    benchmarks' simulated clusters, ``explain``'s store that is never read). The diagnosis is not among them: the
+    engine always diagnoses with the configured confidence floor."""
+
+    clock: Clock
+    clients: Clients
+    registry: ActionRegistry
+    metrics: Metrics
+    store: Store
+    playbooks: PlaybookSet
+    permissions: Permissions
+    workloads: WorkloadResolver | None  # None: no pod is looked up (a test's alerts name their jobs)
+
+
+def build_engine(settings: Settings, **overrides: Unpack[Wiring]) -> Engine:
+    """The engine of ``settings``: its store (schema created), playbooks (their windows checked against the
+    retention), permissions, clients, metrics and the diagnosis with its confidence floor, each replaced by
+    ``overrides`` where given (``playbooks`` and ``permissions``: as :func:`app.preflight.preflight` loaded them).
+    The one way an engine is built: by the app, the worker, the CLI, the benchmarks and the tests."""
     from app.actions import default_registry
     from app.clients import Clients
     from app.clock import SystemClock
@@ -59,33 +69,40 @@ def build_engine(
     from app.store import Store
     from app.workloads import workload_resolver
 
-    clock = clock or SystemClock()
-    registry = registry or default_registry()
-    store = Store.from_url(settings.resolved_store_url, clock, settings.store)
-    store.create_schema()
-    clients = clients or Clients(settings)
-    if playbooks is None:
+    clock = overrides["clock"] if "clock" in overrides else SystemClock()
+    registry = overrides["registry"] if "registry" in overrides else default_registry()
+    if "store" in overrides:
+        store = overrides["store"]
+    else:
+        store = Store.from_url(settings.resolved_store_url, clock, settings.store)
+        store.create_schema()
+    clients = overrides["clients"] if "clients" in overrides else Clients(settings)
+    if "playbooks" in overrides:
+        playbooks = overrides["playbooks"]
+    else:
         playbooks = load_playbooks(settings.playbook_paths, registry, settings.schedulers)
         check_windows(settings, playbooks.playbooks)
-    if permissions is None:
-        permissions = load_permissions(settings.permissions_file, registry)
     deps = EngineDeps(
         settings=settings,
         store=store,
         playbooks=playbooks,
         registry=registry,
-        permissions=permissions,
+        permissions=overrides["permissions"]
+        if "permissions" in overrides
+        else load_permissions(settings.permissions_file, registry),
         clients=clients,
         clock=clock,
-        metrics=metrics or Metrics(),
+        metrics=overrides["metrics"] if "metrics" in overrides else Metrics(),
         diagnose=for_settings(settings),
-        workloads=workload_resolver(settings, clients),
+        workloads=overrides["workloads"]
+        if "workloads" in overrides
+        else workload_resolver(settings, clients),
     )
     return Engine(deps)
 
 
-def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
-    """The Flask app. ``wiring`` overrides clock, clients, registry or metrics (tests)."""
+def create_app(settings: Settings | None = None, **wiring: Unpack[Wiring]) -> Flask:
+    """The Flask app. ``wiring``: what :func:`build_engine` takes in place of what it builds (tests)."""
     from flask import Flask
 
     from app import web
@@ -93,13 +110,9 @@ def create_app(settings: Settings | None = None, **wiring: object) -> Flask:
     from app.preflight import preflight
 
     settings = settings or load_settings()
-    checked = preflight(settings, wiring.get("registry"))  # type: ignore[arg-type]
-    engine = build_engine(
-        settings,
-        playbooks=checked.playbooks,
-        permissions=checked.permissions,
-        **wiring,  # type: ignore[arg-type]
-    )
+    checked = preflight(settings, wiring.get("registry"))
+    wiring["playbooks"], wiring["permissions"] = checked.playbooks, checked.permissions
+    engine = build_engine(settings, **wiring)
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = settings.webhook.max_body_bytes
     app.extensions["nightshift"] = Services(

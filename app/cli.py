@@ -349,17 +349,11 @@ def explain(
     configured (so ``when: job_phase=...`` branches as the worker's do); no store (an empty history).
 
     Exit 0; 1 when a plan's verdict needs a person (needs_human); 2 on a bad payload or settings."""
+    from app import build_engine
     from app.actions import default_registry
     from app.alertmanager import parse_notification
-    from app.clients import Clients
-    from app.clock import SystemClock
-    from app.diagnosis import for_settings
-    from app.engine.deps import EngineDeps
-    from app.engine.explain import explain as explain_payload
-    from app.metrics import Metrics
-    from app.permissions import load_permissions
     from app.playbooks import load_playbooks
-    from app.workloads import workload_resolver
+    from app.store import Store
 
     settings = _settings(config)
     registry = default_registry()
@@ -369,22 +363,15 @@ def explain(
             notifications.append(parse_notification(Path(payload).read_bytes()))
         except PayloadError as exc:
             raise click.UsageError(f"{payload}: {exc}") from None
-    clients = Clients(settings)
-    deps = EngineDeps(
-        settings=settings,
-        store=None,  # type: ignore[arg-type]  # explain touches no store
+    engine = build_engine(
+        settings,
+        store=Store.unread(),
+        registry=registry,
         playbooks=load_playbooks(
             list(playbook_paths) or settings.playbook_paths, registry, settings.schedulers
         ),
-        registry=registry,
-        permissions=load_permissions(settings.permissions_file, registry),
-        clients=clients,
-        clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=for_settings(settings),
-        workloads=workload_resolver(settings, clients),
     )
-    reports = [explain_payload(deps, notification) for notification in notifications]
+    reports = [engine.explain(notification) for notification in notifications]
     if as_json:
         click.echo(json.dumps(reports if len(reports) > 1 else reports[0], indent=2, default=str))
     else:

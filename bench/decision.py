@@ -29,19 +29,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from app import build_engine
 from app.actions import default_registry
 from app.actions.registry import ActionRegistry
 from app.alertmanager import Notification, parse_notification
-from app.clients import Clients
-from app.clock import SystemClock
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine.deps import EngineDeps
-from app.engine.explain import explain
+from app.engine import Engine
 from app.matchers import parse_matcher_list
-from app.metrics import Metrics
 from app.permissions import Grant, Permissions
 from app.playbooks import Playbook, PlaybookSet, load_playbooks
+from app.store import Store
 from bench import record
 from bench.stats import spread
 from bench.workload import Fleet
@@ -83,21 +80,16 @@ def fleet_alerts(count: int, synthetic_names: int, seed: int = 7) -> Notificatio
     return parse_notification(json.dumps(body), max_alerts=len(alerts))
 
 
-def _deps(playbooks: PlaybookSet, registry: ActionRegistry) -> EngineDeps:
-    settings = Settings()
+def _engine(playbooks: PlaybookSet, registry: ActionRegistry) -> Engine:
     grants = [
         Grant(action=pattern, nodes=re.compile(r"gpu-node[0-9]+")) for pattern in ("slurm.*", "kubernetes.*")
     ]
-    return EngineDeps(
-        settings=settings,
-        store=None,  # type: ignore[arg-type]  # explain touches no store
+    return build_engine(
+        Settings(),
+        store=Store.unread(),
         playbooks=playbooks,
         registry=registry,
         permissions=Permissions(grants),
-        clients=Clients(settings),
-        clock=SystemClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
     )
 
 
@@ -120,9 +112,9 @@ def measure(sizes: list[int], alerts: int, repeats: int) -> dict[str, list[dict[
             playbooks = PlaybookSet([*shipped, *synthetic(template, size, share)])
             build_ms = (time.perf_counter() - started) * 1000
             notification = fleet_alerts(alerts, size // 2)
-            deps = _deps(playbooks, registry)
+            engine = _engine(playbooks, registry)
             matched = sum(len(playbooks.match(a.labels)) for a in notification.alerts)
-            explain(deps, notification)  # warm caches (compiled regexes, templates) before timing
+            engine.explain(notification)  # warm caches (compiled regexes, templates) before timing
             cases.append(
                 {
                     "series": series,
@@ -132,7 +124,7 @@ def measure(sizes: list[int], alerts: int, repeats: int) -> dict[str, list[dict[
                     "matched": matched,
                     "build_ms": build_ms,
                     "match": lambda p=playbooks, n=notification: [p.match(a.labels) for a in n.alerts],
-                    "decision": lambda d=deps, n=notification: explain(d, n),
+                    "decision": lambda e=engine, n=notification: e.explain(n),
                     "samples": {"match_us": [], "decision_us": []},
                 }
             )

@@ -45,6 +45,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from app import build_engine
 from app.actions import default_registry
 from app.alertmanager import parse_notification
 from app.clients import Clients
@@ -52,12 +53,8 @@ from app.clients.prometheus import Sample
 from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
-from app.metrics import Metrics
 from app.permissions import Grant, Permissions
 from app.playbooks import load_playbooks
-from app.store import Store
 from sim import logtext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -731,21 +728,14 @@ def run_nightshift(p: Params, faults: Sequence[Fault], seed: int, workdir: Path)
         **{f"node:{name}": SimNodeShell(world, name) for name in world.names},
     )
     clock = Clock(world)
-    store = Store.from_url(settings.resolved_store_url, clock)
-    store.create_schema()
     grants = [a.name for a in registry if a.name.startswith(("slurm.", "checkpoint.")) and not a.read_only]
-    engine = Engine(
-        EngineDeps(
-            settings=settings,
-            store=store,
-            playbooks=load_playbooks([REPO / "playbooks"], registry),
-            registry=registry,
-            permissions=Permissions(Grant(action=name) for name in grants),
-            clients=clients,
-            clock=clock,
-            metrics=Metrics(),
-            diagnose=diagnose,
-        )
+    engine = build_engine(
+        settings,
+        clock=clock,
+        clients=clients,
+        registry=registry,
+        playbooks=load_playbooks([REPO / "playbooks"], registry),
+        permissions=Permissions(Grant(action=name) for name in grants),
     )
     job, horizon = world.job, p.days * 86400
     pending: list[dict[str, Any]] = []  # alerts raised, not yet delivered

@@ -51,6 +51,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from app import build_engine
 from app.actions import default_registry
 from app.alertmanager import parse_notification
 from app.clients import Clients
@@ -58,13 +59,10 @@ from app.clients.prometheus import Sample
 from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
+from app.engine import Engine
 from app.hostlist import expand_hostlist
-from app.metrics import Metrics
 from app.permissions import Grant, Permissions
 from app.playbooks import load_playbooks
-from app.store import Store
 from bench import record
 from sim import logtext
 
@@ -523,23 +521,15 @@ def build_engine_for(
         http=messages,
         **{f"node:{node_name(i)}": NoNodeShell() for i in range(fleet.size)},
     )
-    store = Store.from_url(settings.resolved_store_url, clock)
-    store.create_schema()
     grants = [a.name for a in registry if a.name.startswith(("slurm.", "checkpoint.")) and not a.read_only]
-    engine = Engine(
-        EngineDeps(
-            settings=settings,
-            store=store,
-            playbooks=load_playbooks([REPO / "playbooks"], registry),
-            registry=registry,
-            permissions=Permissions(Grant(action=name) for name in grants),
-            clients=clients,
-            clock=clock,
-            metrics=Metrics(),
-            diagnose=diagnose,
-        )
+    engine = build_engine(
+        settings,
+        clock=clock,
+        clients=clients,
+        registry=registry,
+        playbooks=load_playbooks([REPO / "playbooks"], registry),
+        permissions=Permissions(Grant(action=name) for name in grants),
     )
-    engine.deps.clock = clock
     return engine, messages
 
 

@@ -299,32 +299,25 @@ class RepairBench:
     def __init__(
         self, settings: Any, *, playbooks: str, grants: Any, clients: Any, clock: Any, registry: Any = None
     ):
+        from app import build_engine
         from app.actions import default_registry
-        from app.diagnosis import diagnose
-        from app.engine.deps import EngineDeps
-        from app.engine.repair import NodeRepairs
-        from app.metrics import Metrics
         from app.permissions import Grant, Permissions
         from app.playbooks import PlaybookSet, parse_playbooks
-        from app.store import Store
 
         registry = registry or default_registry()
         self.clock = clock
-        self.store = Store.from_url(settings.resolved_store_url, clock)
-        self.store.create_schema()
-        self.metrics = Metrics()
-        self.deps = EngineDeps(
-            settings=settings,
-            store=self.store,
-            playbooks=PlaybookSet(parse_playbooks(playbooks, "repair.yaml", registry)),
-            registry=registry,
-            permissions=Permissions(Grant(action=name) for name in grants),
-            clients=clients,
+        self.engine = build_engine(
+            settings,
             clock=clock,
-            metrics=self.metrics,
-            diagnose=diagnose,
+            clients=clients,
+            registry=registry,
+            playbooks=PlaybookSet(parse_playbooks(playbooks, "repair.yaml", registry)),
+            permissions=Permissions(Grant(action=name) for name in grants),
         )
-        self.worker = NodeRepairs(self.deps)
+        self.deps = self.engine.deps
+        self.store = self.deps.store
+        self.metrics = self.deps.metrics
+        self.worker = self.engine.repairs
 
     def request(
         self, node: str, scheduler: str, playbook: str | None = None, incident_id: int | None = None

@@ -68,6 +68,12 @@ class Store:
         self._last_checkpoint: float | None = None  # monotonic; None: never (monotonic time may start near 0)
 
     @classmethod
+    def unread(cls) -> Store:
+        """A store nobody reads or writes: in memory, with no schema (``nightshift explain`` decides with an empty
+        history and writes nothing; a query on it fails)."""
+        return cls(create_engine("sqlite://"))
+
+    @classmethod
     def from_url(cls, url: str, clock: Clock | None = None, settings: StoreSettings | None = None) -> Store:
         settings = settings or StoreSettings()
         lock_timeout = settings.lock_timeout_seconds

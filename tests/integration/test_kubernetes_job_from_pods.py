@@ -14,18 +14,12 @@ from typing import Any
 
 import pytest
 
-from app.actions import default_registry
+from app import build_engine
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clients.kube import WORKLOADS
-from app.clock import SystemClock
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
-from app.engine.explain import explain
-from app.metrics import Metrics
+from app.engine import Engine
 from app.permissions import Permissions
-from app.playbooks import load_playbooks
-from app.store import Store
 from app.workloads import MAX_OWNER_DEPTH, Workload, WorkloadResolver
 from tests.fixtures.kube import KubeAdmin, KubeCluster, controller_ref
 from tests.payloads import alert, payload
@@ -215,23 +209,9 @@ def engine_for(kube_cluster: KubeCluster, tmp_path: Path) -> Iterator[Callable[[
         settings = kube_cluster.settings()
         settings.data_dir = str(tmp_path / f"var-{len(made)}")
         settings.schedulers = schedulers
-        store = Store.from_url(settings.resolved_store_url)
-        store.create_schema()
-        registry = default_registry()
+        settings.playbook_paths = [str(ROOT / "playbooks")]
         clients = Clients(settings)
-        deps = EngineDeps(
-            settings=settings,
-            store=store,
-            playbooks=load_playbooks([ROOT / "playbooks"], registry, schedulers),
-            registry=registry,
-            permissions=Permissions(),
-            clients=clients,
-            clock=SystemClock(),
-            metrics=Metrics(),
-            diagnose=diagnose,
-            workloads=WorkloadResolver(lambda: clients.kube),
-        )
-        made.append((Engine(deps), clients))
+        made.append((build_engine(settings, permissions=Permissions(), clients=clients), clients))
         return made[-1][0]
 
     yield make_engine
@@ -264,7 +244,7 @@ def test_the_shipped_playbooks_restart_the_pods_job_by_its_own_kind_and_never_pl
         dcgm_xid("gpu-c", "gpu-operator", "dcgm-1"),  # honorLabels on an idle GPU: the exporter's pod
     ]
     slurm_style = alert({"alertname": "GpuXidError", "Hostname": "gpu-d", "xid": "79", "xid_class": "reboot"})
-    report = explain(engine.deps, parse_notification(json.dumps(payload(*alerts, slurm_style))))
+    report = engine.explain(parse_notification(json.dumps(payload(*alerts, slurm_style))))
     text = json.dumps(report)
     assert "scontrol" not in text and "slurm." not in text
     by_key = {ep["episode"]: ep for ep in report["episodes"]}
@@ -299,7 +279,7 @@ def test_an_alert_whose_pod_is_gone_restarts_the_job_its_train_job_label_names(
     gone["labels"]["train_job"] = name
     stale = dcgm_xid("gpu-b", ns, "old-worker-0")
     stale["labels"]["train_job"] = "nonesuch"
-    report = explain(engine.deps, parse_notification(json.dumps(payload(gone, stale))))
+    report = engine.explain(parse_notification(json.dumps(payload(gone, stale))))
 
     by_key = {ep["episode"]: ep for ep in report["episodes"]}
     job_key = f"job:kubernetes/{ns}/{name}"
@@ -324,7 +304,7 @@ def test_one_deployment_on_both_schedulers_plans_scontrol_for_a_slurm_node_and_t
     slurm_node = alert({"alertname": "GpuXidError", "Hostname": "node7", "gpu": "0", "xid": "79",
                         "xid_class": "reboot", "severity": "critical"})  # fmt: skip
     kube_pod = dcgm_xid("gpu-k", ns, pod["metadata"]["name"])
-    report = explain(engine.deps, parse_notification(json.dumps(payload(slurm_node, kube_pod))))
+    report = engine.explain(parse_notification(json.dumps(payload(slurm_node, kube_pod))))
 
     by_key = {ep["episode"]: ep for ep in report["episodes"]}
     job_key = f"job:kubernetes/{ns}/{job['metadata']['name']}"

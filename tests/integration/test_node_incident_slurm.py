@@ -23,7 +23,6 @@ import pytest
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clock import SystemClock
-from app.engine import Engine
 from app.states import Outcome
 from app.store import repairs
 from tests.fakes import FakePrometheus, FakeSample, RepairBench, node_repair_playbook
@@ -53,7 +52,6 @@ def xid_on_idle_node(starts_at: datetime, fingerprint: str) -> dict[str, Any]:
 
 
 class Bench(RepairBench):
-    engine: Engine
     prometheus: FakePrometheus
     verdicts: Path
 
@@ -95,7 +93,7 @@ def bench(clean_slurm: SlurmCluster, tmp_path: Path) -> Iterator[Bench]:
         clients=clients,
         clock=SystemClock(),
     )
-    b.engine, b.prometheus, b.verdicts = Engine(b.deps), prometheus, verdicts
+    b.prometheus, b.verdicts = prometheus, verdicts
     yield b
     clients.close()
     b.close()

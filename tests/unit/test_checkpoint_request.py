@@ -10,20 +10,18 @@ from typing import Any
 
 import pytest
 
+from app import build_engine
 from app.actions import default_registry
 from app.actions.base import ActionContext
 from app.actions.checkpoint_request import WaitForCheckpoint
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
+from app.engine import Engine
 from app.errors import ParamError
-from app.metrics import Metrics
 from app.outcome import Failed, Ok, Retry
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
-from app.store import Store
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm
 from tests.payloads import alert, payload
 
@@ -134,22 +132,17 @@ def shipped_engine(tmp_path: Path, clock: FakeClock, prometheus: FakePrometheus,
             told.append(body["text"])
             return 200
 
-    store = Store.from_url(settings.resolved_store_url, clock)
-    store.create_schema()
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(text, "shipped.yaml", registry)),
+    engine = build_engine(
+        settings,
+        clock=clock,
         registry=registry,
+        playbooks=PlaybookSet(parse_playbooks(text, "shipped.yaml", registry)),
         permissions=Permissions(
             Grant(action=name) for name in ("slurm.request_checkpoint", "slurm.requeue_job")
         ),
         clients=Clients(settings, prometheus=prometheus, http=Chat(), slurm=slurm),
-        clock=clock,
-        metrics=Metrics(),
-        diagnose=diagnose,
     )
-    return Engine(deps), told
+    return engine, told
 
 
 WARNING = {"alertname": "GpuEccCorrectableRising", "early_warning": "ecc_correctable", "Hostname": "node2",

@@ -10,17 +10,16 @@ from typing import Any
 
 import pytest
 
+from app import build_engine
 from app.actions.registry import ActionRegistry
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
-from app.metrics import Metrics
+from app.engine import Engine
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
-from app.store import Store, records
+from app.store import records
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.payloads import alert, payload, xid
 
@@ -110,8 +109,6 @@ def make_world(
     settings.episodes.correlation_seconds = correlation_seconds
     for key, value in guard_settings.items():
         setattr(settings.guards, key, value)
-    store = Store.from_url(settings.resolved_store_url, clock)
-    store.create_schema()
     prometheus = FakePrometheus()
     prometheus.answers[RECHECK] = [FakeSample({"Hostname": "node1"}, 1)]
     world_notifications: list[tuple[str, str]] = []
@@ -124,20 +121,17 @@ def make_world(
             return 200
 
     settings.notify.webhook_url = "http://chat.example/hook"
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
+    engine = build_engine(
+        settings,
+        clock=clock,
         registry=registry,
+        playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
         permissions=Permissions(Grant(action=name) for name in grants),
         clients=Clients(
             settings, prometheus=prometheus, http=Notifier(), slurm=FakeSlurm(default=("RUNNING", ""))
         ),
-        clock=clock,
-        metrics=Metrics(),
-        diagnose=diagnose,
     )
-    return World(Engine(deps), clock, prometheus, actions, world_notifications)
+    return World(engine, clock, prometheus, actions, world_notifications)
 
 
 GRANTS = ("fake.drain", "fake.requeue", "fake.resume")

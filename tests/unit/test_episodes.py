@@ -13,19 +13,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import episodes
+from app import build_engine, episodes
 from app.actions import default_registry
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine import Engine, EngineDeps
-from app.metrics import Metrics
+from app.engine import Engine
+from app.outcome import Ok
 from app.params import NODE_NAME, SLURM_JOB_ID, Param
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
-from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm
+from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, Script
 from tests.payloads import alert, payload, xid
 
 PLAYBOOKS = """
@@ -66,6 +65,7 @@ steps:
     with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
 """
 VERIFY = 'increase(training_step_total{slurm_job_id="4242"}[2m]) > 0'
+COLLECT_LOG = 'collect: [{action: fake.logs, with: {job: "{{ target.job }}"}}]\n'  # make_world(log=...)
 
 
 def nccl(node: str, rank: int, job: str = "4242") -> dict[str, str]:
@@ -119,34 +119,35 @@ def make_world(
     url: str | None = None,
     clock: FakeClock | None = None,
     slurm: FakeSlurm | None = None,
-    diagnose_with: Any = diagnose,
+    log: str | None = None,
     **episode_settings: Any,
 ) -> World:
+    """``url``: the store's (default: SQLite in ``tmp_path``); ``log``: what the nccl playbook's collect step reads
+    for the diagnosis (None: it collects nothing, and the diagnosis reads the labels alone)."""
     clock = clock or FakeClock()
     requeue = requeue_action()
-    registry = (
-        default_registry()
-    )  # the repair lifecycle plans with the scheduler's own actions (not granted here)
+    # The repair lifecycle plans with the scheduler's own actions (not granted here).
+    registry = default_registry()
     registry.register(requeue)
-    settings = Settings(data_dir=str(tmp_path))
+    if log is not None:
+        registry.register(FakeAction("fake.logs", read_only=True, params={"job": Param(pattern=SLURM_JOB_ID)},
+                                     script=Script([Ok(output="log", data={"log": log})])))  # fmt: skip
+        assert "priority: 50\n" in playbooks
+        playbooks = playbooks.replace("priority: 50\n", f"priority: 50\n{COLLECT_LOG}", 1)
+    settings = Settings(data_dir=str(tmp_path), store_url=url)
     for key, value in episode_settings.items():
         setattr(settings.episodes, key, value)
-    store = Store.from_url(url or settings.resolved_store_url, clock)
-    store.create_schema()
     prometheus = FakePrometheus()
     slurm = slurm or FakeSlurm({"4242": ("RUNNING", "node1,node2")})
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=PlaybookSet(parse_playbooks(playbooks, "episodes.yaml", registry)),
+    engine = build_engine(
+        settings,
+        clock=clock,
         registry=registry,
+        playbooks=PlaybookSet(parse_playbooks(playbooks, "episodes.yaml", registry)),
         permissions=Permissions([Grant(action="fake.requeue")]),
         clients=Clients(settings, prometheus=prometheus, slurm=slurm),
-        clock=clock,
-        metrics=Metrics(),
-        diagnose=diagnose_with,
     )
-    return World(Engine(deps), clock, prometheus, slurm, requeue)
+    return World(engine, clock, prometheus, slurm, requeue)
 
 
 def test_every_rank_and_the_xid_make_one_job_incident_and_one_requeue_off_the_culprit(tmp_path):
@@ -269,21 +270,22 @@ def test_verification_sees_only_samples_after_the_action(tmp_path):
     assert verifications == ['increase(training_step_total{slurm_job_id="4242"}[30s]) > 0']
 
 
-class Benign:
-    def as_dict(self) -> dict[str, Any]:
-        return {
-            "category": "benign",
-            "confidence": 0.9,
-            "summary": "one early fp16 overflow",
-            "culprit": None,
-        }
+# An NCCL error the job survived: progress follows it (the real diagnosis: benign, no fault to act on).
+SURVIVED = "\n".join(
+    [
+        "[rank0]: NCCL WARN NET/IB : Got completion from peer with error 12, opcode 0, len 0, vendor err 129",
+        "[rank0]: torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, unhandled system error",
+        *(f"step={i}, skipped=0, loss=2.{i}" for i in range(10)),
+    ]
+)
 
 
 def test_a_benign_diagnosis_closes_without_acting(tmp_path):
-    w = make_world(tmp_path, diagnose_with=lambda labels, log: Benign(), correlation_seconds=0)
+    w = make_world(tmp_path, log=SURVIVED, correlation_seconds=0)
     w.send(alert(nccl("node1", 0)))
     w.run()
-    assert (w.only()["outcome"], w.requeue.script.calls) == ("benign", [])
+    inc = w.only()
+    assert (inc["diagnosis"]["category"], inc["outcome"], w.requeue.script.calls) == ("benign", "benign", [])
 
 
 # --- any order, any replica ------------------------------------------------------------------------------------

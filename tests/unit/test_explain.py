@@ -5,16 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from app.actions import default_registry
+from app import build_engine
 from app.alertmanager import parse_notification
-from app.clients import Clients
 from app.config import Settings
-from app.diagnosis import diagnose
-from app.engine.deps import EngineDeps
-from app.engine.explain import explain
-from app.metrics import Metrics
 from app.permissions import Grant, Permissions
-from app.playbooks import load_playbooks
+from app.store import Store
 from tests.fakes import FakeClock
 from tests.payloads import alert, payload, xid
 
@@ -34,19 +29,14 @@ def explained(
 ) -> dict:
     settings = Settings(playbook_paths=[str(ROOT / "playbooks")], schedulers=list(schedulers))
     settings.guards.job_recoveries_window_seconds = job_window
-    registry = default_registry()
-    deps = EngineDeps(
-        settings=settings,
-        store=None,  # type: ignore[arg-type]  # explain touches no store
-        playbooks=load_playbooks(settings.playbook_paths, registry, settings.schedulers),
-        registry=registry,
-        permissions=Permissions(Grant(action=name) for name in grants),
-        clients=Clients(settings),
+    engine = build_engine(
+        settings,
+        store=Store.unread(),
         clock=FakeClock(),
-        metrics=Metrics(),
-        diagnose=diagnose,
+        permissions=Permissions(Grant(action=name) for name in grants),
+        workloads=None,
     )
-    return explain(deps, parse_notification(json.dumps(payload(*alerts))))
+    return engine.explain(parse_notification(json.dumps(payload(*alerts))))
 
 
 def test_ranks_and_an_xid_are_one_job_episode_with_one_plan_and_a_node_plan_for_the_culprit():

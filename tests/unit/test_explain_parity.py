@@ -11,17 +11,12 @@ from typing import Any
 
 import pytest
 
-from app.actions import default_registry
+from app import build_engine
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
-from app.diagnosis import diagnose
 from app.engine import Engine
-from app.engine.deps import EngineDeps
-from app.metrics import Metrics
 from app.permissions import Grant, Permissions
-from app.playbooks import load_playbooks
-from app.store import Store
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm
 from tests.payloads import alert, payload, xid
 
@@ -33,26 +28,17 @@ RECHECK = 'ALERTS{alertname="GpuXidError",alertstate="firing",Hostname="node2",x
 def engine(tmp_path: Path, job_state: str, grants: tuple[str, ...]) -> Engine:
     settings = Settings(data_dir=str(tmp_path), playbook_paths=[str(ROOT / "playbooks")])
     settings.episodes.correlation_seconds = 0
-    clock = FakeClock()
-    registry = default_registry()
-    store = Store.from_url(settings.resolved_store_url, clock)
-    store.create_schema()
     prometheus = FakePrometheus()
     prometheus.answers[RECHECK] = [FakeSample({"Hostname": "node2"}, 1)]
-    deps = EngineDeps(
-        settings=settings,
-        store=store,
-        playbooks=load_playbooks(settings.playbook_paths, registry),
-        registry=registry,
+    return build_engine(
+        settings,
+        clock=FakeClock(),
         permissions=Permissions(Grant(action=name) for name in grants),
         clients=Clients(
             settings, prometheus=prometheus, slurm=FakeSlurm({"4242": (job_state, "node1,node2")})
         ),
-        clock=clock,
-        metrics=Metrics(),
-        diagnose=diagnose,
+        workloads=None,
     )
-    return Engine(deps)
 
 
 UNRUN = {"would_run", "skipped", "invalid"}

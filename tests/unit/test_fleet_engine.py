@@ -5,7 +5,6 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from app.diagnosis import diagnose
 from app.store import records
 from tests.fakes import START, FakeSlurm
 from tests.payloads import alert
@@ -14,18 +13,12 @@ from tests.unit.test_episodes import make_world, nccl
 JOBS = {str(j): ("FAILED", f"node{j}a,node{j}b") for j in (101, 102, 103, 104)}
 
 
-class StorageDiagnosis:
-    """The real diagnosis, read as a storage I/O failure (the test playbook collects no log)."""
-
-    def __init__(self, labels: Any, log: str):
-        self.found = diagnose(labels, log).as_dict()
-
-    def as_dict(self) -> dict[str, Any]:
-        return {**self.found, "category": "storage_io", "culprit": None, "summary": "EIO on /datasets"}
+# Every job's log: reads of the shared dataset failing (the real diagnosis: storage_io, no culprit node).
+EIO = "\n".join(f"OSError: [Errno 5] Input/output error: /datasets/shard-{i:04d}.tar" for i in range(2))
 
 
 def world(tmp_path, jobs=JOBS):
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs), diagnose_with=StorageDiagnosis)
+    w = make_world(tmp_path, slurm=FakeSlurm(jobs), log=EIO)
     w.engine.deps.settings.fleet.release_jitter_seconds = 60
     w.engine.deps.settings.notify.webhook_url = None
     return w
