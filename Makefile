@@ -3,19 +3,22 @@ VENV := .venv
 PY := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: deps run test test-unit lint demo bench kube-apiserver clean schema
+.PHONY: deps run test test-unit lint demo bench kubernetes node-images clean schema
 
 deps:
 	@scripts/install-deps.sh
 
-kube-apiserver: deps
-	@scripts/build-kube-apiserver.sh >/dev/null
+kubernetes: deps  ## kube-apiserver, kubelet, kube-scheduler, kube-controller-manager, pause from Debian's source, in one build (cold: 20-30 min on 2 cores), cached
+	@scripts/build-kubernetes.sh kube-apiserver kubelet kube-scheduler kube-controller-manager pause >/dev/null
+
+node-images: deps kubernetes  ## the pod sandbox and training images the real kubelets run (buildah; cold: about 4 min), cached
+	@scripts/build-node-images.sh >/dev/null
 
 run: deps  ## serve examples/settings.yaml (its public example token allowed for this local run only) or $NIGHTSHIFT_CONFIG
 	NIGHTSHIFT_WEBHOOK__ALLOW_EXAMPLE_TOKEN=$$([ -n "$$NIGHTSHIFT_CONFIG" ] && echo false || echo true) \
 	$(VENV)/bin/nightshift serve --config $${NIGHTSHIFT_CONFIG:-examples/settings.yaml}
 
-test: deps kube-apiserver
+test: deps kubernetes node-images
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports  # the layers: [tool.importlinter] in pyproject.toml

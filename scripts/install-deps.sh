@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install what Nightshift's tests and demo need on a fresh Debian/Ubuntu machine; idempotent and quick when present.
 #   system: Prometheus, Alertmanager, promtool/amtool, Slurm (slurmctld, slurmd, client) + munge, OpenSSH server,
-#           etcd + Go (for the kube-apiserver built from Debian's source), PostgreSQL 15, Chromium for browser tests,
-#           buildah/podman/mmdebstrap (the container image test, docs/deploy.md).
+#           etcd + Go + gcc (for the kube-apiserver, kubelet, scheduler, controller-manager and pause built from
+#           Debian's source), containerd + runc + CNI plugins + iproute2 (the real kubelet's nodes), PostgreSQL 15,
+#           Chromium for browser tests, buildah/podman/mmdebstrap (the container images, docs/deploy.md).
 #           sudo (the least-privilege Slurm account's sudoers, deploy/slurm/).
 #   python: a virtualenv in .venv with the package and its dev extras, and the progress library (progress/);
 #           PyTorch's CPU build (the simulator's real torch.distributed jobs, sim/torch_trainer.py), pinned: an
@@ -10,7 +11,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want=(prometheus prometheus-alertmanager slurmctld slurmd slurm-client munge openssh-server etcd-server golang-go
-      rsync postgresql wrk chromium chromium-driver buildah podman mmdebstrap uidmap fuse-overlayfs sudo)
+      gcc libc6-dev rsync postgresql wrk chromium chromium-driver buildah podman mmdebstrap uidmap fuse-overlayfs sudo
+      containerd runc containernetworking-plugins iproute2)
 missing=()
 for pkg in "${want[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")

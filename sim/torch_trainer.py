@@ -37,7 +37,7 @@ import signal
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -127,7 +127,7 @@ class Worker:
         self.state_dir = state_dir
         self.rank = int(env.get("RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
-        self.node = env.get("SLURMD_NODENAME") or os.uname().nodename
+        self.node = node_name(env)
         self.slurm_job_id = env.get("SLURM_JOB_ID", "")
         self.progress = nightshift_progress.Progress(identity_from_env(env, name, self.node))
         self.port, self.addr = port, addr
@@ -138,8 +138,8 @@ class Worker:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> Worker:
-        """The worker of this process (its node from ``SLURMD_NODENAME``) for the command line ``args``."""
-        node = os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+        """The worker of this process (its node: :func:`node_name`) for the command line ``args``."""
+        node = node_name(os.environ)
         address = node_address(args.node_hosts, node)
         return cls(args.name, settings, args.checkpoint_dir, args.state_dir, args.port, address)
 
@@ -310,6 +310,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="seconds before gloo gives up on a collective (init_process_group's timeout)",
     )  # fmt: skip
     return parser.parse_args(argv)
+
+
+def node_name(env: Mapping[str, str]) -> str:
+    """The node this rank runs on: ``SLURMD_NODENAME`` under Slurm, ``NODE_NAME`` on Kubernetes (the downward API's
+    ``spec.nodeName``: a pod's host name is the pod's, or with host networking the machine's), else the host name."""
+    return env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or os.uname().nodename
 
 
 def node_address(node_hosts: str, node: str) -> str:

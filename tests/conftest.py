@@ -4,6 +4,7 @@ pytest_plugins: list[str] = [
     "tests.fixtures.prometheus",
     "tests.fixtures.containers",
     "tests.fixtures.kube",
+    "tests.fixtures.kube_nodes",
     "tests.fixtures.slurm",
     "tests.fixtures.postgres",
     "tests.fixtures.alertmanager",

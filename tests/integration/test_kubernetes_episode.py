@@ -18,7 +18,13 @@ from app.engine import Engine
 from app.states import RepairState
 from app.store import repairs
 from tests.fixtures.fake_kubelet import FakeKubelet
-from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeEngine, SuspendController
+from tests.fixtures.kube import (
+    TRAINING_KINDS,
+    KubeAdmin,
+    KubeEngine,
+    SuspendController,
+    restarts_of_recovered_job,
+)
 from tests.payloads import alert, payload
 
 pytestmark = pytest.mark.integration
@@ -127,10 +133,7 @@ def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_afte
             time.sleep(0.2)
     finally:
         operator.stop()
-    detail = nccl_engine.incident(incident["id"])
-    ledger = "\n".join(f"{row['kind']}: {row['message']}" for row in detail["ledger"])
-    assert (incident["kind"], incident["outcome"], incident["node"]) == ("job", "recovered", faulty), ledger
-    restarts = [s for s in detail["steps"] if s["action"] == "kubernetes.restart_job"]
+    restarts = restarts_of_recovered_job(nccl_engine, incident, faulty)
     assert [(s["status"], s["params"]["exclude_nodes"]) for s in restarts] == [("ok", faulty)]
     assert operator.observed == [False, True, False]  # suspended once (its pods deleted), then resumed
     job = kube_admin.get(TRAINING_KINDS["PyTorchJob"][0], "PyTorchJob", "llama", ns)
