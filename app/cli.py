@@ -1,4 +1,5 @@
-"""``nightshift``: serve | worker | lint | explain | diagnose | replay | export | inbox."""
+"""``nightshift``: init | check-config | serve | worker | lint | explain | diagnose | replay | export | actions |
+inbox (README.md, "CLI"; exit codes: 0 fine, 1 problems found or a verdict needing a person, 2 usage or settings)."""
 
 from __future__ import annotations
 
@@ -412,7 +413,7 @@ def _print_explained(report: dict[str, Any]) -> None:
         click.echo(
             f"episode {ep['episode']} ({ep['kind']}): {len(ep['alerts'])} alert(s): {', '.join(ep['alerts'])}"
         )
-        click.echo(f"  playbook {ep['playbook']} ({ep['source']})")
+        click.echo(f"  playbook {ep['playbook']} ({_relative(ep['source'])})")
         click.echo(f"    target: {json.dumps(ep['target'], sort_keys=True)}")
         d = ep["diagnosis"]
         click.echo(f"    diagnosis: {d['category']} ({d['confidence']:.2f}) {d['summary']}")
@@ -442,6 +443,14 @@ def _print_explained(report: dict[str, Any]) -> None:
             if node_plan.get("recheck"):
                 click.echo(f"    recheck (live, before taking it out): {node_plan['recheck']}")
             click.echo(f"    => {node_plan['outcome']}")
+
+
+def _relative(source: str) -> str:
+    """``path:line`` with the path relative to the current directory when it lies under it (shorter, and the same
+    on every machine for a checkout's own playbooks)."""
+    path, _, line = source.rpartition(":")
+    shown = os.path.relpath(path) if path and os.path.isabs(path) else path
+    return f"{shown if shown and not shown.startswith('..') else path}:{line}"
 
 
 def _print_steps(indent: str, steps: list[dict[str, Any]]) -> None:

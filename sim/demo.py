@@ -33,6 +33,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -82,16 +83,66 @@ class StageFailed(Exception):
 class Narrator:
     """One line per stage, prefixed with the seconds since the demo started."""
 
-    def __init__(self, out: TextIO = sys.stdout, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        out: TextIO = sys.stdout,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ):
         self.out = out
         self.clock = clock
         self.start = clock()
+        self.wall_start = wall()  # the same moment on the wall clock: ledger times are wall times
 
     def say(self, message: str) -> None:
         print(f"[{self.clock() - self.start:6.1f}s] {message}", file=self.out, flush=True)
 
     def section(self, title: str) -> None:
         print(f"\n== {title}", file=self.out, flush=True)
+
+    def at(self, moment: datetime, message: str) -> None:
+        """A line for something that happened at ``moment`` (told later, in order with the rest)."""
+        print(f"[{(moment - self.wall_start).total_seconds():6.1f}s] {message}", file=self.out, flush=True)
+
+
+@dataclass(frozen=True, order=True)
+class Event:
+    """Something that happened, when: an alert seen firing, a ledger row, the job seen running again."""
+
+    at: datetime
+    message: str
+
+
+def observed(events: list[Event]) -> Callable[[str], None]:
+    """Record a message as happening now (what the demo sees by polling Prometheus and Slurm)."""
+    return lambda message: events.append(Event(datetime.now(UTC), message))
+
+
+# Ledger rows the timeline leaves out: the alerts' own receipts (told as Prometheus fired them) and each guard
+# that let the incident pass (the decisive verdicts, stops included, are told).
+QUIET_LEDGER = {"alert_received"}
+
+
+def ledger_events(ledger: Sequence[dict[str, Any]], incident: int) -> list[Event]:
+    """The ledger rows of a job incident (its node repair's included: they carry the incident's id) as events at
+    their own time, each one line: what Nightshift decided and did, in the order it did it."""
+    events = []
+    for row in ledger:
+        if row["kind"] in QUIET_LEDGER or (row["kind"] == "guard" and row["data"].get("decision") == "pass"):
+            continue
+        message = " ".join(str(row["message"]).split())
+        command = " ; ".join(
+            _remote(line) for line in str(row["data"].get("command") or "").splitlines() if line
+        )
+        if command and command not in message:
+            message += f" ({command})"
+        subject = "" if message.startswith("node ") else f"incident #{incident} "
+        events.append(Event(datetime.fromisoformat(row["ts"]), f"{subject}{row['kind']}: {_cut(message)}"))
+    return events
+
+
+def _cut(text: str, width: int = 200) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 @contextlib.contextmanager
@@ -141,7 +192,10 @@ def _labels(labels: dict[str, str], keys: Sequence[str]) -> str:
 
 def _remote(command: str) -> str:
     """The command as the Slurm host runs it, without the login-shell wrapper (``bash -lc '...'``)."""
-    argv = shlex.split(command)
+    try:
+        argv = shlex.split(command)
+    except ValueError:  # a description, not a shell line
+        return command
     return argv[2] if argv[:2] == ["bash", "-lc"] and len(argv) == 3 else command
 
 
@@ -180,9 +234,9 @@ def submit_job(stack: Stack, say: Narrator, trainer: str) -> str:
     return job
 
 
-def alerts_firing(stack: Stack, say: Narrator, expected: set[tuple[str, str]]) -> int:
-    """Tell each alert as Prometheus fires it until every (alertname, Hostname) of ``expected`` has; how many
-    distinct alerts fired."""
+def alerts_firing(stack: Stack, say: Callable[[str], None], expected: set[tuple[str, str]]) -> int:
+    """Tell each alert when Prometheus is seen firing it, until every (alertname, Hostname) of ``expected`` has;
+    how many distinct alerts fired."""
     told: set[tuple[str, ...]] = set()
     keys = ("Hostname", "gpu", "xid", "xid_class", "error_class", "slurm_job_id")
 
@@ -192,7 +246,7 @@ def alerts_firing(stack: Stack, say: Narrator, expected: set[tuple[str, str]]) -
             key = tuple(labels.get(k, "") for k in ("alertname", *keys))
             if key not in told:
                 told.add(key)
-                say.say(f"alert firing in Prometheus: {labels['alertname']}{{{_labels(labels, keys)}}}")
+                say(f"alert firing in Prometheus: {labels['alertname']}{{{_labels(labels, keys)}}}")
         return expected <= {(key[0], key[1]) for key in told}
 
     wait_for(
@@ -204,48 +258,21 @@ def alerts_firing(stack: Stack, say: Narrator, expected: set[tuple[str, str]]) -
     return len(told)
 
 
-def job_incident(stack: Stack, say: Narrator, job: str, restart_timeout: float) -> dict[str, Any]:
-    """Narrate the job's one incident from the webhook to its closing; the incident once closed."""
+def job_incident(
+    stack: Stack, say: Callable[[str], None], job: str, restart_timeout: float
+) -> dict[str, Any]:
+    """Wait for the job's one incident to recover the job and close, telling (``say``) when the job is seen
+    running again; the incident once closed. What Nightshift did is in its ledger (:func:`ledger_events`)."""
     logs = _logs(stack)
     nightshift = stack.nightshift
 
     def opened() -> dict[str, Any] | None:
         return next((i for i in nightshift.incidents(job=job) if i.get("kind") == "job"), None)
 
-    incident = wait_for(f"the incident of job {job}", opened, 60, logs["nightshift"])
-    number = incident["id"]
-    told: set[tuple[str, Any]] = set()
-
-    def tell(detail: dict[str, Any]) -> None:
-        """Each new joined alert, culprit, diagnosis and finished step, once."""
-        for alert in detail["alerts"]:
-            labels = alert["labels"]
-            if ("alert", alert["fingerprint"]) not in told:
-                told.add(("alert", alert["fingerprint"]))
-                say.say(f"incident #{number} ← {labels['alertname']} from {labels.get('Hostname', '?')}")
-        for culprit in detail["incident"].get("culprits") or []:
-            if ("culprit", culprit["node"]) not in told:
-                told.add(("culprit", culprit["node"]))
-                say.say(f"culprit: {culprit['node']} ({culprit['source']}: {culprit['reason']})")
-        for row in detail["ledger"]:
-            if row["kind"] == "diagnosis" and ("ledger", row["id"]) not in told:
-                told.add(("ledger", row["id"]))
-                say.say(f"diagnosis: {row['message']}")
-        for step in detail["steps"]:
-            if (
-                step["phase"] == "steps"
-                and step["status"] in FINISHED_STEPS
-                and ("step", step["id"]) not in told
-            ):
-                told.add(("step", step["id"]))
-                command = " ; ".join(_remote(line) for line in (step["command"] or "").splitlines() if line)
-                say.say(f"step {step['name']}: {step['status']} ({command})")
-
-    say.say(f"webhook received: one job incident #{number} (job {job}, playbook {incident['playbook']})")
+    number = wait_for(f"the incident of job {job}", opened, 60, logs["nightshift"])["id"]
 
     def acted() -> dict[str, Any] | None:
         detail = nightshift.incident(number)
-        tell(detail)
         steps = [s for s in detail["steps"] if s["phase"] == "steps"]
         done = steps and all(s["status"] in FINISHED_STEPS for s in steps)
         return detail if done or detail["incident"]["outcome"] else None
@@ -261,25 +288,23 @@ def job_incident(stack: Stack, say: Narrator, job: str, restart_timeout: float) 
     with explained_by(logs["slurm"]):
         nodes = stack.wait_running(job, avoid=[CULPRIT])
     wait_for(f"job {job} resumed", lambda: stack.resumes(job), restart_timeout, logs["slurm"])
-    say.say(
+    say(
         f"job {job} RUNNING on {' + '.join(nodes)}, both ranks resumed from checkpoint step {stack.resumes(job)[-1]}"
     )
 
     def closed() -> dict[str, Any] | None:
         detail = nightshift.incident(number)
-        tell(detail)
         return detail if detail["incident"]["outcome"] else None
 
     detail = wait_for(f"incident #{number} to close", closed, 90, logs["nightshift"])
     row = detail["incident"]
     if row["outcome"] != "recovered":
         raise StageFailed(f"incident #{number} ended {row['outcome']}: {row['reason']}", logs["nightshift"])
-    say.say(f"progress verified: incident #{number} recovered ({row['reason']})")
     return detail
 
 
-def node_repair(stack: Stack, say: Narrator, node: str) -> dict[str, Any]:
-    """Narrate ``node``'s repair, step by step, until it is held or back in service; its repair row."""
+def node_repair(stack: Stack, node: str) -> dict[str, Any]:
+    """Wait for ``node``'s repair to be held or back in service; its repair row."""
 
     def settled() -> dict[str, Any] | None:
         try:
@@ -288,21 +313,24 @@ def node_repair(stack: Stack, say: Narrator, node: str) -> dict[str, Any]:
             return None
         return current if current["state"] in REPAIR_END else None
 
-    current = wait_for(f"{node}'s repair to settle", settled, 120, _logs(stack)["nightshift"])
-    say.say(f"{node} repair #{current['id']}, apart from the job: {current['reason']}")
+    return wait_for(f"{node}'s repair to settle", settled, 120, _logs(stack)["nightshift"])
+
+
+def tell_repair(stack: Stack, say: Narrator, node: str, current: dict[str, Any]) -> None:
+    """Where ``node``'s repair ended, and what its validation found."""
     for step in current["steps"] or []:
-        command = " ; ".join(_remote(line) for line in (step["command"] or "").splitlines() if line)
         finding = next((line for line in (step["output"] or "").splitlines() if "Warning:" in line), "")
-        detail = f", {' '.join(finding.strip('| ').split())}" if finding else ""
-        exit_code = f", exit {step['exit_code']}" if step["exit_code"] is not None else ""
-        say.say(f"{node} repair step {step['name']}: {step['status']} ({command}{exit_code}{detail})")
+        if finding or step["exit_code"] not in (None, 0):
+            say.say(
+                f"{node} repair step {step['name']} found: exit {step['exit_code']}"
+                + (f", {' '.join(finding.strip('| ').split())}" if finding else "")
+            )
     if current["state"] == "held":
         say.say(
             f"{node} held for a person, still drained ({stack.slurm.node_reason(node)}): {current['held_reason']}"
         )
     else:
         say.say(f"{node} {current['state']}: {stack.slurm.node_state(node)}")
-    return current
 
 
 def episode(stack: Stack, say: Narrator, job: str, trainer: str) -> None:
@@ -318,10 +346,19 @@ def episode(stack: Stack, say: Narrator, job: str, trainer: str) -> None:
     else:
         say.say(f"fault injected: Xid {XID} on {CULPRIT} GPU {XID_GPU}")
         expected = {("GpuXidError", CULPRIT), *(("TrainingJobError", node) for node in JOB_NODES)}
-    fired = alerts_firing(stack, say, expected)
-    detail = job_incident(stack, say, job, START_TIMEOUT[trainer])
-    repair = node_repair(stack, say, CULPRIT)
+    say.say(
+        "watching Prometheus, Slurm and Nightshift; what happened is told below in the order it happened "
+        "(Nightshift's part from its ledger)"
+    )
+    events: list[Event] = []
+    fired = alerts_firing(stack, observed(events), expected)
+    detail = job_incident(stack, observed(events), job, START_TIMEOUT[trainer])
+    repair = node_repair(stack, CULPRIT)
     number = detail["incident"]["id"]
+    events += ledger_events(stack.nightshift.incident(number)["ledger"], number)
+    for event in sorted(events):
+        say.at(event.at, event.message)
+    tell_repair(stack, say, CULPRIT, repair)
     others = [i for i in stack.nightshift.incidents() if i["id"] != number]
     for other in others:  # what else the episode's alerts opened, said as it is
         say.say(

@@ -261,9 +261,10 @@ class Lifecycle:
         if playbook.verify is None:
             return self._close(inc, Closed.UNVERIFIED, "steps done; the playbook has no verification")
         verify = playbook.verify
+        query = render_promql(verify.promql, template_context(inc, deps.settings.external_url))
         self._transition(
             lambda conn, now: transitions.verify(
-                conn, now, inc, now + verify.timeout, f"polling {verify.promql} for up to {verify.timeout}"
+                conn, now, inc, now + verify.timeout, f"polling {query} for up to {verify.timeout}"
             )
         )
         return deps.clock.now() + verify.interval
