@@ -58,6 +58,7 @@ class Advice:
     job_mtbf_seconds: float
     advised_lost_gpu_hours_per_day: float
     current_lost_gpu_hours_per_day: float | None
+    current_interval_seconds: float | None
     basis: str
 
     def as_dict(self) -> dict[str, object]:
@@ -71,6 +72,9 @@ class Advice:
                 None
                 if self.current_lost_gpu_hours_per_day is None
                 else round(self.current_lost_gpu_hours_per_day, 3)
+            ),
+            "current_interval_seconds": (
+                None if self.current_interval_seconds is None else round(self.current_interval_seconds, 1)
             ),
             "basis": self.basis,
         }
@@ -151,6 +155,7 @@ def advise(rate: FailureRate, job: JobCheckpoints) -> Advice | NoAdvice:
         job_mtbf_seconds=mtbf,
         advised_lost_gpu_hours_per_day=lost(advised),
         current_lost_gpu_hours_per_day=None if job.interval_seconds is None else lost(job.interval_seconds),
+        current_interval_seconds=job.interval_seconds,
         basis=(
             f"{rate.failures} failures in {rate.node_seconds / 3600:.0f} node-hours → a {job.nodes}-node job fails "
             f"every {mtbf / 3600:.1f} h; checkpoints take {job.checkpoint_seconds:.0f} s (Young/Daly)"

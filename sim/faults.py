@@ -27,12 +27,20 @@ Real faults in the real ``torch.distributed`` jobs (:mod:`sim.torch_trainer`), f
 worker writes: :func:`signal_rank` (SIGKILL as the OOM killer or a lost node ends a rank, SIGSTOP for a rank that
 stops answering), :func:`inject_rank_fault` (acted on inside the rank at its next step, once: a Python
 exception, NaN inputs, allocation until the memory cap), :func:`limit_rank` (a memory cap or CPU quota on the
-worker's cgroup, :mod:`sim.cgroups`) and :func:`truncate_checkpoint` (a DCP shard cut short).
+worker's cgroup, :mod:`sim.cgroups`), :func:`lose_node` (a node gone: its worker and its launcher killed at
+once; on the first node, the rendezvous host), :func:`truncate_checkpoint` (a DCP shard or a ``torch.save``
+file cut short) and the checkpoint file system filling up: :func:`small_filesystem` mounts a small tmpfs as a
+job's checkpoint directory, :func:`fill_filesystem` writes another tenant's ballast into it until a save no longer
+fits (the save fails with ENOSPC), :func:`release_filesystem` unmounts it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
+import signal
+import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -271,6 +279,30 @@ def signal_rank(
     return pid
 
 
+def lose_node(state_dir: Path, job: str, node: str) -> list[int]:
+    """End every process of torch job ``job`` on ``node`` at once, as a node that loses power or its network ends
+    them: the worker and its launcher (torchrun's agent, the worker's parent), SIGKILL. On the job's first node the
+    agent hosts the c10d rendezvous store, so the other nodes lose it too. The pids killed."""
+    worker = rank_process(state_dir, job, node)
+    agent = _parent(worker)
+    killed = []
+    for pid in (worker, agent):
+        if pid > 1:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+    return killed
+
+
+def _parent(pid: int) -> int:
+    """The parent pid of ``pid`` (0 when it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
 def limit_rank(
     state_dir: Path, job: str, node: str, memory_bytes: int | None = None, cpu_fraction: float | None = None
 ) -> list[Path]:
@@ -295,13 +327,57 @@ def _rss(pid: int) -> int:
 
 
 def truncate_checkpoint(checkpoint: Path) -> Path:
-    """Cut the largest shard (``*.distcp``) of a DCP checkpoint directory to half its size, as a save interrupted
-    by a full or failing file system leaves it; the shard's path."""
-    shards = sorted(checkpoint.glob("*.distcp"), key=lambda path: path.stat().st_size)
-    if not shards:
-        raise LookupError(f"no .distcp shard in {checkpoint}")
-    os.truncate(shards[-1], shards[-1].stat().st_size // 2)
-    return shards[-1]
+    """Cut a checkpoint short, as a save interrupted by a full or failing file system leaves it: the largest shard
+    (``*.distcp``) of a DCP checkpoint directory, the largest ``*.pt`` file of a directory (a Hugging Face
+    ``checkpoint-N``: ``optimizer.pt``), or ``checkpoint`` itself when it is a file (a ``torch.save`` ``.pt``, a
+    Lightning ``.ckpt``), to half its size; the file's path."""
+    if checkpoint.is_file():
+        found = [checkpoint]
+    else:
+        found = sorted(checkpoint.glob("*.distcp"), key=lambda path: path.stat().st_size) or sorted(
+            checkpoint.glob("*.pt"), key=lambda path: path.stat().st_size
+        )
+    if not found:
+        raise LookupError(f"no .distcp shard or .pt file in {checkpoint}")
+    os.truncate(found[-1], found[-1].stat().st_size // 2)
+    return found[-1]
+
+
+BALLAST = ".ballast"  # another tenant's data on a shared file system (fill_filesystem)
+
+
+def small_filesystem(path: Path, size_bytes: int) -> Path:
+    """Mount a tmpfs of ``size_bytes`` at ``path`` (a job's checkpoint directory, made if missing): a file system
+    of its own that :func:`fill_filesystem` can fill. Needs root (:class:`sim.cgroups.Unavailable` otherwise)."""
+    path.mkdir(parents=True, exist_ok=True)
+    result = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_bytes},mode=0777", "nightshift-sim", str(path)],
+        capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise cgroups.Unavailable(f"cannot mount a tmpfs at {path}: {result.stderr.strip()}")
+    return path
+
+
+def fill_filesystem(path: Path, leave_bytes: int = 0) -> int:
+    """Fill the file system of ``path`` with a ballast file (:data:`BALLAST`) until at most ``leave_bytes`` are
+    free, as another job's output fills a shared scratch: the next save that needs more fails with ENOSPC. The
+    bytes written."""
+    written = 0
+    chunk = b"\0" * (64 * 1024)
+    with (path / BALLAST).open("ab") as ballast:
+        while (free := shutil.disk_usage(path).free) > leave_bytes:
+            try:
+                written += ballast.write(chunk[: max(1, min(len(chunk), free - leave_bytes))])
+                ballast.flush()
+            except OSError:  # ENOSPC: full
+                break
+    return written
+
+
+def release_filesystem(path: Path) -> None:
+    """Unmount what :func:`small_filesystem` mounted at ``path`` (lazily: a job may still hold it open)."""
+    subprocess.run(["umount", "--lazy", str(path)], capture_output=True, timeout=30, check=False)
 
 
 def clear(state_dir: Path, node: str | None = None, gpu: int | None = None, job: str | None = None) -> None:

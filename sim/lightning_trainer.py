@@ -132,7 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception:
         log.exception("rank %d failed at step %d", worker.rank, worker.step)
         worker.status("failed")
-        worker.progress.close(settings.linger)
+        worker.progress.close(settings.linger, settings.scrape_wait)
         raise
     worker.status("exited")
     return 0

@@ -35,6 +35,8 @@ from sim.cluster import REPO_ROOT
 BIN = Path(sys.executable).parent
 # The checkpoint request file, in the job's directory (shared by the nodes, as a job's directory is on a cluster).
 REQUEST_FILE = "checkpoint-request"
+# Collectives each rank's Flight Recorder keeps (about 500 bytes of JSON each: within slurm.job_stacks' bound).
+FLIGHT_RECORDER_ENTRIES = 200
 
 
 class Submitter(Protocol):
@@ -105,6 +107,7 @@ local_addr=${{ADDR[$SLURMD_NODENAME]}}
 is_host=$([ "$SLURM_NODEID" = 0 ] && echo 1 || echo 0)
 cd {repo}
 export GLOO_SOCKET_IFNAME=lo OMP_NUM_THREADS=1 PYTHONUNBUFFERED=1 PYTHONPATH={repo}
+export TORCH_FR_BUFFER_SIZE={flight_recorder}  # the Flight Recorder's entries, read on demand (slurm.job_stacks)
 exec unshare --uts /bin/bash -c 'hostname "$SLURMD_NODENAME" && exec "$@"' node \\
   {torchrun} --nnodes "$SLURM_NNODES" --nproc-per-node {nproc} --node-rank "$SLURM_NODEID" \\
   --rdzv-backend c10d --rdzv-endpoint "$RDZV_ENDPOINT" --rdzv-id "$SLURM_JOB_ID" \\
@@ -128,6 +131,7 @@ def write_scripts(spec: TorchJobSpec, directory: Path) -> Path:
             max_restarts=spec.max_restarts,
             module=spec.trainer,
             trainer_args=shlex.join(spec.trainer_argv()),
+            flight_recorder=FLIGHT_RECORDER_ENTRIES,
         )
     )
     node_script.chmod(0o755)

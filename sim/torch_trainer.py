@@ -24,6 +24,14 @@ every rank) of the job and consumed once: ``exception`` (a Python error raised i
 (the rank's inputs become NaN for ``count`` steps: the loss and, through DDP's all-reduce, every rank's weights),
 ``oom`` (the rank allocates until the memory limit of its cgroup kills it). Signals (SIGKILL, SIGSTOP) come from
 outside, as they do on a cluster.
+
+A rank checks its own loss before the gradients mix, as Megatron-LM's ``check_for_nan_in_loss_and_grad`` does, and
+logs Megatron's words (``Rank 1: found NaN in local forward loss calculation. Device: cpu, node: node2``) when it
+is not finite; that step is then skipped on every rank (a GradScaler-style skip: the weights stay finite), its loss
+is reported as NaN and no loss line is logged. So a rank whose own computation goes wrong again and again (silent
+data corruption) names itself, and a diverging model shows on every rank. Each rank serves PyTorch's worker server
+on its debug socket (:mod:`nightshift_progress.torch_debug`), so its Flight Recorder (``TORCH_FR_BUFFER_SIZE``,
+set by :mod:`sim.torch_job`) can be read while it hangs.
 """
 
 from __future__ import annotations
@@ -48,6 +56,8 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from nightshift_progress.identity import identity_from_env
+from nightshift_progress.torch_debug import serve_debug_socket
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.elastic.multiprocessing.errors import record
 
@@ -73,6 +83,9 @@ class Settings:
     log_every: int = 10
     linger: float = 3.0
     collective_timeout: float = 60.0
+    # A rank failing at start-up serves until Prometheus has scraped it, this long at most (Progress.close).
+    scrape_wait: float = 30.0
+    warn: bool = False  # a healthy job that warns (build_model)
 
 
 def newest_checkpoint(root: Path) -> tuple[int, Path] | None:
@@ -85,7 +98,11 @@ def newest_checkpoint(root: Path) -> tuple[int, Path] | None:
     return max(found, default=None)
 
 
-def build_model(strategy: str) -> torch.nn.Module:
+def build_model(strategy: str, warn: bool = False) -> torch.nn.Module:
+    """The model under ``strategy``. ``warn``: built as a job that warns and trains on (PyTorch's own warnings:
+    DDP's reducer on ``find_unused_parameters`` that found none, the CUDA GradScaler asked for on a CPU)."""
+    if warn:
+        torch.cuda.amp.GradScaler()  # FutureWarning (deprecated) and UserWarning (no CUDA: disabled)
     torch.manual_seed(0)  # every rank starts from the same weights
     model = torch.nn.Sequential(
         torch.nn.Linear(FEATURES, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
@@ -99,7 +116,7 @@ def build_model(strategy: str) -> torch.nn.Module:
                 fully_shard(layer)
         fully_shard(model)  # in place: the model, its class now FSDP-wrapped
         return model
-    return torch.nn.parallel.DistributedDataParallel(model)
+    return torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=warn)
 
 
 # The target: a fixed random linear map the model learns (the same on every rank and every run).
@@ -135,6 +152,7 @@ class Worker:
         self.nan_steps = 0
         self.checkpoint_asked = False  # whether any rank was asked to checkpoint in the last step
         self.phase = "starting"
+        self.debug_server: Any = None
 
     @classmethod
     def from_args(cls, args: argparse.Namespace, settings: Settings) -> Worker:
@@ -212,6 +230,7 @@ class Worker:
 
     # -- training ---------------------------------------------------------------------------------------------
     def train_step(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> float:
+        """One step; the job's loss (the mean over ranks, NaN when a rank's was not finite: the step is skipped)."""
         x, y = batch(self.step, self.rank, self.settings.batch_size)
         if self.nan_steps > 0:
             self.nan_steps -= 1
@@ -221,13 +240,29 @@ class Worker:
             self.progress.timing()
         ):  # this rank's own work (DDP's forward has no collective): stragglers show here
             loss = torch.nn.functional.mse_loss(model(x), y)
+        finite = bool(torch.isfinite(loss))
+        if (
+            not finite
+        ):  # checked before the gradients mix, as Megatron-LM's check_for_nan_in_loss_and_grad does
+            log.error(
+                "Rank %d: found NaN in local forward loss calculation. Device: cpu, node: %s (step %d skipped)",
+                self.rank, self.node, self.step + 1,
+            )  # fmt: skip
         loss.backward()
-        optimizer.step()
-        # One all-reduce for the job's loss (the mean over ranks) and for whether any rank was asked to checkpoint
-        # (SIGUSR1 or the request file, nightshift_progress.checkpoint_request): a DCP save is collective.
-        packed = torch.stack([loss.detach(), torch.tensor(float(self.progress.checkpoint_requested()))])
+        # One all-reduce for the job's loss (the mean over ranks), whether any rank was asked to checkpoint (SIGUSR1
+        # or the request file, nightshift_progress.checkpoint_request: a DCP save is collective) and whether any
+        # rank's loss was not finite (then no rank steps: a GradScaler-style skip keeps the weights finite).
+        packed = torch.stack(
+            [
+                loss.detach(),
+                torch.tensor(float(self.progress.checkpoint_requested())),
+                torch.tensor(float(not finite)),
+            ]
+        )
         dist.all_reduce(packed)
         self.checkpoint_asked = bool(packed[1] > 0)
+        if packed[2] == 0:
+            optimizer.step()
         return float(packed[0]) / self.world_size
 
     def start(self) -> None:
@@ -237,6 +272,8 @@ class Worker:
             signal.SIGUSR1
         )  # srun-launched; torchrun: the request file
         logging.getLogger().addHandler(self.progress.log_handler())  # error lines -> training_errors_total
+        # PyTorch's worker server on the node-local debug socket: the Flight Recorder on demand (slurm.job_stacks)
+        self.debug_server = serve_debug_socket(self.progress)
         log.info(
             "%s on %s (host name %s): rank %d of %d, slurm job %s", self.name, self.node, socket.gethostname(),
             self.rank, self.world_size, self.slurm_job_id or "-",
@@ -249,7 +286,7 @@ class Worker:
         log.info("strategy %s over gloo", settings.strategy)
         try:
             dist.init_process_group("gloo", timeout=timedelta(seconds=settings.collective_timeout))
-            model = build_model(settings.strategy)
+            model = build_model(settings.strategy, settings.warn)
             optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr)
             self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
             self.resume(model, optimizer)
@@ -261,7 +298,7 @@ class Worker:
                 self.step += 1
                 self.progress.step(samples=settings.batch_size * self.world_size)
                 self.progress.loss(loss)
-                if not math.isfinite(loss) or self.step % settings.log_every == 0:
+                if math.isfinite(loss) and self.step % settings.log_every == 0:
                     log.info("step %d loss: %.4f", self.step, loss)
                 if self.checkpoint_asked:
                     log.info("checkpoint requested: saving step %d", self.step)
@@ -276,14 +313,15 @@ class Worker:
             self.status("exited")
             dist.destroy_process_group()
             return 0
-        except Exception:
+        except (Exception, CheckpointException):  # DCP's CheckpointException is a BaseException
             log.exception(
                 "rank %d failed at step %d", self.rank, self.step
             )  # counted by the progress handler
             self.status("failed")
             raise
         finally:
-            self.progress.close(settings.linger)  # serves until a scrape has seen the last change
+            # Serves until a scrape has seen the last change, at most scrape_wait seconds.
+            self.progress.close(settings.linger, settings.scrape_wait)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -309,6 +347,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--collective-timeout", type=float, default=defaults.collective_timeout,
         help="seconds before gloo gives up on a collective (init_process_group's timeout)",
     )  # fmt: skip
+    parser.add_argument(
+        "--warn", action="store_true", help="a healthy job that warns (PyTorch's own warnings)"
+    )
+    parser.add_argument(
+        "--scrape-wait", type=float, default=defaults.scrape_wait,
+        help="seconds a failed rank serves at most until a scrape has seen its last change",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -330,12 +375,13 @@ def configure_logging() -> None:
     logging.basicConfig(
         level=logging.INFO, stream=sys.stdout, format=f"%(asctime)s %(levelname)s [rank{rank}]: %(message)s"
     )
+    logging.captureWarnings(True)  # Python warnings become WARNING records, which the progress handler reads
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
     return Settings(
         args.strategy, args.step_seconds, args.checkpoint_every, args.batch_size, Settings.lr, args.max_steps,
-        args.log_every, args.linger, args.collective_timeout,
+        args.log_every, args.linger, args.collective_timeout, args.scrape_wait, args.warn,
     )  # fmt: skip
 
 

@@ -289,8 +289,9 @@ class Trainer:
             self.log(logtext.child_failed(self._context(), exit_.code, time.time()))
             return exit_.code
         finally:
-            # Serves until a scrape has seen the last change (the error counted above), at most --linger s.
-            self.progress.close(self.settings.linger)
+            # Serves --linger s after the last change (the error counted above); the simulated job starts its
+            # endpoint long before it fails, so it does not wait for a scrape (scrape_wait 0).
+            self.progress.close(self.settings.linger, scrape_wait=0)
             self.set_phase("exited")
 
 

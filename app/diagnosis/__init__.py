@@ -645,7 +645,7 @@ def _pattern_votes(
             for item in stack_verdict.evidence:
                 tallies[stack_verdict.category].facts.append("py-spy: " + item)
     if any(line.startswith("==> flight-recorder") for line in lines):
-        recorded = flight.judge(flight.parse_dumps(lines))
+        recorded = flight.judge(flight.parse_dumps(lines), flight.silent_ranks(lines))
         if recorded is not None:
             culprit = None
             if len(recorded.missing) == 1:
@@ -884,6 +884,10 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
         return Culprit(next(iter(hosts)) if len(hosts) == 1 else None, None, named.gpu, named.evidence)
     if category in ("nccl_network", "hang") and (odd := _odd_rank_out(reading)):
         return _completed(odd, reading)
+    if category in _NO_NODE_AT_FAULT:
+        return None
+    if category in _SHARED_SERVICES and len({(v.line.rank, v.line.host) for v in tally.votes}) > 1:
+        return None  # several ranks lost the same file system or endpoint: the service, not a node
     if category in _WORKER_DEATH and (worker := _failed_worker(reading)):
         return _completed(worker, reading)
     if category == "nccl_network" and len(reading.unreachable) == 1:
@@ -912,6 +916,14 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
     return None
 
 
+# Categories whose evidence names no node, whichever rank logged it. A model that diverges: the rank that logs the
+# loss (often rank 0 only) or the first of the ranks that found NaN is no more at fault than the others (one rank's
+# repeated NaN is the other verdict: silent data corruption, gpu_hardware, named by _silent_corruption). A checkpoint
+# that does not load: every rank that reads it fails, on any node (the file is at fault, and the rollback fixes it).
+_NO_NODE_AT_FAULT = frozenset({"numerical_divergence", "checkpoint_corrupt"})
+# Services the nodes share: one node's failure to reach them names that node (a stale mount), several ranks'
+# failure names the service (a full or failing file system, an object store timing out).
+_SHARED_SERVICES = frozenset({"storage_io", "object_store_timeout"})
 # Categories in which a worker's death, as torchrun reports it, names the culprit before any log line does.
 _WORKER_DEATH = frozenset({"nccl_network", "hang", "host_oom", "application_error", "node_failure"})
 

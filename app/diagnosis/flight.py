@@ -12,7 +12,9 @@ The dump does not say which rank wrote it, so each dump comes under a header nam
 (and ``tests/data/diagnosis/real/produce.py``) writes it: ``==> flight-recorder rank=R ... <==`` then the JSON.
 
 The verdict: in a process group, the ranks whose last enqueued collective is behind the others' never reached
-the collective the others wait in: they are the culprits.
+the collective the others wait in: they are the culprits. A rank whose dump was asked for and did not come (its
+header with no JSON after it: the collect step's read timed out, as it does on a stopped process) is the culprit
+when every rank that answered waits in the same collective, and the group's members (``pg_config``) include it.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class RankTrace:
     group: str
     last_enqueued: int
     pending: str | None  # the oldest collective it waits in (not retired): "gloo:all_reduce #9"
+    members: tuple[
+        int, ...
+    ] = ()  # the group's ranks, when its pg_config says (the default group: every rank)
 
 
 @dataclass(frozen=True)
@@ -76,6 +81,38 @@ def parse_dumps(lines: Sequence[str]) -> list[RankTrace]:
     return traces
 
 
+def silent_ranks(lines: Sequence[str]) -> frozenset[int]:
+    """The ranks whose Flight Recorder header has no JSON document under it: asked, and no dump came."""
+    silent: set[int] = set()
+    rank: int | None = None
+    answered = False
+    for line in [*lines, "==> end <=="]:
+        if line.startswith("==> "):
+            if rank is not None and not answered:
+                silent.add(rank)
+            header = _HEADER.match(line)
+            rank, answered = (int(header["rank"]) if header else None), False
+        elif rank is not None and line.lstrip().startswith("{"):
+            answered = True
+    return frozenset(silent)
+
+
+def _members(config: object, group: str, groups: int) -> tuple[int, ...]:
+    """The ranks of process group ``group`` from a dump's ``pg_config`` (keyed by the group, or by '' for the only
+    group: torch 2.13 writes the default group's config under '' and its status under '0')."""
+    if not isinstance(config, dict):
+        return ()
+    entry = config.get(group) or (next(iter(config.values())) if len(config) == 1 and groups == 1 else None)
+    ranks = entry.get("ranks") if isinstance(entry, dict) else None
+    try:
+        parsed = json.loads(ranks) if isinstance(ranks, str) else ranks
+    except ValueError:
+        return ()
+    if not isinstance(parsed, list) or len(parsed) > MAX_DUMPS:
+        return ()
+    return tuple(r for r in parsed if isinstance(r, int))
+
+
 def _traces(rank: int, dump: dict[str, object]) -> list[RankTrace]:
     status = dump.get("pg_status")
     entries = dump.get("entries")
@@ -95,13 +132,14 @@ def _traces(rank: int, dump: dict[str, object]) -> list[RankTrace]:
                 enqueued = int(state.get("last_enqueued_collective", -1))
             except (TypeError, ValueError):
                 continue
-            traces.append(RankTrace(rank, str(group), enqueued, pending.get(str(group))))
+            members = _members(dump.get("pg_config"), str(group), len(status))
+            traces.append(RankTrace(rank, str(group), enqueued, pending.get(str(group)), members))
     return traces
 
 
-def judge(traces: Sequence[RankTrace]) -> FlightVerdict | None:
-    """The ranks behind the others in the first process group where some are behind; None when none are (or
-    fewer than two ranks dumped)."""
+def judge(traces: Sequence[RankTrace], silent: frozenset[int] = frozenset()) -> FlightVerdict | None:
+    """The ranks behind the others in the first process group where some are behind, else the ``silent`` ranks of
+    a group whose every answering rank waits in one collective; None when neither (or too little was dumped)."""
     groups: dict[str, list[RankTrace]] = {}
     for trace in traces:
         groups.setdefault(trace.group, []).append(trace)
@@ -125,4 +163,22 @@ def judge(traces: Sequence[RankTrace]) -> FlightVerdict | None:
             ),
         )
         return FlightVerdict(missing, waiting, f"{what} of process group {group}", evidence)
+    return _silent_verdict(groups, silent)
+
+
+def _silent_verdict(groups: dict[str, list[RankTrace]], silent: frozenset[int]) -> FlightVerdict | None:
+    """The members of a group that did not answer, when every member that did waits in the same collective."""
+    for group, members in sorted(groups.items()):
+        expected = {r for t in members for r in t.members}
+        missing = tuple(sorted((silent & expected) - {t.rank for t in members}))
+        waits = {(t.last_enqueued, t.pending) for t in members}
+        if not missing or len(waits) != 1 or next(iter(waits))[1] is None:
+            continue
+        waiting = tuple(sorted({t.rank for t in members}))
+        what = f"{members[0].pending} of process group {group}"
+        evidence = (
+            f"Flight Recorder: ranks {', '.join(map(str, waiting))} wait in {what}",
+            *(f"Flight Recorder: rank {rank} did not answer (stopped or hung hard)" for rank in missing),
+        )
+        return FlightVerdict(missing, waiting, what, evidence)
     return None

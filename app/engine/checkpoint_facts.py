@@ -14,6 +14,7 @@ string literal. A fact Prometheus cannot give is a :class:`~app.checkpoint_advic
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from datetime import timedelta
 
@@ -21,11 +22,31 @@ from app.checkpoint_advice import Advice, FailureRate, JobCheckpoints, NoAdvice,
 from app.config import ADVICE_WINDOW_SECONDS
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
-from app.schedulers import Scheduler
+from app.schedulers import SCHEDULERS, Scheduler
 from app.store import records
 from app.templates import render_promql
 
 WINDOW = timedelta(seconds=ADVICE_WINDOW_SECONDS)  # retention keeps at least this (app/config.py)
+# Bounds of an advice request (the API's query, the job page's).
+MAX_GPUS_PER_NODE = 64
+DEFAULT_GPUS_PER_NODE = 8
+
+
+def job_identity(scheduler: str, values: Mapping[str, str]) -> tuple[Scheduler, dict[str, str]] | str:
+    """The scheduler and the job the advice is for (its ``identity_params``: ``job``, and ``namespace`` on
+    Kubernetes, from ``values``), or why the request names none."""
+    found = SCHEDULERS.get(scheduler)
+    if found is None:
+        return f"scheduler: one of {', '.join(SCHEDULERS)}"
+    identity = {}
+    for key, param in found.identity_params.items():
+        value = values.get(key, "")
+        if not re.fullmatch(param.pattern or "", value):
+            return f"{key}: a {param.description} is required"
+        identity[key] = value
+    return found, identity
+
+
 # The fleet's training node-hours over the window (hourly samples of the number of node endpoints).
 NODE_HOURS = "sum(sum_over_time(count(training_step_total)[30d:1h]))"
 # One job's figures; %s is the scheduler's job selector (app/schedulers.py ``job_selector``).

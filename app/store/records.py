@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
 from app.ledger_log import log_entry
-from app.states import AttemptOutcome, IncidentKind
+from app.states import AttemptOutcome, IncidentKind, StepStatus
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -692,10 +692,12 @@ def exclusions_of(
     conn: Connection, node: str, playbooks: Iterable[str], since: datetime, *, other_than: int
 ) -> int:
     """Job incidents opened since ``since`` (not ``other_than``) whose confirmed culprits name ``node`` by one of
-    ``playbooks``: how often the node was excluded from a job by them (newest :data:`MAX_EXCLUSION_SCAN` read)."""
+    ``playbooks`` and that excluded it: a step of theirs that ran ``ok`` with ``node`` in its ``exclude_nodes``
+    (an incident whose requeue never ran, its job not answering a checkpoint request, excluded nothing). How often
+    the node was excluded from a job by them (newest :data:`MAX_EXCLUSION_SCAN` read)."""
     names = set(playbooks)
     stmt = (
-        select(incidents.c.culprits)
+        select(incidents.c.id, incidents.c.culprits)
         .where(
             incidents.c.opened_at >= since,
             incidents.c.id != other_than,
@@ -705,13 +707,27 @@ def exclusions_of(
         .order_by(incidents.c.id.desc())
         .limit(MAX_EXCLUSION_SCAN)
     )
-    return sum(
-        1
-        for (culprits,) in conn.execute(stmt)
+    named = [
+        incident_id
+        for incident_id, culprits in conn.execute(stmt)
         if any(
             c.get("node") == node and c.get("confirmed") and c.get("playbook") in names
             for c in culprits or ()
         )
+    ]
+    if not named:
+        return 0
+    ran = conn.execute(
+        select(steps.c.incident_id, steps.c.params).where(
+            steps.c.incident_id.in_(named), steps.c.phase == "steps", steps.c.status == StepStatus.OK
+        )
+    )
+    return len(
+        {
+            incident_id
+            for incident_id, params in ran
+            if node in str((params or {}).get("exclude_nodes") or "").split(",")
+        }
     )
 
 

@@ -85,26 +85,21 @@ def get_incident(incident_id: int):
     return jsonify({"status": "ok", **detail})
 
 
-# Bounds of the checkpoint-advice query (GET /api/v1/checkpoint-advice); its job by the scheduler's identity_params.
-MAX_GPUS_PER_NODE = 64
-
-
 @bp.get("/checkpoint-advice")
 def checkpoint_advice():
     """The checkpoint interval that minimises a job's expected lost time (app/checkpoint_advice.py), from the
     failures Nightshift measured and the job's progress markers. ``scheduler`` (slurm | kubernetes), ``job`` (a
     Slurm job id, or the ``train_job`` on Kubernetes), ``namespace`` (Kubernetes), ``gpus_per_node`` 1..64
     (default 8)."""
-    scheduler = schedulers.SCHEDULERS.get(request.args.get("scheduler", schedulers.DEFAULT.name))
-    if scheduler is None:
-        return error(400, f"scheduler: one of {', '.join(schedulers.NAMES)}")
-    identity = {}
-    for key, param in scheduler.identity_params.items():
-        value = request.args.get(key, "")
-        if not re.fullmatch(param.pattern or "", value):
-            return error(400, f"{key}: a {param.description} is required")
-        identity[key] = value
-    gpus_per_node = int_arg("gpus_per_node", 8, 1, MAX_GPUS_PER_NODE)
+    found = checkpoint_facts.job_identity(
+        request.args.get("scheduler", schedulers.DEFAULT.name), request.args
+    )
+    if isinstance(found, str):
+        return error(400, found)
+    scheduler, identity = found
+    gpus_per_node = int_arg(
+        "gpus_per_node", checkpoint_facts.DEFAULT_GPUS_PER_NODE, 1, checkpoint_facts.MAX_GPUS_PER_NODE
+    )
     deps = current_app.extensions["nightshift"].engine.deps
     advice = checkpoint_facts.job_advice(deps, scheduler, identity, gpus_per_node)
     if isinstance(advice, NoAdvice):

@@ -34,7 +34,9 @@ from flask import (
 from flask.blueprints import BlueprintSetupState
 from werkzeug.exceptions import HTTPException
 
-from app.engine import Engine
+from app import schedulers
+from app.checkpoint_advice import NoAdvice
+from app.engine import Engine, checkpoint_facts
 from app.errors import StoreUnavailable
 from app.params import NODE_NAME
 from app.web import int_arg, plain_text, views
@@ -59,6 +61,7 @@ bp = Blueprint(
 SESSION_KEY_CONTEXT = b"nightshift ui session key v2"
 HISTORY_FILTERS = ("node", "job", "playbook", "outcome")
 HISTORY_PAGE = 50
+JOB_PAGE = 50  # incidents listed on a job's page, newest first
 OPERATOR_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._@ -]{0,63}")
 # Where a login may send the browser back to: a path on this site, never another host (no "//", no scheme).
 LOCAL_PATH = re.compile(r"/(?![/\\])[A-Za-z0-9/_.?=&%-]*")
@@ -225,6 +228,38 @@ def incident(incident_id: int):
         grafana.url, grafana.dashboard_uid, row["opened_at"], row["closed_at"], engine.deps.clock.now()
     )
     return render_template("incident.html", view=views.incident_view(detail, link))
+
+
+@bp.get("/jobs/<job>")
+def job(job: str):
+    """One job: its state, the checkpoint interval advised for it (app/checkpoint_advice.py) and its incidents."""
+    engine = _engine()
+    incidents = engine.incidents(job=job[:255], limit=JOB_PAGE)
+    if not incidents:
+        abort(404, f"no incident of job {job[:255]}")
+    target = {key: str(value) for key, value in (incidents[0].get("target") or {}).items()}
+    identity = checkpoint_facts.job_identity(
+        target.get("scheduler", schedulers.DEFAULT.name), {**target, "job": job}
+    )
+    gpus = int_arg(
+        "gpus_per_node", checkpoint_facts.DEFAULT_GPUS_PER_NODE, 1, checkpoint_facts.MAX_GPUS_PER_NODE
+    )
+    if isinstance(identity, str):
+        advice = views.advice_view(None, f"no advice for this job: {identity}")
+    else:
+        found = checkpoint_facts.job_advice(engine.deps, *identity, gpus)
+        advice = views.advice_view(
+            *((None, found.reason) if isinstance(found, NoAdvice) else (found.as_dict(),))
+        )
+    status = engine.status()
+    jobs = engine.job_incidents()
+    state = next(
+        (j for j in views.job_views(jobs["latest"], jobs["open"], status["credentials"]) if j.job == job),
+        None,
+    )
+    return render_template(
+        "job.html", job=job, state=state, advice=advice, gpus_per_node=gpus, incidents=incidents
+    )
 
 
 @bp.get("/history")

@@ -476,3 +476,47 @@ def repair_view(row: Row) -> RepairView:
         verdict=str((row.get("validation") or {}).get("verdict") or ""),
         updated_at=utc(row["updated_at"]),
     )
+
+
+@dataclass(frozen=True)
+class AdviceView:
+    """The checkpoint-interval advice of a job as the job page shows it (app/checkpoint_advice.py), or why none."""
+
+    advised: str | None = None
+    current: str | None = None
+    advised_lost: str | None = None
+    current_lost: str | None = None
+    mtbf: str | None = None
+    basis: str = ""
+    reason: str = ""
+
+
+def spoken_duration(seconds: float) -> str:
+    """``5400`` → ``1h 30m``; under a minute, in seconds."""
+    whole = round(seconds)
+    if whole < 60:
+        return f"{whole}s"
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    parts = [f"{days}d" if days else "", f"{hours}h" if hours else "", f"{rest // 60}m" if rest // 60 else ""]
+    return " ".join(part for part in parts if part)
+
+
+def advice_view(advice: Mapping[str, Any] | None, reason: str = "") -> AdviceView:
+    """From :meth:`app.checkpoint_advice.Advice.as_dict` (None, with ``reason``: no advice)."""
+    if advice is None:
+        return AdviceView(reason=reason)
+
+    def lost(key: str) -> str | None:
+        value = advice.get(key)
+        return None if value is None else f"{value:.2f} GPU-hours a day"
+
+    current = advice.get("current_interval_seconds")
+    return AdviceView(
+        advised=spoken_duration(advice["interval_seconds"]),
+        current=None if current is None else spoken_duration(current),
+        advised_lost=lost("advised_lost_gpu_hours_per_day"),
+        current_lost=lost("current_lost_gpu_hours_per_day"),
+        mtbf=spoken_duration(advice["job_mtbf_seconds"]),
+        basis=str(advice.get("basis", "")),
+    )

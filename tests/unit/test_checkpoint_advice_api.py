@@ -15,6 +15,7 @@ from app.config import Settings
 from app.engine import checkpoint_facts
 from app.metrics import Metrics
 from app.store.schema import incidents
+from app.web import views
 from tests.fakes import FakeClock, FakePrometheus, FakeSample
 
 SELECTOR = 'slurm_job_id="4242"'
@@ -119,3 +120,63 @@ def test_kubernetes_jobs_are_selected_by_namespace_and_name(world: Any) -> None:
     response = get(app, "scheduler=kubernetes&job=llama-7b&namespace=ml")
     assert response.status_code == 200
     assert 'count(training_step_total{namespace="ml",train_job="llama-7b"})' in prometheus.queries
+
+
+def job_incident(app: Any, clock: FakeClock, job: str, scheduler: str = "slurm", namespace: str = "") -> None:
+    store = app.extensions["nightshift"].engine.deps.store
+    now = clock.now()
+    target = {"scheduler": scheduler, "job": job, **({"namespace": namespace} if namespace else {})}
+    with store.transaction() as conn:
+        conn.execute(
+            incidents.insert().values(
+                playbook="nccl-failure", target_key=f"job/{job}", target=target, kind="job", job=job,
+                state="closed", outcome="recovered", labels={}, annotations={}, alert_starts_at=now, attempt=1,
+                opened_at=now, updated_at=now, closed_at=now,
+            )
+        )  # fmt: skip
+
+
+def page(app: Any, path: str) -> Any:
+    return app.test_client().get(path, headers={"Authorization": "Bearer view-token"})
+
+
+def test_the_job_page_shows_the_advised_and_the_current_interval(world: Any) -> None:
+    app, prometheus, clock = world
+    failures(app, clock, 6)
+    job_incident(app, clock, "4242")
+    answer(prometheus, checkpoint_facts.NODE_HOURS, 64 * 24 * 30)
+    answer(prometheus, checkpoint_facts.JOB_NODES, 16)
+    answer(prometheus, checkpoint_facts.CHECKPOINT_SECONDS, 120)
+    answer(prometheus, checkpoint_facts.CHECKPOINTS_A_DAY, 4)  # every 6 h
+    advice = get(app, "scheduler=slurm&job=4242").json["advice"]  # the API's figures, the page's source
+    response = page(app, "/jobs/4242")
+    assert response.status_code == 200
+    html = response.get_data(as_text=True)
+    assert 'id="advice-current"><td>Now</td><td>6h</td>' in html
+    advised = views.spoken_duration(advice["interval_seconds"])
+    assert f'id="advice-advised"><td>Advised</td><td>{advised}</td>' in html
+    assert f"{advice['current_lost_gpu_hours_per_day']:.2f} GPU-hours a day" in html
+    assert f"{advice['advised_lost_gpu_hours_per_day']:.2f} GPU-hours a day" in html
+    assert advice["basis"] in html and 'data-job="4242"' in html  # the basis, and the job's incidents
+    assert 'href="/jobs/4242"' in page(app, "/").get_data(as_text=True)  # the overview links to it
+
+
+def test_the_job_page_says_why_there_is_no_advice_and_refuses_unknown_jobs(world: Any) -> None:
+    app, prometheus, clock = world
+    job_incident(app, clock, "4242")
+    assert "Prometheus has no" in page(app, "/jobs/4242").get_data(as_text=True)  # no progress markers
+    answer(prometheus, checkpoint_facts.NODE_HOURS, 1000)
+    answer(prometheus, checkpoint_facts.JOB_NODES, 4)
+    answer(prometheus, checkpoint_facts.CHECKPOINT_SECONDS, 60)
+    assert "at least 3" in page(app, "/jobs/4242").get_data(as_text=True)  # one failure measured
+    job_incident(
+        app, clock, "llama-7b", scheduler="kubernetes"
+    )  # a Kubernetes job with no namespace on record
+    assert "namespace" in page(app, "/jobs/llama-7b").get_data(as_text=True)
+    assert page(app, "/jobs/999").status_code == 404
+    assert page(app, "/jobs/4242?gpus_per_node=65").status_code == 400
+    assert all("999" not in q for q in prometheus.queries)
+
+
+def test_spoken_durations() -> None:
+    assert [views.spoken_duration(s) for s in (42, 60, 5400, 90061)] == ["42s", "1m", "1h 30m", "1d 1h 1m"]

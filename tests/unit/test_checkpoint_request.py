@@ -1,5 +1,6 @@
 """Planned swaps and stragglers ask a job to checkpoint and wait for it (app/actions/checkpoint_request.py): the wait
-with a fake clock, and the shipped playbooks when the job never answers: left running, a person told."""
+with a fake clock, and the shipped playbooks on bad input: a job that never answers is left running and a person
+told; a job whose ranks export no timing names no straggler and nothing acts."""
 
 from __future__ import annotations
 
@@ -198,3 +199,31 @@ def test_a_job_that_does_not_answer_the_request_is_left_running_and_a_person_tol
     )  # a person told
     polls = [row for row in detail["ledger"] if row["kind"] == "checkpoint_poll"]
     assert len(polls) == len(attempts) * (900 // 15 + 1)  # every poll ledgered, bounded by the timeout
+
+
+def test_a_throughput_drop_of_a_job_whose_ranks_export_no_timing_names_no_straggler_and_acts_on_nothing(
+    tmp_path: Path,
+) -> None:
+    """Bad input of the straggler search: the job's ranks export no training_rank_step_seconds. TrainingStraggler
+    cannot fire (no series); TrainingThroughputDrop collects the per-rank timing, finds none, and nothing acts: the
+    ledger says what was looked for and that it returned nothing."""
+    clock = FakeClock()
+    slurm = FakeSlurm({"4242": ("RUNNING", "node1,node2,node3")})
+    engine, _ = shipped_engine(tmp_path, clock, FakePrometheus(), slurm)
+    labels = {
+        "alertname": "TrainingThroughputDrop",
+        "Hostname": "node2",
+        "train_job": "llama",
+        "slurm_job_id": "4242",
+    }
+    (incident_id,) = engine.ingest(parse_notification(json.dumps(payload(alert(labels))))).opened
+    engine.run_until_idle(limit=200)
+    detail = engine.incident(incident_id)
+    assert detail is not None and detail["incident"]["outcome"], detail["incident"]
+    timing = [s for s in detail["steps"] if s["name"] == "rank-step-times"]
+    assert [s["status"] for s in timing] == ["failed"]
+    assert "training_rank_step_seconds_sum" in timing[0]["command"]
+    ledger = [row["message"] for row in detail["ledger"] if row["kind"] == "step"]
+    assert any("rank-step-times" in m and "query returned no samples" in m for m in ledger), ledger
+    assert not [s for s in detail["steps"] if s["phase"] == "steps"]  # nothing acts
+    assert slurm.signals == [] and detail["incident"]["culprits"] in ([], None)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -102,7 +103,7 @@ def test_py_spy_that_cannot_suspend_a_stopped_rank_names_it():
     assert verdict.culprit is not None and verdict.culprit.rank == 2
 
 
-def fr_dump(rank: int, enqueued: int) -> list[str]:
+def fr_dump(rank: int, enqueued: int, config: dict[str, Any] | None = None) -> list[str]:
     entries = [
         {
             "collective_seq_id": seq,
@@ -117,7 +118,7 @@ def fr_dump(rank: int, enqueued: int) -> list[str]:
     }
     return [
         f"==> flight-recorder rank={rank} file=trace{rank} <==",
-        json.dumps({"entries": entries, "pg_status": status}),
+        json.dumps({"entries": entries, "pg_status": status, **({"pg_config": config} if config else {})}),
     ]
 
 
@@ -127,6 +128,28 @@ def test_the_flight_recorder_names_the_rank_missing_from_the_stuck_collective():
     assert verdict is not None
     assert (verdict.missing, verdict.waiting) == ((1,), (0, 2))
     assert "gloo:all_reduce #9" in verdict.collective
+
+
+def test_the_flight_recorder_names_the_rank_that_did_not_answer_while_the_others_wait():
+    """A SIGSTOPped rank answers nothing (the collect step's read times out); the others wait in one collective of a
+    group that has it as a member (pg_config, as torch 2.13 writes it for the default group)."""
+    config = {"": {"desc": "", "name": "", "ranks": "[0, 1, 2]"}}
+    lines = [
+        *fr_dump(0, 21, config),
+        "==> flight-recorder rank=1 node=node2 pid=77 <==",
+        "curl: (28) Operation timed out after 10001 milliseconds with 0 bytes received",
+        *fr_dump(2, 21, config),
+    ]
+    verdict = flight.judge(flight.parse_dumps(lines), flight.silent_ranks(lines))
+    assert verdict is not None and (verdict.missing, verdict.waiting) == ((1,), (0, 2))
+    assert any("rank 1 did not answer" in line for line in verdict.evidence)
+    # Not when the answering ranks disagree, nor for a rank the group does not have.
+    split = [*fr_dump(0, 21, config), "==> flight-recorder rank=1 <==", *fr_dump(2, 20, config)]
+    assert flight.judge(flight.parse_dumps(split), flight.silent_ranks(split)).missing == (
+        2,
+    )  # behind, not silent
+    stranger = [*fr_dump(0, 21, config), "==> flight-recorder rank=5 <==", *fr_dump(2, 21, config)]
+    assert flight.judge(flight.parse_dumps(stranger), flight.silent_ranks(stranger)) is None
 
 
 def test_a_flight_recorder_dump_that_is_not_json_is_skipped():

@@ -19,7 +19,7 @@ from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
 from app.engine import Engine
-from app.outcome import Ok
+from app.outcome import Failed, Ok
 from app.params import NODE_NAME, SLURM_JOB_ID, Param
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
@@ -648,3 +648,19 @@ def test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits(tmp_path, u
     assert [i["id"] for i in w.engine.incidents(node="node2")] == [inc["id"]]
     assert [i["id"] for i in w.engine.incidents(node="node1", state=inc["state"])] == [inc["id"]]
     assert w.engine.incidents(node="node3") == []
+
+
+def test_a_straggler_whose_requeue_never_ran_was_not_excluded_and_does_not_count(tmp_path):
+    """Three strikes count exclusions that happened: an incident whose requeue failed (or never ran: its job did
+    not answer the checkpoint request) excluded nothing, so the third straggler incident is the first exclusion."""
+    jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53")}
+    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    w.requeue.script.outcomes = [Failed(reason="refused"), Failed(reason="refused"), Ok(output="done")]
+    straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
+    for job in ("51", "52", "53"):
+        w.send(alert({**straggler, "slurm_job_id": job}))
+        w.run()
+    assert [c["job"] for c in w.requeue.script.calls] == ["51", "52", "53"]
+    assert w.repair("node2") is None  # the third incident excluded it for the first time
+    ledger = [row["message"] for i in w.incidents() for row in w.engine.incident(i["id"])["ledger"]]
+    assert any("node2 excluded from job 53 without a repair (1 of 3" in m for m in ledger), ledger

@@ -18,6 +18,7 @@ import pytest
 import requests
 from nightshift_progress import ERROR_CLASSES, Progress, identity_from_env, packaged_classifier, start
 from nightshift_progress.classify import build_classifier
+from prometheus_client import generate_latest
 
 from progress import sync_signatures
 from sim.procs import free_port
@@ -149,13 +150,48 @@ def test_serves_metrics_and_lingers_after_the_last_change_so_every_scraper_sees_
         requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
 
 
-def test_close_returns_at_once_when_the_last_change_is_older_than_the_linger():
-    progress = start(env=SLURM_ENV, port=free_port(), addr="127.0.0.1")
+def test_close_returns_at_once_when_the_last_change_is_older_than_the_linger_and_was_scraped():
+    port = free_port()
+    progress = start(env=SLURM_ENV, port=port, addr="127.0.0.1")
     progress.step()
     time.sleep(0.4)
-    started = time.monotonic()
-    progress.close(linger=0.3)
-    assert time.monotonic() - started < 0.2
+    assert progress.serving_left(linger=0.3, scrape_wait=60) > 59  # never scraped: it would wait for one
+    requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    assert progress.serving_left(linger=0.3, scrape_wait=60) == 0
+    progress.close(linger=0.3, scrape_wait=60)
+    with pytest.raises(requests.ConnectionError):
+        requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
+
+
+class Ticks:
+    """A monotonic clock that moves only when slept on."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_a_change_no_scrape_has_seen_is_served_until_the_first_scrape_within_the_bound():
+    """A rank that fails within seconds of its start: its error must reach a scrape before it exits; without one
+    it serves scrape_wait seconds after the change at most, with one the linger counts from the change."""
+    ticks = Ticks()
+    progress = Progress(identity_from_env(SLURM_ENV), monotonic=ticks, sleep=ticks.sleep)
+    progress.error("checkpoint_corrupt")  # the change
+    ticks.now += 10
+    assert progress.serving_left(linger=3, scrape_wait=60) == 50  # not scraped: up to 60 s after the change
+    generate_latest(progress.registry)  # a scrape collects every collector
+    assert progress.serving_left(linger=3, scrape_wait=60) == 0  # seen, and the linger is over
+    progress.error("checkpoint_corrupt")
+    generate_latest(progress.registry)
+    assert progress.serving_left(linger=3, scrape_wait=60) == 3  # seen at once: the linger still runs
+    progress.loss(1.0)  # a change after the scrape
+    ticks.now += 70
+    assert progress.serving_left(linger=3, scrape_wait=60) == 0  # never seen, but the bound is over
 
 
 def test_a_process_that_is_not_local_rank_zero_serves_nothing():

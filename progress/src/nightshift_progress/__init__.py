@@ -12,7 +12,7 @@
         if step % 1000 == 0:
             with progress.checkpointing():
                 save_checkpoint()
-    progress.close()                                   # waits (at most linger s) until the last change is scraped
+    progress.close()                                   # serves on: linger s, and until the last change is scraped
 
 Framework callbacks: :mod:`nightshift_progress.hf` (Hugging Face Trainer) and :mod:`nightshift_progress.lightning`
 (PyTorch Lightning), each importing its framework only when imported itself.

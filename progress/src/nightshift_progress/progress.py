@@ -12,8 +12,9 @@ Nightshift is answered as :mod:`nightshift_progress.checkpoint_request` says.
 Serving: only the process :meth:`Identity.serves` picks opens the port (one endpoint per node by default);
 the others record into their registry and serve nothing. :meth:`Progress.close` keeps serving until ``linger``
 seconds have passed since the last change, so an error counted just before the process exits is scraped by
-every Prometheus (an HA pair scrapes independently: ending at the first scrape would starve the other). Choose
-``linger`` of at least two scrape intervals.
+every Prometheus (an HA pair scrapes independently: ending at the first scrape would starve the other), and until
+a scrape has collected after the last change (``scrape_wait`` at most): a rank that fails within seconds of its
+start is otherwise gone before Prometheus has discovered it. Choose ``linger`` of at least two scrape intervals.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import logging
 import math
 import os
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +42,28 @@ log = logging.getLogger("nightshift_progress")
 DEFAULT_PORT = 9464
 # Two scrapes at Prometheus's default 15 s interval.
 DEFAULT_LINGER_SECONDS = 30.0
+# How long a process whose last change no scrape has collected yet keeps serving at most: a rank that fails within
+# seconds of its (re)start is not discovered yet (Nightshift's service discovery, refreshed every 15 s in
+# docs/slurm.md, Prometheus's 5 s throttle of discovery updates, then a 15 s scrape interval: 35 s at worst).
+DEFAULT_SCRAPE_WAIT_SECONDS = 60.0
+# close() looks again this often whether a scrape came.
+_CLOSE_POLL_SECONDS = 0.25
+
+
+class _Scrapes(Collector):
+    """A collector that yields nothing and notes the monotonic time of the last scrape (every scrape collects
+    every collector of the registry)."""
+
+    def __init__(self, monotonic: Callable[[], float]):
+        self._monotonic = monotonic
+        self.last = -math.inf
+
+    def collect(self) -> Iterator[Metric]:
+        self.last = self._monotonic()
+        return iter(())
+
+    def describe(self) -> list[Metric]:
+        return []
 
 
 class _WithoutCreated(Collector):
@@ -70,7 +93,7 @@ class Progress:
     ``registry`` defaults to a fresh one; ``classifier`` to the packaged signatures; ``error_classes`` to the
     contract's (a site may export more; each starts at 0); ``exchange`` is the node-local directory of the rank
     timing and the checkpoint request file (default: :func:`~nightshift_progress.timing.exchange_dir` from the
-    environment); ``request_file`` overrides the latter; ``clock`` is for tests.
+    environment); ``request_file`` overrides the latter; ``clock``, ``monotonic`` and ``sleep`` are for tests.
     """
 
     def __init__(
@@ -83,12 +106,18 @@ class Progress:
         exchange: Path | None = None,
         request_file: Path | None = None,
         clock: Any = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ):
         self.identity = identity
         self.registry = registry or CollectorRegistry(auto_describe=True)
         self.classifier = classifier or packaged_classifier()
         self._clock = clock
-        self._last_change = -math.inf  # time.monotonic() of the last change
+        self._monotonic = monotonic
+        self._sleep = sleep
+        self._last_change = -math.inf  # monotonic() of the last change
+        self._scrapes = _Scrapes(monotonic)
+        self.registry.register(self._scrapes)
         self._server: Any = None
         labels = identity.labels()
 
@@ -259,18 +288,30 @@ class Progress:
         """The port served, None when this process does not serve."""
         return self._server.server_port if self._server is not None else None
 
-    def close(self, linger: float = DEFAULT_LINGER_SECONDS) -> None:
-        """Stop serving once ``linger`` seconds have passed since the last change (at once if they have)."""
+    def close(
+        self, linger: float = DEFAULT_LINGER_SECONDS, scrape_wait: float = DEFAULT_SCRAPE_WAIT_SECONDS
+    ) -> None:
+        """Stop serving once ``linger`` seconds have passed since the last change and a scrape has collected after
+        it (at once if both hold). A change no scrape has seen yet (the error of a rank that fails within seconds
+        of its start, before Prometheus has discovered it) keeps it serving until the first scrape, for at most
+        ``scrape_wait`` seconds after the change."""
         self.rank_timing.close()
         if self._server is None:
             return
-        time.sleep(max(0.0, self._last_change + linger - time.monotonic()))
+        while (left := self.serving_left(linger, scrape_wait)) > 0:
+            self._sleep(min(left, _CLOSE_POLL_SECONDS))
         self._server.shutdown()
         self._server.server_close()
         self._server = None
 
+    def serving_left(self, linger: float, scrape_wait: float) -> float:
+        """Seconds :meth:`close` still serves for, as of now (it looks again as scrapes come)."""
+        seen = self._scrapes.last >= self._last_change
+        end = self._last_change + (linger if seen else max(linger, scrape_wait))
+        return max(0.0, end - self._monotonic())
+
     def _changed(self) -> None:
-        self._last_change = time.monotonic()
+        self._last_change = self._monotonic()
 
     def __enter__(self) -> Progress:
         return self
