@@ -17,7 +17,7 @@ import click
 
 from app import schedulers as scheduling
 from app.errors import ConfigError, NightshiftError, PayloadError
-from app.states import StepStatus
+from app.states import LedgerKind, StepStatus
 
 config_option = click.option(
     "--config",
@@ -547,7 +547,7 @@ def inbox(config: str | None, retry: bool) -> None:
             records.record(
                 conn,
                 engine.deps.clock.now(),
-                "inbox_retry",
+                LedgerKind.INBOX_RETRY,
                 f"{count} set-aside notification(s) queued again",
             )
         click.echo(f"{count} notification(s) queued again")

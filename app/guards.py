@@ -13,18 +13,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from app.states import Outcome
-
-PASS, WAIT, STOP = "pass", "wait", "stop"
+from app.states import Guard, GuardDecision, IncidentOutcome
 
 
 @dataclass(frozen=True)
 class Verdict:
-    guard: str
-    decision: str
+    guard: Guard
+    decision: GuardDecision
     reason: str
     until: datetime | None = None
-    outcome: str | None = None
+    outcome: IncidentOutcome | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -87,26 +85,30 @@ class GuardFacts:
 def kill_switch(f: GuardFacts) -> Verdict:
     if f.paused and f.granted_mutating:
         return Verdict(
-            "kill_switch",
-            WAIT,
+            Guard.KILL_SWITCH,
+            GuardDecision.WAIT,
             f"automation paused: {f.pause_reason or 'no reason given'}",
             until=f.now + f.defer,
         )
     return Verdict(
-        "kill_switch", PASS, "automation paused, nothing to hold" if f.paused else "automation enabled"
+        Guard.KILL_SWITCH,
+        GuardDecision.PASS,
+        "automation paused, nothing to hold" if f.paused else "automation enabled",
     )
 
 
 def permission(f: GuardFacts) -> Verdict:
     if not f.granted_mutating:
         return Verdict(
-            "permission",
-            STOP,
+            Guard.PERMISSION,
+            GuardDecision.STOP,
             f"no remediation step is whitelisted ({f.would_run} would run): advisory",
-            outcome=Outcome.ADVISORY,
+            outcome=IncidentOutcome.ADVISORY,
         )
     return Verdict(
-        "permission", PASS, f"{f.granted_mutating} step(s) whitelisted, {f.would_run} would run only"
+        Guard.PERMISSION,
+        GuardDecision.PASS,
+        f"{f.granted_mutating} step(s) whitelisted, {f.would_run} would run only",
     )
 
 
@@ -118,20 +120,24 @@ def blast_radius(f: GuardFacts) -> Verdict:
     if f.repair_takes_out:
         nodes = ", ".join(sorted(f.repair_takes_out))
         return Verdict(
-            "blast_radius", PASS, f"node {nodes}: counted by its repair's guard when it is taken out"
+            Guard.BLAST_RADIUS,
+            GuardDecision.PASS,
+            f"node {nodes}: counted by its repair's guard when it is taken out",
         )
     if not adding:
-        return Verdict("blast_radius", PASS, "takes no node out of service")
+        return Verdict(Guard.BLAST_RADIUS, GuardDecision.PASS, "takes no node out of service")
     new = adding - out
     if not new:
-        return Verdict("blast_radius", PASS, f"node(s) {', '.join(sorted(adding))} already counted")
+        return Verdict(
+            Guard.BLAST_RADIUS, GuardDecision.PASS, f"node(s) {', '.join(sorted(adding))} already counted"
+        )
     window = human_duration(f.blast_window)
     after = out | adding
     if len(after) > f.blast_max_nodes:
         nodes = ", ".join(sorted(out)[:10])
         return Verdict(
-            "blast_radius",
-            WAIT,
+            Guard.BLAST_RADIUS,
+            GuardDecision.WAIT,
             f"{len(out)} node(s) taken out in the last {window} (limit {f.blast_max_nodes}): {nodes}",
             until=f.now + f.defer,
         )
@@ -140,8 +146,8 @@ def blast_radius(f: GuardFacts) -> Verdict:
         in_pool = after & f.pool_nodes
         if len(in_pool) > limit:
             return Verdict(
-                "blast_radius",
-                WAIT,
+                Guard.BLAST_RADIUS,
+                GuardDecision.WAIT,
                 f"{len(in_pool - new)} of the {len(f.pool_nodes)} nodes of {f.pool or 'its pool'} taken out in the "
                 f"last {window} (limit {limit}, {f.blast_max_share:.0%}): {', '.join(sorted(in_pool - new)[:10])}",
                 until=f.now + f.defer,
@@ -149,7 +155,11 @@ def blast_radius(f: GuardFacts) -> Verdict:
         share = f"; {len(in_pool)} of {limit} in {f.pool or 'its pool'}"
     else:
         share = ""
-    return Verdict("blast_radius", PASS, f"{len(after)} of {f.blast_max_nodes} nodes within {window}{share}")
+    return Verdict(
+        Guard.BLAST_RADIUS,
+        GuardDecision.PASS,
+        f"{len(after)} of {f.blast_max_nodes} nodes within {window}{share}",
+    )
 
 
 def pool_limit(pool_size: int, max_share: float) -> int:
@@ -159,27 +169,32 @@ def pool_limit(pool_size: int, max_share: float) -> int:
 
 def serialisation(f: GuardFacts) -> Verdict:
     if f.ahead:
-        return Verdict("serialisation", WAIT, f"waiting for {f.ahead}", until=f.now + f.defer)
-    return Verdict("serialisation", PASS, "no other open incident on this target")
+        return Verdict(
+            Guard.SERIALISATION, GuardDecision.WAIT, f"waiting for {f.ahead}", until=f.now + f.defer
+        )
+    return Verdict(Guard.SERIALISATION, GuardDecision.PASS, "no other open incident on this target")
 
 
 def budget(f: GuardFacts) -> Verdict:
     used = len(f.attempts)
     if used >= f.budget_attempts:
         return Verdict(
-            "budget",
-            STOP,
+            Guard.BUDGET,
+            GuardDecision.STOP,
             f"{used} attempt(s) in the last {human_duration(f.budget_window)} (budget {f.budget_attempts})",
-            outcome=Outcome.NEEDS_HUMAN,
+            outcome=IncidentOutcome.NEEDS_HUMAN,
         )
     if f.attempts:
         last = f.attempts[-1]
         ready = (last.finished_at or last.started_at) + f.backoff
         if ready > f.now:
             return Verdict(
-                "budget", WAIT, f"backoff {human_duration(f.backoff)} after attempt {used}", until=ready
+                Guard.BUDGET,
+                GuardDecision.WAIT,
+                f"backoff {human_duration(f.backoff)} after attempt {used}",
+                until=ready,
             )
-    return Verdict("budget", PASS, f"attempt {used + 1} of {f.budget_attempts}")
+    return Verdict(Guard.BUDGET, GuardDecision.PASS, f"attempt {used + 1} of {f.budget_attempts}")
 
 
 def cooldown(f: GuardFacts) -> Verdict:
@@ -187,25 +202,25 @@ def cooldown(f: GuardFacts) -> Verdict:
         ready = f.last_recovery.finished_at + f.cooldown
         if ready > f.now:
             return Verdict(
-                "cooldown",
-                WAIT,
+                Guard.COOLDOWN,
+                GuardDecision.WAIT,
                 f"recovered {human_duration(f.now - f.last_recovery.finished_at)} ago "
                 f"(cooldown {human_duration(f.cooldown)})",
                 until=ready,
             )
-    return Verdict("cooldown", PASS, "no recent recovery")
+    return Verdict(Guard.COOLDOWN, GuardDecision.PASS, "no recent recovery")
 
 
 def stale_signal(f: GuardFacts) -> Verdict:
     if f.last_recovery and f.alert_starts_at < f.last_recovery.started_at:
         return Verdict(
-            "stale_signal",
-            STOP,
+            Guard.STALE_SIGNAL,
+            GuardDecision.STOP,
             f"alert started {f.alert_starts_at.isoformat()}, before our last successful remediation "
             f"({f.last_recovery.started_at.isoformat()})",
-            outcome=Outcome.IGNORED,
+            outcome=IncidentOutcome.IGNORED,
         )
-    return Verdict("stale_signal", PASS, "alert is newer than our last action")
+    return Verdict(Guard.STALE_SIGNAL, GuardDecision.PASS, "alert is newer than our last action")
 
 
 REPLACEMENT_CHARACTER = "\ufffd"
@@ -216,9 +231,14 @@ def recheck(
 ) -> Verdict:
     """Verdict on the live PromQL re-check done by the engine just before acting."""
     if expr is None:
-        return Verdict("recheck", PASS, "no re-check configured")
+        return Verdict(Guard.RECHECK, GuardDecision.PASS, "no re-check configured")
     if error is not None:
-        return Verdict("recheck", WAIT, f"re-check failed, not acting blind: {error}", until=now + defer)
+        return Verdict(
+            Guard.RECHECK,
+            GuardDecision.WAIT,
+            f"re-check failed, not acting blind: {error}",
+            until=now + defer,
+        )
     if not samples:
         reason = "condition no longer holds (re-check returned no series)"
         if REPLACEMENT_CHARACTER in expr:
@@ -229,8 +249,8 @@ def recheck(
                 "invalid character (a lone UTF-16 surrogate, replaced on receipt), so it matches no real series; "
                 "not acting"
             )
-        return Verdict("recheck", STOP, reason, outcome=Outcome.RESOLVED)
-    return Verdict("recheck", PASS, f"condition still holds ({samples} series)")
+        return Verdict(Guard.RECHECK, GuardDecision.STOP, reason, outcome=IncidentOutcome.RESOLVED)
+    return Verdict(Guard.RECHECK, GuardDecision.PASS, f"condition still holds ({samples} series)")
 
 
 def recoveries_verdict(
@@ -242,25 +262,27 @@ def recoveries_verdict(
     ``recoveries``: when each earlier recovery attempt of this job started (any playbook, any incident); those
     older than the window do not count. In the chain as :func:`job_budget`."""
     if not job:
-        return Verdict("job_budget", PASS, "not a training job's incident")
+        return Verdict(Guard.JOB_BUDGET, GuardDecision.PASS, "not a training job's incident")
     if limit < 1:
         return Verdict(
-            "job_budget",
-            STOP,
+            Guard.JOB_BUDGET,
+            GuardDecision.STOP,
             f"job {job}: job recoveries disabled (limit {limit})",
-            outcome=Outcome.NEEDS_HUMAN,
+            outcome=IncidentOutcome.NEEDS_HUMAN,
         )
     used = sum(1 for started in recoveries if now - window < started <= now)
     if used >= limit:
         return Verdict(
-            "job_budget",
-            STOP,
+            Guard.JOB_BUDGET,
+            GuardDecision.STOP,
             f"job {job}: {used} recoveries in the last {human_duration(window)}, whatever the fault "
             f"(job budget {limit}): a person looks before another",
-            outcome=Outcome.NEEDS_HUMAN,
+            outcome=IncidentOutcome.NEEDS_HUMAN,
         )
     return Verdict(
-        "job_budget", PASS, f"job {job}: recovery {used + 1} of {limit} in {human_duration(window)}"
+        Guard.JOB_BUDGET,
+        GuardDecision.PASS,
+        f"job {job}: recovery {used + 1} of {limit} in {human_duration(window)}",
     )
 
 
@@ -278,7 +300,7 @@ def evaluate(facts: GuardFacts) -> list[Verdict]:
     for guard in CHAIN:
         verdict = guard(facts)
         verdicts.append(verdict)
-        if verdict.decision != PASS:
+        if verdict.decision != GuardDecision.PASS:
             break
     return verdicts
 

@@ -47,7 +47,7 @@ from app.job_phase import JobPhase
 from app.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
 from app.planning import INVALID, PlannedStep
 from app.playbooks import SELF_RECOVERY_MIN
-from app.states import IncidentKind, Outcome, RepairState, State
+from app.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
 
 ALLOCATION_TRIES = 3  # looks at a job's allocation before its recovery goes ahead without exclusions
 BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"
@@ -59,11 +59,11 @@ PROGRESS_WINDOW = SELF_RECOVERY_MIN / 2
 
 # A repaired node incident closes with the repair's verdict.
 REPAIR_OUTCOME = {
-    RepairState.RETURNED: Outcome.RECOVERED,
-    RepairState.RELEASED: Outcome.HANDLED,
-    RepairState.HELD: Outcome.NEEDS_HUMAN,
-    RepairState.ADVISORY: Outcome.ADVISORY,
-    RepairState.NOT_OURS: Outcome.NEEDS_HUMAN,
+    RepairState.RETURNED: IncidentOutcome.RECOVERED,
+    RepairState.RELEASED: IncidentOutcome.HANDLED,
+    RepairState.HELD: IncidentOutcome.NEEDS_HUMAN,
+    RepairState.ADVISORY: IncidentOutcome.ADVISORY,
+    RepairState.NOT_OURS: IncidentOutcome.NEEDS_HUMAN,
 }
 REPAIR_SETTLED = frozenset(REPAIR_OUTCOME)
 
@@ -252,7 +252,7 @@ class Close:
     """Close with ``outcome``. ``advisory``: record the plan (run its granted read-only steps) and ask for the
     repairs of ``exclude`` first."""
 
-    outcome: Outcome
+    outcome: IncidentOutcome
     reason: str
     advisory: bool = False
     exclude: tuple[str, ...] = ()
@@ -305,7 +305,7 @@ def decide(subject: Subject, facts: Facts) -> Decision:
     if state == State.REPAIRING:
         return _repair_settled(subject, facts)
     if state not in (State.OPEN, State.DIAGNOSING, State.WAITING):
-        return Close(Outcome.NEEDS_HUMAN, f"unexpected state {state!r}")
+        return Close(IncidentOutcome.NEEDS_HUMAN, f"unexpected state {state!r}")
     if state == State.OPEN and episodes.must_wait(facts.now, subject.act_after, subject.culprits):
         reason = f"correlating: waiting for the rest of job {subject.job}'s alerts until {subject.act_after:%H:%M:%S}"
         assert subject.act_after is not None
@@ -314,7 +314,7 @@ def decide(subject: Subject, facts: Facts) -> Decision:
         return Gather(Need.DIAGNOSIS)
     if benign(subject.diagnosis):
         assert subject.diagnosis is not None
-        return Close(Outcome.BENIGN, f"no fault to act on: {subject.diagnosis.get('summary', '')}")
+        return Close(IncidentOutcome.BENIGN, f"no fault to act on: {subject.diagnosis.get('summary', '')}")
     if subject.kind == IncidentKind.TARGET and code_at_fault(subject):
         return _to_a_person(subject)
     if subject.kind == IncidentKind.JOB:
@@ -341,7 +341,7 @@ def _job(subject: Subject, facts: Facts) -> Decision:
         status = job
     if status is not None and status.phase == JobPhase.COMPLETED:
         reason = f"job {subject.job} is {status.state}: it ended on purpose or normally, nothing to recover"
-        return Close(Outcome.COMPLETED, reason)
+        return Close(IncidentOutcome.COMPLETED, reason)
     if code_at_fault(subject):
         return _to_a_person(subject, learned)
     if facts.fleet is None:
@@ -379,7 +379,7 @@ def _job(subject: Subject, facts: Facts) -> Decision:
             size = len(status.nodes) if status is not None else None
             exclusion = episodes.exclusion(confirmed, size, limits.max_culprits, limits.max_culprit_share)
             if exclusion.refused:
-                return Close(Outcome.NEEDS_HUMAN, exclusion.refused, learned=learned)
+                return Close(IncidentOutcome.NEEDS_HUMAN, exclusion.refused, learned=learned)
             learned = replace(learned, exclude=exclusion.nodes)
     phase = status.phase if status is not None else JobPhase.UNKNOWN
     return _guarded(subject, facts, learned, exclude=learned.exclude, job_phase=phase)
@@ -391,7 +391,7 @@ def _to_a_person(subject: Subject, learned: Learned | None = None) -> Close:
         f"the diagnosis blames the job's own code or configuration ({summary}): a restart alone will not help; "
         "left as it is for a person"
     )
-    return Close(Outcome.NEEDS_HUMAN, reason, learned=learned or Learned())
+    return Close(IncidentOutcome.NEEDS_HUMAN, reason, learned=learned or Learned())
 
 
 def _own_recovery(subject: Subject, facts: Facts, learned: Learned) -> Decision | Learned:
@@ -413,7 +413,7 @@ def _own_recovery(subject: Subject, facts: Facts, learned: Learned) -> Decision 
             f"job {subject.job} trained again after the fault at {fault:%H:%M:%S} (step {progress.before:g} -> "
             f"{progress.now:g} in the last {PROGRESS_WINDOW.seconds} s): its own launcher recovered it"
         )
-        return Close(Outcome.SELF_RECOVERED, reason, learned=learned)
+        return Close(IncidentOutcome.SELF_RECOVERED, reason, learned=learned)
     if facts.now < deadline:
         seen = (
             f"progress unreadable: {progress.error}"
@@ -445,12 +445,14 @@ def _guarded(
     invalid = tuple(p for p in planned if p.status == INVALID)
     if invalid:
         learned = replace(learned, invalid=invalid)
-        return Close(Outcome.NEEDS_HUMAN, f"step {invalid[0].name}: {invalid[0].reason}", learned=learned)
+        return Close(
+            IncidentOutcome.NEEDS_HUMAN, f"step {invalid[0].name}: {invalid[0].reason}", learned=learned
+        )
     if facts.guards is None:
         return Gather(Need.GUARDS, exclude=exclude, job_phase=job_phase, learned=learned)
     verdicts = tuple(guards.evaluate(facts.guards))
     last = verdicts[-1]
-    if last.decision == guards.PASS and subject.has_recheck:
+    if last.decision == GuardDecision.PASS and subject.has_recheck:
         if facts.recheck is None:
             return Gather(Need.RECHECK, exclude=exclude, job_phase=job_phase, learned=learned)
         check = facts.recheck
@@ -465,14 +467,14 @@ def _guarded(
         verdicts = (*verdicts, last)
     learned = replace(learned, verdicts=verdicts)
     node = subject.kind == IncidentKind.NODE
-    if last.decision == guards.WAIT:
+    if last.decision == GuardDecision.WAIT:
         return Wait(last.until or facts.now + facts.limits.defer, last.reason, guard=last, learned=learned)
-    if last.decision == guards.STOP:
-        outcome = Outcome(last.outcome or Outcome.NEEDS_HUMAN)
-        if outcome == Outcome.ADVISORY and node:
+    if last.decision == GuardDecision.STOP:
+        outcome = IncidentOutcome(last.outcome or IncidentOutcome.NEEDS_HUMAN)
+        if outcome == IncidentOutcome.ADVISORY and node:
             # The repair records its plan as advisory and the incident closes with that verdict.
             return HandToRepair(subject.node or "", repair_reason(subject), learned=learned)
-        if outcome == Outcome.ADVISORY:
+        if outcome == IncidentOutcome.ADVISORY:
             return Close(
                 outcome, last.reason, advisory=True, exclude=exclude, planned=planned, learned=learned
             )
@@ -487,7 +489,7 @@ def _repair_settled(subject: Subject, facts: Facts) -> Decision:
     if repair is None:
         return Gather(Need.REPAIR)
     if repair.state is None:
-        return Close(Outcome.NEEDS_HUMAN, f"the repair of node {subject.node} is gone")
+        return Close(IncidentOutcome.NEEDS_HUMAN, f"the repair of node {subject.node} is gone")
     if repair.state not in REPAIR_SETTLED:
         return Wait(
             facts.now + facts.limits.defer, f"node {subject.node}: repair #{repair.id} {repair.state}"

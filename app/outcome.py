@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import errors
+from app.states import StepStatus
 
 OUTPUT_TAIL_CHARS = 4000
 
@@ -33,7 +34,7 @@ class Outcome:
     data: Mapping[str, Any] = field(default_factory=dict)
 
     @property
-    def status(self) -> str:
+    def status(self) -> StepStatus:
         raise NotImplementedError
 
 
@@ -42,8 +43,8 @@ class Ok(Outcome):
     """The action did what it said."""
 
     @property
-    def status(self) -> str:
-        return "ok"
+    def status(self) -> StepStatus:
+        return StepStatus.OK
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,8 +54,8 @@ class Failed(Outcome):
     reason: str
 
     @property
-    def status(self) -> str:
-        return "failed"
+    def status(self) -> StepStatus:
+        return StepStatus.FAILED
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,8 +66,8 @@ class Retry(Outcome):
     after: float = 30.0
 
     @property
-    def status(self) -> str:
-        return "retry"
+    def status(self) -> StepStatus:
+        return StepStatus.RETRY
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -76,8 +77,8 @@ class Ambiguous(Outcome):
     reason: str
 
     @property
-    def status(self) -> str:
-        return "ambiguous"
+    def status(self) -> StepStatus:
+        return StepStatus.AMBIGUOUS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +88,8 @@ class CredentialError(Outcome):
     reason: str
 
     @property
-    def status(self) -> str:
-        return "credential_error"
+    def status(self) -> StepStatus:
+        return StepStatus.CREDENTIAL_ERROR
 
 
 def outcome_from_error(exc: errors.BackendError, *, command: str = "") -> Outcome:

@@ -2,13 +2,14 @@
 
 Pure: no I/O. Slack and email get every notice (:func:`app.actions.notify.send_notification`); a paging channel
 (PagerDuty Events v2) gets only the notices where a person is needed, and :func:`page_for` says which, from the
-notice's ``data``:
+notice's :class:`app.states.NoticeKind` (and, for an incident's outcome, the outcome in its ``data``):
 
 * an incident that closed ``needs_human``, ``failed``, ``credential_error``, ``unverified`` or ``advisory`` (an
   advisory incident is a plan that only a person can carry out) — not ``recovered``, ``blocked``, ``resolved``;
 * a node held after a failed validation or by the lemon rule (:func:`node_held`);
 * an alert that no playbook matches (:func:`unmatched_alert`);
-* the blast radius reached (destructive actions paused) and a step waiting for approval.
+* the blast radius reached (destructive actions paused) and a step waiting for approval;
+* a fleet incident or the fleet's restart storm guard, as its incident needing a person.
 
 Each page has a ``dedup_key`` naming what it is about, so a repeated notice (a retried finalisation, an
 Alertmanager repeat of an unmatched alert) updates the one open PagerDuty alert instead of opening another.
@@ -22,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.clipping import clip_labels, clip_text
+from app.states import IncidentOutcome, NoticeKind
 
 # PagerDuty Events v2 limits (developer.pagerduty.com, "Send an Alert Event").
 MAX_SUMMARY = 1024
@@ -34,12 +36,14 @@ SEVERITIES = ("critical", "error", "warning", "info")
 
 # Incident outcomes that need a person, and how loudly.
 PAGE_OUTCOMES = {
-    "needs_human": "critical",
-    "failed": "critical",
-    "credential_error": "critical",
-    "unverified": "error",
-    "advisory": "warning",
+    IncidentOutcome.NEEDS_HUMAN: "critical",
+    IncidentOutcome.FAILED: "critical",
+    IncidentOutcome.CREDENTIAL_ERROR: "critical",
+    IncidentOutcome.UNVERIFIED: "error",
+    IncidentOutcome.ADVISORY: "warning",
 }
+# Notices that page as their incident's outcome (data: ``incident`` and ``outcome``).
+AS_OUTCOME = frozenset({NoticeKind.OUTCOME, NoticeKind.FLEET_INCIDENT, NoticeKind.FLEET_STORM})
 # An alert's own severity label (rules/README.md: critical | warning | info) carried to the page.
 ALERT_SEVERITY = {"critical": "critical", "warning": "warning", "info": "info"}
 
@@ -61,15 +65,18 @@ class Page:
 
 @dataclass(frozen=True)
 class Notice:
-    """A message for people: ``subject`` and ``text`` for chat and email, ``data`` for machines and paging."""
+    """A message for people: what it is about (``kind``), ``subject`` and ``text`` for chat and email, ``data``
+    for machines and paging."""
 
+    kind: NoticeKind
     subject: str
     text: str
     data: Mapping[str, Any]
 
 
-def page_for(subject: str, text: str, data: Mapping[str, Any], external_url: str = "") -> Page | None:
+def page_for(notice: Notice, external_url: str = "") -> Page | None:
     """The page a notice deserves, or None when it only informs (a recovery, a resolved alert)."""
+    kind, subject, text, data = notice.kind, notice.subject, notice.text, notice.data
     labels: Mapping[str, Any] = data.get("labels") or {}
     source = str(data.get("node") or labels.get("Hostname") or labels.get("node") or "nightshift")
     details = {"text": clip_text(text, MAX_DETAILS_TEXT), **{k: v for k, v in data.items() if k != "labels"}}
@@ -78,20 +85,21 @@ def page_for(subject: str, text: str, data: Mapping[str, Any], external_url: str
     group = str(labels.get("slurm_job_id") or labels.get("train_job") or labels.get("namespace") or "")
     incident = data.get("incident")
     link = _incident_link(external_url, incident)
-    if data.get("outcome") in PAGE_OUTCOMES and incident is not None:
-        key, severity, event_class = f"incident/{incident}", PAGE_OUTCOMES[data["outcome"]], data["outcome"]
-    elif data.get("node_held"):
-        key = f"node/{data.get('scheduler', '')}/{data['node_held']}/repair/{data.get('repair_id', '')}"
-        severity, event_class, source = "critical", "node_held", str(data["node_held"])
+    outcome = data.get("outcome")
+    if kind in AS_OUTCOME and outcome in PAGE_OUTCOMES and incident is not None:
+        key, severity, event_class = f"incident/{incident}", PAGE_OUTCOMES[outcome], str(outcome)
+    elif kind == NoticeKind.NODE_HELD:
+        key = f"node/{data.get('scheduler', '')}/{data['node']}/repair/{data.get('repair_id', '')}"
+        severity, event_class, source = "critical", str(kind), str(data["node"])
         link = _url(external_url, "/nodes")
-    elif data.get("unmatched"):
+    elif kind == NoticeKind.UNMATCHED_ALERT:
         key = f"alert/{data.get('fingerprint', '')}"
         severity = ALERT_SEVERITY.get(str(labels.get("severity", "")), "warning")
-        event_class = "unmatched_alert"
-    elif data.get("guard") == "blast_radius":
-        key, severity, event_class = f"blast_radius/{incident}", "critical", "blast_radius"
-    elif data.get("step") is not None:
-        key, severity, event_class = f"approval/{data['step']}", "warning", "approval"
+        event_class = str(kind)
+    elif kind == NoticeKind.BLAST_RADIUS:
+        key, severity, event_class = f"blast_radius/{incident}", "critical", str(kind)
+    elif kind == NoticeKind.APPROVAL:
+        key, severity, event_class = f"approval/{data['step']}", "warning", str(kind)
     else:
         return None
     return Page(
@@ -146,7 +154,7 @@ def node_held(
             "incident": incident_id,
             "reason": reason,
         }
-        return Notice(subject, text, data)
+        return Notice(NoticeKind.NODE_NOT_TAKEN_OUT, subject, text, data)
     subject = f"[nightshift] node {node} held for a person ({scheduler})"
     text = "\n".join(
         [
@@ -163,7 +171,7 @@ def node_held(
         "incident": incident_id,
         "reason": reason,
     }
-    return Notice(subject, text, data)
+    return Notice(NoticeKind.NODE_HELD, subject, text, data)
 
 
 def unmatched_alert(
@@ -186,7 +194,7 @@ def unmatched_alert(
     shown = clip_labels(labels, value=MAX_NOTICE_LABEL)
     lines.append("Labels: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
     data = {"unmatched": clip_text(alertname, MAX_NOTICE_LABEL), "fingerprint": fingerprint, "labels": shown}
-    return Notice(subject, "\n".join(lines), data)
+    return Notice(NoticeKind.UNMATCHED_ALERT, subject, "\n".join(lines), data)
 
 
 def _incident_link(external_url: str, incident: Any) -> str:

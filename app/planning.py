@@ -32,7 +32,7 @@ class PlannedStep:
     idx: int
     name: str
     action: Action
-    status: str  # pending (will run) | would_run | skipped | invalid
+    status: StepStatus  # pending (will run) | would_run | skipped | invalid
     params: Mapping[str, Any] = field(default_factory=dict)
     summary: str = ""
     command: str = ""

@@ -1,14 +1,17 @@
-"""The vocabulary of the lifecycles, declared once: incident states and outcomes, step statuses, node-repair states.
+"""The vocabulary of the lifecycles, declared once: incident states and outcomes, step statuses, node-repair states,
+guards and their verdicts, ledger kinds and notice kinds.
 
-Each is a ``StrEnum``: members compare equal to their string values, so rows read back from the store (plain strings)
-compare with members directly, and JSON serialisation writes the value. Pure: no I/O.
+Each is a ``StrEnum`` (``@unique``: no value named twice): members compare equal to their string values, so rows read
+back from the store (plain strings) compare with members directly, and JSON serialisation writes the value. Pure: no
+I/O.
 """
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import StrEnum, unique
 
 
+@unique
 class IncidentKind(StrEnum):
     """What an incident is about: one training job (all its ranks' and nodes' alerts), one node, or one alert target."""
 
@@ -17,8 +20,9 @@ class IncidentKind(StrEnum):
     TARGET = "target"  # neither job nor node identity: keyed by (playbook, target) as before
 
 
+@unique
 class State(StrEnum):
-    """Where an open incident is; a closed incident's state is its :class:`Outcome`."""
+    """Where an open incident is; a closed incident's state is its :class:`IncidentOutcome`."""
 
     OPEN = "open"
     DIAGNOSING = "diagnosing"
@@ -29,7 +33,8 @@ class State(StrEnum):
     REPAIRING = "repairing"  # a node incident whose node is in the repair lifecycle
 
 
-class Outcome(StrEnum):
+@unique
+class IncidentOutcome(StrEnum):
     """How an incident closed."""
 
     RECOVERED = "recovered"
@@ -49,6 +54,32 @@ class Outcome(StrEnum):
     )
 
 
+@unique
+class Guard(StrEnum):
+    """The guards of the chain (app/guards.py), in its order; the live re-check is the engine's last."""
+
+    KILL_SWITCH = "kill_switch"
+    PERMISSION = "permission"
+    BLAST_RADIUS = "blast_radius"
+    SERIALISATION = "serialisation"
+    BUDGET = "budget"
+    JOB_BUDGET = "job_budget"
+    COOLDOWN = "cooldown"
+    STALE_SIGNAL = "stale_signal"
+    RECHECK = "recheck"
+
+
+@unique
+class GuardDecision(StrEnum):
+    """A guard's verdict (app/guards.py): go on to the next guard, hold the incident until the verdict's ``until``
+    (re-decided then), or stop it with the verdict's outcome."""
+
+    PASS = "pass"
+    WAIT = "wait"
+    STOP = "stop"
+
+
+@unique
 class UndoState(StrEnum):
     """A closed incident's ``on_resolved`` steps: owed once its alert resolves after it acted, then done."""
 
@@ -60,6 +91,7 @@ class UndoState(StrEnum):
 NOT_ACTED = frozenset({State.OPEN, State.DIAGNOSING, State.WAITING})
 
 
+@unique
 class StepStatus(StrEnum):
     PENDING = "pending"  # will run
     RUNNING = "running"  # marked before the action starts: found so by a later claimer, it is ambiguous
@@ -77,6 +109,7 @@ class StepStatus(StrEnum):
 DONE_STEP_STATUSES = frozenset({StepStatus.OK, StepStatus.WOULD_RUN, StepStatus.SKIPPED})
 
 
+@unique
 class AttemptOutcome(StrEnum):
     RECOVERED = "recovered"
     FAILED = "failed"
@@ -87,6 +120,7 @@ class AttemptOutcome(StrEnum):
     ABANDONED = "abandoned"  # the incident closed (resolved, operator) while the attempt had no outcome
 
 
+@unique
 class RepairState(StrEnum):
     """A node's way through repair: taken out by us → repaired → validated → returned, or held for a person."""
 
@@ -117,3 +151,99 @@ REPAIR_OPEN = frozenset(
         RepairState.HELD,
     }
 )
+
+
+@unique
+class LedgerKind(StrEnum):
+    """What a ledger row records (the audit trail: ``GET /api/v1/incidents/<id>``, ``nightshift export``)."""
+
+    # alerts in, incidents opened and joined
+    ALERT_RECEIVED = "alert_received"
+    ALERT_OUT_OF_ORDER = "alert_out_of_order"  # a firing copy after its instance resolved: ignored
+    UNMATCHED = "unmatched"  # no playbook matches
+    TARGET_INVALID = "target_invalid"  # a rendered target value failed its pattern: no incident
+    ALERT_ABSORBED = "alert_absorbed"  # evidence for a node already in repair
+    INCIDENT_OPENED = "incident_opened"
+    ALERT_ATTACHED = "alert_attached"
+    ALERT_RESOLVED = "alert_resolved"
+    INBOX_FAILED = "inbox_failed"  # a notification set aside
+    INBOX_RETRY = "inbox_retry"  # set-aside notifications queued again (nightshift inbox --retry)
+    # deciding
+    DIAGNOSIS = "diagnosis"
+    CULPRITS = "culprits"  # culprits checked against the job's allocation
+    CULPRIT_EXCLUDED_ONLY = "culprit_excluded_only"  # a straggler excluded, not repaired (yet)
+    BLAME = "blame"  # a leaf/rack/block blamed instead of its nodes
+    JOB_STATUS_UNKNOWN = "job_status_unknown"  # the scheduler could not say what the job does
+    JOB_STATUS_ERROR = "job_status_error"
+    SELF_RECOVERY = "self_recovery"  # the job's own launcher is left to recover it
+    STEP_INVALID = "step_invalid"
+    STEP_WOULD_RUN = "step_would_run"
+    STEP_SKIPPED = "step_skipped"
+    GUARD = "guard"  # a guard's verdict
+    RECHECK = "recheck"  # the live re-check's samples
+    # acting and verifying
+    ATTEMPT_STARTED = "attempt_started"
+    STEP = "step"  # a step's outcome, command and output
+    STEP_AMBIGUOUS = "step_ambiguous"  # found running after its worker stopped
+    APPROVAL_REQUESTED = "approval_requested"
+    APPROVED = "approved"
+    VERIFYING = "verifying"
+    VERIFY_SAMPLE = "verify_sample"
+    WAITING_FOR_RESOURCES = "waiting_for_resources"
+    ATTEMPT_FAILED = "attempt_failed"
+    INCIDENT_CLOSED = "incident_closed"
+    ENGINE_ERROR = "engine_error"  # a tick raised
+    ON_RESOLVED_SCHEDULED = "on_resolved_scheduled"
+    # what an action reports while it runs (ActionContext.record)
+    VALIDATION_STARTED = "validation_started"
+    VALIDATION_POD = "validation_pod"
+    CHECKPOINT_POLL = "checkpoint_poll"
+    JOB_RECREATED = "job_recreated"
+    JOB_SUSPENDED = "job_suspended"
+    JOB_RESUMED = "job_resumed"
+    JOB_DELETED = "job_deleted"
+    POLL_FAILED = "poll_failed"
+    # effects owed around an incident
+    ANNOTATION = "annotation"
+    ANNOTATION_ERROR = "annotation_error"
+    NOTIFICATION = "notification"
+    FINALIZE_RETRY = "finalize_retry"
+    # fleet incidents (app/engine/fleet_hold.py)
+    FLEET_WAIT = "fleet_wait"
+    FLEET_HOLD = "fleet_hold"
+    FLEET_STORM = "fleet_storm"
+    FLEET_INCIDENT = "fleet_incident"
+    FLEET_CLEARED = "fleet_cleared"
+    # node repairs
+    REPAIR_REQUESTED = "repair_requested"
+    REPAIR_ABSORBED = "repair_absorbed"
+    REPAIR_PLAN = "repair_plan"
+    REPAIR_STARTED = "repair_started"
+    REPAIR_STEP = "repair_step"
+    REPAIR_RETRY = "repair_retry"
+    REPAIR_HELD = "repair_held"
+    REPAIR_RELEASED = "repair_released"
+    REPAIR_AMBIGUOUS = "repair_ambiguous"
+    # operators and housekeeping
+    PAUSE = "pause"
+    RESUME = "resume"
+    RETENTION = "retention"
+    RETENTION_EXPORT_FAILED = "retention_export_failed"
+
+
+@unique
+class NoticeKind(StrEnum):
+    """What a notice to people is about (app/paging.py): it decides whether, and how, it pages."""
+
+    OUTCOME = "outcome"  # an incident closed: its outcome and plan (pages when a person is needed)
+    NODE_HELD = "node_held"  # a node out of service, held for a person (pages)
+    NODE_NOT_TAKEN_OUT = "node_not_taken_out"  # a repair held before it took its node out (evidence, no page)
+    UNMATCHED_ALERT = "unmatched_alert"  # no playbook matches an alert (pages)
+    BLAST_RADIUS = "blast_radius"  # destructive actions paused (pages)
+    APPROVAL = "approval"  # a step waits for an operator's approval (pages)
+    FLEET_INCIDENT = (
+        "fleet_incident"  # a shared cause holds job recoveries (pages as its incident's needs_human)
+    )
+    FLEET_STORM = (
+        "fleet_storm"  # the fleet's restart storm guard tripped (pages as its incident's needs_human)
+    )

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from app.clock import Clock, SystemClock
 from app.outcome import Outcome
 from app.params import Param, validate_params
+from app.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients import Clients
@@ -34,7 +35,7 @@ class ActionContext:
     incident_id: int | None = None
     labels: Mapping[str, str] = field(default_factory=dict)
     # Called with (kind, message, data) for intermediate facts worth ledgering (e.g. each poll of a long action).
-    record: Callable[[str, str, Mapping[str, Any]], None] = lambda kind, message, data: None
+    record: Callable[[LedgerKind, str, Mapping[str, Any]], None] = lambda kind, message, data: None
 
 
 class Action(ABC):

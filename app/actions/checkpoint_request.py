@@ -21,6 +21,7 @@ from app.discovery import checkpoint_signal
 from app.errors import BackendError, ConfigError, ParamError
 from app.outcome import Failed, Ok, Outcome, Retry, tail
 from app.params import Param
+from app.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.slurm import CommandResult, SlurmClient
@@ -132,7 +133,7 @@ class WaitForCheckpoint(Action):
             values = [s.value for s in samples if math.isfinite(s.value)]
             newest = max(values) if values else None
             ctx.record(
-                "checkpoint_poll",
+                LedgerKind.CHECKPOINT_POLL,
                 f"newest checkpoint {_when(newest)}, asked at {asked:.0f}",
                 {"newest": newest, "asked": asked},
             )

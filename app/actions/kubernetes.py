@@ -23,6 +23,7 @@ from app.job_phase import JobPhase, finished_phase
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
 from app.schedulers import OUR_MARK
+from app.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient
@@ -328,7 +329,11 @@ class RestartJob(KubernetesAction):
                 )
         if kind == "Job" or finished is not None:
             if finished is not None:
-                ctx.record("recreate", f"{kind} {ns}/{name} has {finished[1]}: recreated, not resumed", {})
+                ctx.record(
+                    LedgerKind.JOB_RECREATED,
+                    f"{kind} {ns}/{name} has {finished[1]}: recreated, not resumed",
+                    {},
+                )
             return self._recreate(kind, current, kube, ctx, command, nodes)
         return self._suspend_and_resume(kind, ns, name, kube, ctx, command, nodes)
 
@@ -360,7 +365,9 @@ class RestartJob(KubernetesAction):
             return patch
 
         if kube.update_workload(kind, ns, name, suspend):
-            ctx.record("suspend", f"{kind} {ns}/{name} suspended", {"restarted_at": restarted_at})
+            ctx.record(
+                LedgerKind.JOB_SUSPENDED, f"{kind} {ns}/{name} suspended", {"restarted_at": restarted_at}
+            )
         elif (seen[-1]["metadata"].get("annotations") or {}).get(SUSPENDED_BY) != OWNER:
             return Failed(
                 command=command,
@@ -368,7 +375,9 @@ class RestartJob(KubernetesAction):
             )
         else:
             ctx.record(
-                "resume", f"{kind} {ns}/{name} was left suspended by an earlier run; completing it", {}
+                LedgerKind.JOB_RESUMED,
+                f"{kind} {ns}/{name} was left suspended by an earlier run; completing it",
+                {},
             )
         acknowledged = self._wait(ctx, lambda: _condition(kube.get_workload(kind, ns, name), "Suspended"))
         # Resume whatever happened: never leave a job suspended behind us.
@@ -416,7 +425,7 @@ class RestartJob(KubernetesAction):
             manifest["spec"].update(excluded_templates(kind, manifest["spec"], exclude))
         old_uid = job["metadata"]["uid"]
         kube.delete_workload(kind, ns, name, uid=old_uid)
-        ctx.record("delete", f"{kind} {ns}/{name} deleted", {"uid": old_uid})
+        ctx.record(LedgerKind.JOB_DELETED, f"{kind} {ns}/{name} deleted", {"uid": old_uid})
         # From here on the job exists only in `manifest`: a failure hands it to a human to create again.
         try:
             if not self._wait(ctx, lambda: _gone(kube, kind, ns, name, old_uid)):
@@ -445,7 +454,7 @@ class RestartJob(KubernetesAction):
                 if done():
                     return True
             except errors.BackendError as exc:
-                ctx.record("poll", f"poll failed: {exc}", {})
+                ctx.record(LedgerKind.POLL_FAILED, f"poll failed: {exc}", {})
             if (ctx.clock.now() - start).total_seconds() >= self.operator_timeout_seconds:
                 return False
             ctx.clock.sleep(self.poll_seconds)
@@ -505,7 +514,7 @@ class ValidateNode(KubernetesAction):
             manifest = validation_pod(namespace, pod_name, node, argv, timeout, gpus, cfg)
             kube.create_pod(namespace, manifest)
             ctx.record(
-                "validation_pod",
+                LedgerKind.VALIDATION_POD,
                 f"pod {namespace}/{pod_name} created on {node} ({gpus} {cfg.validation_gpu_resource})",
                 {"argv": argv, "gpus": gpus},
             )

@@ -21,7 +21,7 @@ from app.clipping import ELLIPSIS, clip_data, clip_text
 from app.config import read_secret
 from app.errors import BackendError, ConfigError
 from app.outcome import Failed, Ok, Outcome, outcome_from_error
-from app.paging import page_for
+from app.paging import Notice, page_for
 from app.params import SAFE_TEXT, URL, Param
 
 if TYPE_CHECKING:
@@ -122,15 +122,10 @@ def slack_text(text: str, limit: int = MAX_SLACK_TEXT) -> str:
 
 
 def send_notification(
-    clients: Clients,
-    settings: Settings,
-    subject: str,
-    text: str,
-    data: Mapping[str, Any],
-    skip: Collection[str] = (),
+    clients: Clients, settings: Settings, notice: Notice, skip: Collection[str] = ()
 ) -> list[Outcome]:
-    """Send ``subject``/``text`` to every configured channel: one outcome per channel (webhook, email, then
-    PagerDuty when :func:`app.paging.page_for` says the notice needs a person), each clipped to its channel's
+    """Send the notice's subject and text to every configured channel: one outcome per channel (webhook, email,
+    then PagerDuty when :func:`app.paging.page_for` says the notice needs a person), each clipped to its channel's
     limit. ``skip``: channels that already delivered this notice (a retried finalisation sends each once).
 
     Never raises: a missing secret, an unreachable server or a refusal is that channel's outcome. The webhook
@@ -138,6 +133,7 @@ def send_notification(
     No channel configured: an empty list.
     """
     section = settings.notify
+    subject, text, data = notice.subject, notice.text, notice.data
     outcomes: list[Outcome] = []
     if (section.webhook_url or section.webhook_url_file) and "webhook" not in skip:
         body = {
@@ -162,7 +158,7 @@ def send_notification(
             )
         )
     paging = section.pagerduty_routing_key_file and "pagerduty" not in skip
-    page = page_for(subject, text, data, settings.external_url) if paging else None
+    page = page_for(notice, settings.external_url) if paging else None
     if page is not None:
         outcomes.append(
             _deliver(

@@ -36,6 +36,7 @@ from app.clients.slurm import (
 from app.errors import BackendError, CommandFailed, ConfigError, OutcomeUnknown, ParamError, Unavailable
 from app.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
 from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_LIST, SLURM_NODE_NAME, SLURM_RESERVED, Param
+from app.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -336,7 +337,9 @@ class ValidateNode(SlurmAction):
                         data={"node": node, "state": info.state_text},
                     )
                 check.start(run, argv)
-                ctx.record("validation_started", f"`{shlex.join(argv)}` started on {node}", {"node": node})
+                ctx.record(
+                    LedgerKind.VALIDATION_STARTED, f"`{shlex.join(argv)}` started on {node}", {"node": node}
+                )
                 return Retry(reason=f"validation started on {node}", after=cfg.poll_seconds)
             if probe.state == "running" and probe.elapsed < timeout:
                 return Retry(

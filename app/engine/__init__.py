@@ -15,7 +15,7 @@ from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.engine.repair import NodeRepairs
 from app.engine.retention import Retention
-from app.states import Outcome, StepStatus
+from app.states import IncidentOutcome, LedgerKind, StepStatus
 from app.store import records
 from app.wakeup import Wakeup
 
@@ -72,7 +72,7 @@ class Engine:
             records.record(
                 conn,
                 now,
-                "pause" if paused else "resume",
+                LedgerKind.PAUSE if paused else LedgerKind.RESUME,
                 f"automation {'paused' if paused else 'resumed'} by {by}: {reason}",
                 data=value,
             )
@@ -105,8 +105,8 @@ class Engine:
                     f"incident {incident_id} is being worked on right now; try again in a moment"
                 )
             reason = f"handled by {by}" + (f": {note}" if note else "")
-            transitions.close(conn, now, incident, Outcome.HANDLED, reason, {"by": by})
-        self.deps.metrics.incidents.labels(Outcome.HANDLED).inc()
+            transitions.close(conn, now, incident, IncidentOutcome.HANDLED, reason, {"by": by})
+        self.deps.metrics.incidents.labels(IncidentOutcome.HANDLED).inc()
         return self.incident(incident_id) or {}
 
     def status(self) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.permissions import Permissions
 from app.playbooks import Playbook, PlaybookSet
+from app.states import LedgerKind
 from app.store import Store, records
 from app.workloads import Resolution, WorkloadResolver, with_workload
 
@@ -38,7 +39,7 @@ class EngineDeps:
         return self.workloads.lookup(labels) if self.workloads is not None else None
 
     def ledger(
-        self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
+        self, incident_id: int | None, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
     ) -> None:
         """One ledger row, in its own transaction."""
         with self.store.transaction() as conn:

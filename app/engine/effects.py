@@ -12,19 +12,52 @@ from app.actions.notify import send_notification
 from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
-from app.states import Outcome
+from app.paging import Notice
+from app.states import IncidentOutcome, LedgerKind, NoticeKind, StepStatus
 from app.store import records
 
 # Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign, self-recovered) or that
 # a person took over (handled) say nothing.
-NOTIFY_OUTCOMES = frozenset(Outcome) - {
-    Outcome.RESOLVED,
-    Outcome.IGNORED,
-    Outcome.HANDLED,
-    Outcome.BENIGN,
-    Outcome.SELF_RECOVERED,
+NOTIFY_OUTCOMES = frozenset(IncidentOutcome) - {
+    IncidentOutcome.RESOLVED,
+    IncidentOutcome.IGNORED,
+    IncidentOutcome.HANDLED,
+    IncidentOutcome.BENIGN,
+    IncidentOutcome.SELF_RECOVERED,
 }
 FINALIZE_TRIES = 5
+
+
+def tell(
+    deps: EngineDeps,
+    incident_id: int | None,
+    notice: Notice,
+    *,
+    skip: frozenset[str] = frozenset(),
+    about: Mapping[str, Any] | None = None,
+) -> bool:
+    """Send ``notice`` on every channel but ``skip`` (after the transition that owes it has committed: never a
+    network call inside a transaction); each channel's outcome is one ledger row with its channel, the notice's
+    kind (so a retry can tell which channels already delivered it), ``about`` and, failed, the reason. True when
+    every channel delivered."""
+    ok = True
+    for outcome in send_notification(deps.clients, deps.settings, notice, skip=skip):
+        reason = getattr(outcome, "reason", "")
+        ok = ok and outcome.status == StepStatus.OK
+        deps.ledger(
+            incident_id,
+            LedgerKind.NOTIFICATION,
+            f"{notice.subject}: {outcome.command}: {outcome.status}" + (f": {reason}" if reason else ""),
+            {
+                **(about or {}),
+                "status": outcome.status,
+                "command": outcome.command,
+                "channel": (outcome.data or {}).get("channel"),
+                "notice": notice.kind,
+                **({"reason": reason} if reason else {}),
+            },
+        )
+    return ok
 
 
 class Effects:
@@ -32,7 +65,7 @@ class Effects:
         self.deps = deps
 
     def _ledger(
-        self, incident_id: int | None, kind: str, message: str, data: Mapping[str, Any] | None = None
+        self, incident_id: int | None, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
     ) -> None:
         self.deps.ledger(incident_id, kind, message, data)
 
@@ -62,7 +95,7 @@ class Effects:
         if diagnosis.get("summary"):
             parts.append(f"Diagnosis: {diagnosis['summary']}")
         if inc.get("outcome"):
-            parts.append(f"Outcome: {inc['outcome']} ({inc.get('reason', '')})")
+            parts.append(f"IncidentOutcome: {inc['outcome']} ({inc.get('reason', '')})")
         return "\n".join(parts)
 
     def open_annotation(self, inc: dict[str, Any]) -> None:
@@ -74,7 +107,9 @@ class Effects:
                 text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"]
             )
         except (BackendError, ConfigError) as exc:
-            self._ledger(inc["id"], "annotation_error", f"creating the Grafana annotation failed: {exc}")
+            self._ledger(
+                inc["id"], LedgerKind.ANNOTATION_ERROR, f"creating the Grafana annotation failed: {exc}"
+            )
             return
         with self.deps.store.transaction() as conn:
             transitions.annotation_opened(conn, self.deps.clock.now(), inc, annotation_id, self.tags(inc))
@@ -96,42 +131,17 @@ class Effects:
                 )
                 message = f"Grafana annotation {annotation_id} created as a closed region"
         except (BackendError, ConfigError) as exc:
-            self._ledger(inc["id"], "annotation_error", f"closing the Grafana annotation failed: {exc}")
+            self._ledger(
+                inc["id"], LedgerKind.ANNOTATION_ERROR, f"closing the Grafana annotation failed: {exc}"
+            )
             return False
-        self._ledger(inc["id"], "annotation", message, {"tags": self.tags(inc)})
+        self._ledger(inc["id"], LedgerKind.ANNOTATION, message, {"tags": self.tags(inc)})
         return True
 
     # --- notifications ----------------------------------------------------------------------------------------
 
-    def _notify(
-        self,
-        incident_id: int | None,
-        subject: str,
-        text: str,
-        data: Mapping[str, Any],
-        notice: str = "",
-        skip: frozenset[str] = frozenset(),
-    ) -> bool:
-        """Send on every channel but ``skip``; each outcome is ledgered with its channel and, failed, its reason
-        (``notice`` names the notice, so a retry can tell which channels already delivered it)."""
-        outcomes = send_notification(self.deps.clients, self.deps.settings, subject, text, data, skip=skip)
-        ok = True
-        for outcome in outcomes:
-            reason = getattr(outcome, "reason", "")
-            ok = ok and outcome.status == "ok"
-            self._ledger(
-                incident_id,
-                "notification",
-                f"{outcome.command}: {outcome.status}" + (f": {reason}" if reason else ""),
-                {
-                    "status": outcome.status,
-                    "command": outcome.command,
-                    "channel": (outcome.data or {}).get("channel"),
-                    "notice": notice,
-                    **({"reason": reason} if reason else {}),
-                },
-            )
-        return ok
+    def _notify(self, incident_id: int | None, notice: Notice, skip: frozenset[str] = frozenset()) -> bool:
+        return tell(self.deps, incident_id, notice, skip=skip)
 
     def _delivered(self, incident_id: int, notice: str) -> frozenset[str]:
         """The channels that already delivered ``notice`` of this incident (ledgered ok)."""
@@ -140,10 +150,10 @@ class Effects:
         return frozenset(
             str(row["data"].get("channel"))
             for row in rows
-            if row["kind"] == "notification"
+            if row["kind"] == LedgerKind.NOTIFICATION
             and isinstance(row.get("data"), dict)
             and row["data"].get("notice") == notice
-            and row["data"].get("status") == "ok"
+            and row["data"].get("status") == StepStatus.OK
         )
 
     def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
@@ -168,16 +178,17 @@ class Effects:
         notified = True
         if inc.get("outcome") in NOTIFY_OUTCOMES:
             subject, text = self._summary(inc)
+            data = {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})}
             notified = self._notify(
                 inc["id"],
-                subject,
-                text,
-                {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})},
-                notice="outcome",
-                skip=self._delivered(inc["id"], "outcome"),  # a retry re-sends only the channels that failed
+                Notice(NoticeKind.OUTCOME, subject, text, data),
+                # A retry re-sends only the channels that failed.
+                skip=self._delivered(inc["id"], NoticeKind.OUTCOME),
             )
         with self.deps.store.transaction() as conn:
-            tries = sum(1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "finalize_retry")
+            tries = sum(
+                1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == LedgerKind.FINALIZE_RETRY
+            )
             if (annotated and notified) or tries + 1 >= FINALIZE_TRIES:
                 transitions.finalized(conn, inc)
                 return None
@@ -185,7 +196,7 @@ class Effects:
                 conn,
                 self.deps.clock.now(),
                 inc["id"],
-                "finalize_retry",
+                LedgerKind.FINALIZE_RETRY,
                 "annotation or notification failed; will retry",
             )
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
@@ -201,23 +212,29 @@ class Effects:
             records.set_control(conn, "storm_notified_at", now.isoformat(), now)
         self._notify(
             inc["id"],
-            "[nightshift] blast radius reached: destructive actions paused",
-            f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
-            {"incident": inc["id"], "guard": "blast_radius"},
+            Notice(
+                NoticeKind.BLAST_RADIUS,
+                "[nightshift] blast radius reached: destructive actions paused",
+                f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
+                {"incident": inc["id"], "guard": "blast_radius"},
+            ),
         )
 
-    def fleet_incident(self, incident_id: int, subject: str, text: str, data: Mapping[str, Any]) -> None:
+    def fleet_incident(self, incident_id: int, notice: Notice) -> None:
         """A shared cause held job recoveries (app/engine/fleet_hold.py): told once, asking a person."""
-        self._notify(incident_id, subject, text, data)
+        self._notify(incident_id, notice)
 
     def approval_requested(self, inc: Mapping[str, Any], step: Mapping[str, Any]) -> None:
         url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"
         self._notify(
             inc["id"],
-            f"[nightshift] approval needed: {step['name']} on {inc.get('node') or inc.get('job')}",
-            f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step['name']}:\n"
-            f"{step['command']}\nApprove: {url}",
-            {"incident": inc["id"], "step": step["id"]},
+            Notice(
+                NoticeKind.APPROVAL,
+                f"[nightshift] approval needed: {step['name']} on {inc.get('node') or inc.get('job')}",
+                f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step['name']}:\n"
+                f"{step['command']}\nApprove: {url}",
+                {"incident": inc["id"], "step": step["id"]},
+            ),
         )
 
     def credential_error(self, action: str, reason: str) -> None:

@@ -32,7 +32,7 @@ from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError, ParamError
 from app.planning import PlannedStep
 from app.playbooks import Playbook
-from app.states import IncidentKind, State, StepStatus
+from app.states import Guard, GuardDecision, IncidentKind, State, StepStatus
 from app.templates import render_promql
 
 Incident = dict[str, Any]
@@ -212,7 +212,7 @@ def _plan(
         if exclude
         else "",
         "scheduler": source.job_note,
-        "guards": [v.as_dict() for v in learned.verdicts if v.guard != "recheck"],
+        "guards": [v.as_dict() for v in learned.verdicts if v.guard != Guard.RECHECK],
         "recheck": render_promql(playbook.recheck, context) if playbook.recheck else None,
         "verify": render_promql(playbook.verify.promql, context) if playbook.verify else None,
         "outcome": _outcome(decision),
@@ -230,7 +230,7 @@ def _outcome(decision: policy.Decision) -> str:
     if isinstance(decision, policy.Close):
         if learned.invalid:
             return "needs_human (a step parameter is invalid)"
-        if learned.verdicts and learned.verdicts[-1].decision == "stop":
+        if learned.verdicts and learned.verdicts[-1].decision == GuardDecision.STOP:
             return str(decision.outcome)
         return f"{decision.outcome} ({decision.reason})"
     return str(decision)

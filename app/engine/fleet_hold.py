@@ -20,7 +20,8 @@ from app import fleet
 from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.errors import ConfigError
-from app.states import IncidentKind
+from app.paging import Notice
+from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind
 from app.store import records
 from app.topology import EMPTY, Topology, TopologyError, loggers, parse_slurm, peer_nodes, with_addresses
 
@@ -32,7 +33,7 @@ DIAGNOSIS_WAIT = timedelta(
     seconds=5
 )  # a job that may share its cause waits this long for the others' diagnoses
 
-Notify = Callable[[int, str, str, dict[str, Any]], Any]
+Notify = Callable[[int, Notice], Any]
 
 
 def _failure(row: records.Row) -> fleet.JobFailure:
@@ -128,7 +129,7 @@ class FleetHolds:
                 )
                 with deps.store.transaction() as conn:
                     if inc["reason"] != reason:
-                        transitions.wait(conn, now, inc, reason, kind="fleet_wait")
+                        transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_WAIT)
                 return now + DIAGNOSIS_WAIT
             if record is None:
                 record = {
@@ -183,7 +184,7 @@ class FleetHolds:
         reason = f"{HOLD_PREFIX} {domain.kind}:{domain.name}: {summary}; the node waits for it"
         if inc["reason"] != reason:
             with self.deps.store.transaction() as conn:
-                transitions.wait(conn, now, inc, reason, kind="fleet_hold")
+                transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
         return now + timedelta(seconds=settings.recheck_seconds)
 
     def storm_wait(self, inc: records.Row) -> datetime | None:
@@ -209,14 +210,17 @@ class FleetHolds:
             tell = not notified or datetime.fromisoformat(notified) <= now - window
             if tell:
                 records.set_control(conn, STORM_NOTIFIED, now.isoformat(), now)
-            transitions.wait(conn, now, inc, reason, held_by_guard=True, kind="fleet_storm")
+            transitions.wait(conn, now, inc, reason, held_by_guard=True, kind=LedgerKind.FLEET_STORM)
         if tell:
             self.notify(
                 inc["id"],
-                "[nightshift] fleet storm guard: job restarts paused",
-                f"{reason}. Many jobs failing at once usually share a cause Nightshift could not name; "
-                "a person should look.",
-                {"incident": inc["id"], "guard": "fleet_storm", "outcome": "needs_human"},
+                Notice(
+                    NoticeKind.FLEET_STORM,
+                    "[nightshift] fleet storm guard: job restarts paused",
+                    f"{reason}. Many jobs failing at once usually share a cause Nightshift could not name; "
+                    "a person should look.",
+                    {"incident": inc["id"], "guard": "fleet_storm", "outcome": IncidentOutcome.NEEDS_HUMAN},
+                ),
             )
         return until
 
@@ -249,7 +253,12 @@ class FleetHolds:
         with self.deps.store.transaction() as conn:
             records.set_control(conn, key, record, now)
             records.record(
-                conn, now, "fleet_incident", f"{key}: {cause.summary}", incident_id=inc["id"], data=record
+                conn,
+                now,
+                LedgerKind.FLEET_INCIDENT,
+                f"{key}: {cause.summary}",
+                incident_id=inc["id"],
+                data=record,
             )
         jitter = self.deps.settings.fleet.release_jitter_seconds
         then = (
@@ -260,9 +269,12 @@ class FleetHolds:
         )
         self.notify(
             inc["id"],
-            f"[nightshift] fleet incident {cause.key}" + (": job recoveries held" if held else ""),
-            f"{cause.summary}.\n{then} First incident #{inc['id']}.",
-            {"incident": inc["id"], "fleet": cause.key, "outcome": "needs_human"},
+            Notice(
+                NoticeKind.FLEET_INCIDENT,
+                f"[nightshift] fleet incident {cause.key}" + (": job recoveries held" if held else ""),
+                f"{cause.summary}.\n{then} First incident #{inc['id']}.",
+                {"incident": inc["id"], "fleet": cause.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
+            ),
         )
 
     def _join(self, inc: records.Row, key: str, record: dict[str, Any], now: datetime) -> None:
@@ -270,7 +282,7 @@ class FleetHolds:
         reason = f"{HOLD_PREFIX} {key.removeprefix('fleet:')}: {record['summary']}"
         with self.deps.store.transaction() as conn:
             records.set_control(conn, key, record, now)
-            transitions.wait(conn, now, inc, reason, kind="fleet_hold")
+            transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
 
     def _clear(
         self, inc: records.Row | None, key: str, record: dict[str, Any], now: datetime, why: str
@@ -282,7 +294,7 @@ class FleetHolds:
             records.record(
                 conn,
                 now,
-                "fleet_cleared",
+                LedgerKind.FLEET_CLEARED,
                 f"{key}: {why}: {len(record['incidents'])} held job(s) released, spread over {jitter}s",
                 incident_id=inc["id"] if inc is not None else None,
                 data=record,

@@ -27,6 +27,7 @@ from app.alertmanager import Notification, parse_notification
 from app.engine.deps import EngineDeps
 from app.engine.ingest import IngestResult, ingest_alerts, prefetch_workloads, publish
 from app.errors import InboxFull, StoreUnavailable
+from app.states import LedgerKind
 from app.store import records
 from app.wakeup import SOCKET_NAME, Wakeup
 
@@ -168,7 +169,7 @@ class Inbox:
             records.record(
                 conn,
                 now,
-                "inbox_failed",
+                LedgerKind.INBOX_FAILED,
                 f"notification {inbox_id} could not be ingested and is set aside: {error}",
                 data={"inbox_id": inbox_id, "error": error},
             )

@@ -16,13 +16,13 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app import episodes, paging, schedulers
-from app.actions.notify import send_notification
 from app.alertmanager import Alert, Notification
 from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
+from app.engine.effects import tell
 from app.errors import ParamError
 from app.playbooks import Playbook
-from app.states import NOT_ACTED, IncidentKind, Outcome, State
+from app.states import NOT_ACTED, IncidentKind, IncidentOutcome, LedgerKind, State
 from app.store import records, repairs
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
@@ -93,14 +93,9 @@ def publish(deps: EngineDeps, result: IngestResult) -> None:
     for playbook in result.opened_playbooks:
         deps.metrics.incidents_opened.labels(playbook).inc()
     for _ in result.closed:
-        deps.metrics.incidents.labels(Outcome.RESOLVED).inc()
+        deps.metrics.incidents.labels(IncidentOutcome.RESOLVED).inc()
     for notice in result.unmatched_notices:
-        for outcome in send_notification(
-            deps.clients, deps.settings, notice.subject, notice.text, notice.data
-        ):
-            deps.ledger(
-                None, "notification", f"{notice.subject}: {outcome.status}", {"status": outcome.status}
-            )
+        tell(deps, None, notice)
 
 
 def _ingest_alert(
@@ -123,14 +118,14 @@ def _ingest_alert(
             conn,
             now,
             None,
-            "alert_out_of_order",
+            LedgerKind.ALERT_OUT_OF_ORDER,
             f"{name}: firing notification after this instance resolved; ignored",
             facts,
         )
         return
     if previous is None:
         received = {**facts, "labels": dict(alert.labels), "receiver": notification.receiver}
-        transitions.note(conn, now, None, "alert_received", f"{name} {alert.status}", received)
+        transitions.note(conn, now, None, LedgerKind.ALERT_RECEIVED, f"{name} {alert.status}", received)
     if alert.status == "resolved":
         _resolve(deps, conn, row, name, now, result)
         return
@@ -138,7 +133,7 @@ def _ingest_alert(
     if not matched:
         if previous is None:
             result.unmatched += 1
-            transitions.note(conn, now, None, "unmatched", f"{name}: no playbook matches", facts)
+            transitions.note(conn, now, None, LedgerKind.UNMATCHED, f"{name}: no playbook matches", facts)
             if len(result.unmatched_notices) < MAX_UNMATCHED_NOTICES:
                 result.unmatched_notices.append(
                     paging.unmatched_alert(
@@ -158,7 +153,7 @@ def _ingest_alert(
         except ParamError as exc:
             invalid = f"{name}: playbook {playbook.name}: {exc}; no incident"
             transitions.note(
-                conn, now, None, "target_invalid", invalid, {**facts, "labels": dict(alert.labels)}
+                conn, now, None, LedgerKind.TARGET_INVALID, invalid, {**facts, "labels": dict(alert.labels)}
             )
             continue
         episode = episodes.episode_of(playbook, target.values, target.key)
@@ -193,7 +188,7 @@ def _join(
                 conn,
                 now,
                 repair["incident_id"],
-                "alert_absorbed",
+                LedgerKind.ALERT_ABSORBED,
                 f"{name} on node {episode.culprit}: the node is already in repair #{repair['id']} ({repair['state']})",
                 {**facts, "node": episode.culprit, "repair_id": repair["id"]},
             )
@@ -320,7 +315,7 @@ def _resolve(
             transitions.fleet_released(conn, now, incident)
             continue
         if incident["state"] in NOT_ACTED and not incident["acted"] and incident["claimed_by"] is None:
-            outcome = Outcome.BLOCKED if incident["held_by_guard"] else Outcome.RESOLVED
+            outcome = IncidentOutcome.BLOCKED if incident["held_by_guard"] else IncidentOutcome.RESOLVED
             transitions.resolved_before_acting(
                 conn, now, incident, outcome, f"{name} resolved before any action"
             )

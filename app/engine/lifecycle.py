@@ -42,8 +42,16 @@ from app.outcome import Ambiguous, CredentialError, Ok, Retry
 from app.planning import PlannedStep
 from app.playbooks import Playbook
 from app.promql_window import clamp_ranges
-from app.states import DONE_STEP_STATUSES, IncidentKind, State, StepStatus, UndoState
-from app.states import Outcome as Closed
+from app.states import (
+    DONE_STEP_STATUSES,
+    Guard,
+    IncidentKind,
+    IncidentOutcome,
+    LedgerKind,
+    State,
+    StepStatus,
+    UndoState,
+)
 from app.store import records
 from app.templates import render_promql
 
@@ -95,7 +103,7 @@ class Lifecycle:
                 return None
             closed = transitions.tick_failed(conn, now, inc, repr(exc), deps.settings.worker.max_tick_errors)
         if closed:
-            deps.metrics.incidents.labels(Closed.NEEDS_HUMAN).inc()
+            deps.metrics.incidents.labels(IncidentOutcome.NEEDS_HUMAN).inc()
             return now
         return now + timedelta(seconds=deps.settings.guards.defer_seconds)
 
@@ -104,9 +112,11 @@ class Lifecycle:
             return self._closed_tick(inc)
         playbook = self.deps.playbooks.get(inc["playbook"])
         if playbook is None:
-            return self._close(inc, Closed.NEEDS_HUMAN, f"playbook {inc['playbook']!r} is no longer loaded")
+            return self._close(
+                inc, IncidentOutcome.NEEDS_HUMAN, f"playbook {inc['playbook']!r} is no longer loaded"
+            )
         if self._recover_in_flight(inc):
-            return self._close(inc, Closed.NEEDS_HUMAN, inc["reason"])
+            return self._close(inc, IncidentOutcome.NEEDS_HUMAN, inc["reason"])
         self.effects.open_annotation(inc)
         if inc["kind"] == IncidentKind.NODE and inc["state"] in (State.OPEN, State.DIAGNOSING, State.WAITING):
             held_until = self.fleet.hold_node(inc)
@@ -161,7 +171,7 @@ class Lifecycle:
             transitions.hold(conn, now, inc, wait.reason, held_by_guard=wait.guard is not None)
 
         self._transition(hold)
-        if wait.guard is not None and wait.guard.guard == "blast_radius":
+        if wait.guard is not None and wait.guard.guard == Guard.BLAST_RADIUS:
             self.effects.storm(inc, wait.reason)
         return wait.until
 
@@ -241,7 +251,9 @@ class Lifecycle:
             if step["status"] in DONE_STEP_STATUSES:
                 continue
             if step["status"] not in (StepStatus.PENDING, StepStatus.RETRY, StepStatus.AWAITING_APPROVAL):
-                return self._close(inc, Closed.NEEDS_HUMAN, f"step {step['name']} is {step['status']}")
+                return self._close(
+                    inc, IncidentOutcome.NEEDS_HUMAN, f"step {step['name']} is {step['status']}"
+                )
             if step["approval"] and not step["approved_by"]:
                 return self._await_approval(inc, step)
             outcome = self.steps.execute(inc, step)
@@ -252,14 +264,20 @@ class Lifecycle:
                 return deps.clock.now() + timedelta(seconds=outcome.after)
             if isinstance(outcome, Ambiguous):
                 return self._close(
-                    inc, Closed.NEEDS_HUMAN, f"step {step['name']}: outcome unknown: {outcome.reason}"
+                    inc,
+                    IncidentOutcome.NEEDS_HUMAN,
+                    f"step {step['name']}: outcome unknown: {outcome.reason}",
                 )
             if isinstance(outcome, CredentialError):
                 self.effects.credential_error(step["action"], outcome.reason)
-                return self._close(inc, Closed.CREDENTIAL_ERROR, f"step {step['name']}: {outcome.reason}")
+                return self._close(
+                    inc, IncidentOutcome.CREDENTIAL_ERROR, f"step {step['name']}: {outcome.reason}"
+                )
             return self._attempt_failed(inc, f"step {step['name']} failed: {getattr(outcome, 'reason', '')}")
         if playbook.verify is None:
-            return self._close(inc, Closed.UNVERIFIED, "steps done; the playbook has no verification")
+            return self._close(
+                inc, IncidentOutcome.UNVERIFIED, "steps done; the playbook has no verification"
+            )
         verify = playbook.verify
         query = render_promql(verify.promql, template_context(inc, deps.settings.external_url))
         self._transition(
@@ -300,12 +318,14 @@ class Lifecycle:
             samples, error = [], str(exc)
         self._note(
             inc,
-            "verify_sample",
+            LedgerKind.VERIFY_SAMPLE,
             f"{len(samples)} series" + (f" (error: {error})" if error else ""),
             {"expr": expr, "samples": [_sample(s) for s in samples[:20]], "error": error},
         )
         if samples:
-            return self._close(inc, Closed.RECOVERED, f"verified: {expr} returned {len(samples)} series")
+            return self._close(
+                inc, IncidentOutcome.RECOVERED, f"verified: {expr} returned {len(samples)} series"
+            )
         if now >= inc["verify_deadline"]:
             return self._attempt_failed(inc, f"verification timed out: {expr} returned nothing")
         return now + verify.interval
@@ -316,7 +336,7 @@ class Lifecycle:
         try:
             status = job_status(self.deps, inc["target"])
         except (BackendError, ConfigError) as exc:
-            self._note(inc, "job_status_error", f"cannot read job {inc['job']}'s state: {exc}")
+            self._note(inc, LedgerKind.JOB_STATUS_ERROR, f"cannot read job {inc['job']}'s state: {exc}")
             return None
         if status.phase == JobPhase.WAITING:
             if inc["state"] != State.WAITING_FOR_RESOURCES:
@@ -328,7 +348,7 @@ class Lifecycle:
                         inc,
                         message,
                         state=State.WAITING_FOR_RESOURCES,
-                        kind="waiting_for_resources",
+                        kind=LedgerKind.WAITING_FOR_RESOURCES,
                     )
                 )
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
@@ -341,7 +361,7 @@ class Lifecycle:
 
     def _attempt_failed(self, inc: Incident, reason: str) -> datetime | None:
         if inc["alert_resolved"]:
-            return self._close(inc, Closed.FAILED, reason)
+            return self._close(inc, IncidentOutcome.FAILED, reason)
         # The guard chain decides what comes next: backoff, another attempt, or needs_human when the budget is spent.
         self._transition(lambda conn, now: transitions.attempt_failed(conn, now, inc, reason))
         return self.deps.clock.now()
@@ -351,7 +371,7 @@ class Lifecycle:
         with self.deps.store.read() as conn:
             paused, _ = self.deps.pause_state(conn)
         if paused:
-            self._note(inc, "guard", "kill_switch: wait: undo steps held while automation is paused")
+            self._note(inc, LedgerKind.GUARD, "kill_switch: wait: undo steps held while automation is paused")
             return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
         if playbook is not None:
             for step in self.steps.materialise(
@@ -374,7 +394,7 @@ class Lifecycle:
 
     # --- closing and bookkeeping ------------------------------------------------------------------------------
 
-    def _close(self, inc: Incident, outcome: Closed, reason: str) -> datetime | None:
+    def _close(self, inc: Incident, outcome: IncidentOutcome, reason: str) -> datetime | None:
         self._transition(lambda conn, now: transitions.close(conn, now, inc, outcome, reason))
         self.deps.metrics.incidents.labels(outcome).inc()
         return self.effects.finalize(inc)
@@ -384,7 +404,9 @@ class Lifecycle:
         with self.deps.store.transaction() as conn:
             return change(conn, self.deps.clock.now())
 
-    def _note(self, inc: Incident, kind: str, message: str, data: Mapping[str, Any] | None = None) -> None:
+    def _note(
+        self, inc: Incident, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
+    ) -> None:
         self._transition(lambda conn, now: transitions.note(conn, now, inc["id"], kind, message, data))
 
 

@@ -31,17 +31,17 @@ from typing import Any
 from app import guards, paging, schedulers
 from app import repair_policy as policy
 from app.actions.base import ActionContext
-from app.actions.notify import send_notification
 from app.engine import guard_facts
 from app.engine.context import repair_context
 from app.engine.deps import EngineDeps
+from app.engine.effects import tell
 from app.engine.scheduler_backends import hold_default, pool_facts
 from app.errors import ParamError
 from app.outcome import Failed, Outcome, Retry, tail
 from app.planning import SKIPPED, PlannedStep, plan_steps, when_context
 from app.playbooks import Step
 from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
-from app.states import REPAIR_SETTLED, RepairState, StepStatus
+from app.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,8 @@ class NodeRepairs:
             later = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
             with deps.store.transaction() as conn:
                 repairs.write_transition(
-                    conn, repair, deps.clock.now(), kind="engine_error", message=f"tick failed, will retry: {exc!r}",
+                    conn, repair, deps.clock.now(), kind=LedgerKind.ENGINE_ERROR,
+                    message=f"tick failed, will retry: {exc!r}",
                     next_run_at=later,
                 )  # fmt: skip
         finally:
@@ -164,7 +165,7 @@ class NodeRepairs:
             if following.step is not None:
                 values.update(step_status=StepStatus.PENDING, next_run_at=now, released_by=by)
             repairs.write_transition(
-                conn, repair, now, kind="repair_released", message=note, data={"by": by}, **values
+                conn, repair, now, kind=LedgerKind.REPAIR_RELEASED, message=note, data={"by": by}, **values
             )
         if following.state in REPAIR_SETTLED:
             self.deps.metrics.node_repairs.labels(following.state).inc()
@@ -189,7 +190,7 @@ class NodeRepairs:
                         f"a step of node {node}'s repair is running right now; try again in a moment"
                     )
                 repairs.write_transition(
-                    conn, repair, now, kind="repair_held", message=following.note, data={"by": by},
+                    conn, repair, now, kind=LedgerKind.REPAIR_HELD, message=following.note, data={"by": by},
                     state=following.state, held_reason=following.held_reason,
                 )  # fmt: skip
         self.deps.metrics.node_repairs.labels(RepairState.HELD).inc()
@@ -228,7 +229,7 @@ class NodeRepairs:
     def _tick(self, repair: Repair) -> None:
         crashed = policy.in_flight(repair["step"], repair["step_status"])
         if crashed is not None:
-            self._transition(repair, crashed, kind="repair_ambiguous")
+            self._transition(repair, crashed, kind=LedgerKind.REPAIR_AMBIGUOUS)
         elif repair["state"] == RepairState.REQUESTED:
             self._start(repair)
         elif repair["step"]:
@@ -245,7 +246,7 @@ class NodeRepairs:
             paused, why = deps.pause_state(conn)
         if paused:
             verdict = guards.Verdict(
-                "kill_switch", guards.WAIT, f"automation paused: {why or 'no reason given'}"
+                Guard.KILL_SWITCH, GuardDecision.WAIT, f"automation paused: {why or 'no reason given'}"
             )
             return self._wait(repair, verdict, now + defer)
         plan = self._plan(repair)
@@ -254,7 +255,7 @@ class NodeRepairs:
         if problem is not None:
             state, reason = problem
             settle = policy.held(reason) if state == RepairState.HELD else policy.Next(state, None, reason)
-            return self._transition(repair, settle, kind="repair_plan", data={"plan": described})
+            return self._transition(repair, settle, kind=LedgerKind.REPAIR_PLAN, data={"plan": described})
         facts, note = pool_facts(deps, schedulers.named(repair["scheduler"]), repair["node"])
         window = guard_facts.blast_window(deps.settings)
         with deps.store.read() as conn:
@@ -280,7 +281,7 @@ class NodeRepairs:
             )
         )
         deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
-        if verdict.decision != guards.PASS:
+        if verdict.decision != GuardDecision.PASS:
             return self._wait(repair, verdict, verdict.until or now + defer)
         begin = policy.Next(
             RepairState.TAKING_OUT, TAKE_OUT, f"repair {earlier + 1} of this node: taking it out"
@@ -288,7 +289,7 @@ class NodeRepairs:
         self._transition(
             repair,
             begin,
-            kind="repair_started",
+            kind=LedgerKind.REPAIR_STARTED,
             data={"plan": described, "guard": verdict.as_dict(), "pool": note},
             repairs=earlier + 1,
         )
@@ -303,7 +304,7 @@ class NodeRepairs:
                 repairs.update_repair(conn, repair["id"], deps.clock.now(), **values)
             else:
                 repairs.write_transition(
-                    conn, repair, deps.clock.now(), kind="guard", message=f"{verdict.guard}: {verdict.reason}",
+                    conn, repair, deps.clock.now(), kind=LedgerKind.GUARD, message=f"{verdict.guard}: {verdict.reason}",
                     data=verdict.as_dict(), **values,
                 )  # fmt: skip
 
@@ -313,14 +314,14 @@ class NodeRepairs:
         planned = self._plan(repair).get(marker)
         if planned is None:
             return self._transition(
-                repair, policy.held(f"step {marker} is no longer in the plan"), kind="repair_held"
+                repair, policy.held(f"step {marker} is no longer in the plan"), kind=LedgerKind.REPAIR_HELD
             )
         if planned.status == SKIPPED:
             result = policy.Result(StepStatus.OK, reason=planned.reason)
             outcome: Outcome | None = None
         elif not planned.runs:
             reason = f"step {planned.name} is {planned.status} now: {planned.reason}"
-            return self._transition(repair, policy.held(reason), kind="repair_held")
+            return self._transition(repair, policy.held(reason), kind=LedgerKind.REPAIR_HELD)
         else:
             with deps.store.transaction() as conn:
                 repairs.update_repair(conn, repair["id"], deps.clock.now(), step_status=StepStatus.RUNNING)
@@ -356,13 +357,13 @@ class NodeRepairs:
                 deadline=deps.clock.now() + timedelta(seconds=deps.settings.repair.return_timeout_seconds),
             )
         if result.status != StepStatus.RETRY:
-            self._transition(repair, following, kind="repair_step", data={"step": record}, **extra)
+            self._transition(repair, following, kind=LedgerKind.REPAIR_STEP, data={"step": record}, **extra)
         else:
             # A wait (a reboot, a running validation) is ledgered when it starts and every RETRY_LEDGER_EVERY
             # looks after: a 30-minute wait polled every 15 s leaves 6 rows, not 120.
             quiet = repair["retries"] % RETRY_LEDGER_EVERY != 0 and following.state != RepairState.HELD
             self._transition(
-                repair, following, kind="repair_retry", data={"step": record}, quiet=quiet, **extra
+                repair, following, kind=LedgerKind.REPAIR_RETRY, data={"step": record}, quiet=quiet, **extra
             )
 
     # --- steps --------------------------------------------------------------------------------------------------
@@ -420,7 +421,7 @@ class NodeRepairs:
         repair: Repair,
         following: policy.Next,
         *,
-        kind: str,
+        kind: LedgerKind,
         data: Mapping[str, Any] | None = None,
         quiet: bool = False,
         **extra: Any,
@@ -460,14 +461,7 @@ class NodeRepairs:
             external_url=deps.settings.external_url,
             taken_out=taken_out,
         )
-        for outcome in send_notification(
-            deps.clients, deps.settings, notice.subject, notice.text, notice.data
-        ):
-            status = f"{outcome.command}: {outcome.status}" + (
-                f": {outcome.reason}" if isinstance(outcome, Failed) else ""
-            )
-            deps.ledger(repair["incident_id"], "notification", f"node {repair['node']} held: {status}",
-                        {"node": repair["node"], "repair_id": repair["id"], "status": outcome.status})  # fmt: skip
+        tell(deps, repair["incident_id"], notice, about={"node": repair["node"], "repair_id": repair["id"]})
 
 
 def _result(marker: str, outcome: Outcome, scheduler: schedulers.Scheduler) -> policy.Result:

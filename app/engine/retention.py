@@ -18,6 +18,7 @@ from pathlib import Path
 
 from app.engine.deps import EngineDeps
 from app.retention import Cutoffs, cutoffs
+from app.states import LedgerKind
 from app.store import records
 from app.store import retention as prunable
 
@@ -87,7 +88,7 @@ class Retention:
             log.error("retention: export to %s failed, nothing deleted: %s", settings.export_dir, exc)
             self.deps.ledger(
                 None,
-                "retention_export_failed",
+                LedgerKind.RETENTION_EXPORT_FAILED,
                 f"retention stopped: writing the export to {settings.export_dir} failed ({exc}); nothing deleted",
                 {"export_dir": settings.export_dir, "error": str(exc), "deleted": run.deleted},
             )
@@ -117,7 +118,7 @@ class Retention:
             "export_dir": settings.export_dir,
         }
         with self.deps.store.transaction() as conn:
-            records.record(conn, self.deps.clock.now(), "retention", message, data=data)
+            records.record(conn, self.deps.clock.now(), LedgerKind.RETENTION, message, data=data)
         run.reclaiming = True
 
     def _reclaim(self) -> bool:

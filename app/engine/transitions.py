@@ -22,19 +22,26 @@ from app import episodes, schedulers
 from app.incident_policy import Learned
 from app.planning import RUN, PlannedStep
 from app.playbooks import PlaybookSet
-from app.states import AttemptOutcome, Outcome, State, StepStatus, UndoState
+from app.states import AttemptOutcome, Guard, IncidentOutcome, LedgerKind, State, StepStatus, UndoState
 from app.store import records, repairs
 
 Incident = dict[str, Any]
 
+# The ledger row of a planned step that will not run, by its status.
+UNRUN_STEP = {
+    StepStatus.WOULD_RUN: LedgerKind.STEP_WOULD_RUN,
+    StepStatus.SKIPPED: LedgerKind.STEP_SKIPPED,
+    StepStatus.INVALID: LedgerKind.STEP_INVALID,
+}
+
 # How an open attempt ends when its incident closes with this outcome (an attempt never stays "in progress").
 _ATTEMPT_OUTCOME = {
-    Outcome.RECOVERED: AttemptOutcome.RECOVERED,
-    Outcome.FAILED: AttemptOutcome.FAILED,
-    Outcome.NEEDS_HUMAN: AttemptOutcome.NEEDS_HUMAN,
-    Outcome.UNVERIFIED: AttemptOutcome.UNVERIFIED,
-    Outcome.CREDENTIAL_ERROR: AttemptOutcome.CREDENTIAL_ERROR,
-    Outcome.HANDLED: AttemptOutcome.HANDLED,
+    IncidentOutcome.RECOVERED: AttemptOutcome.RECOVERED,
+    IncidentOutcome.FAILED: AttemptOutcome.FAILED,
+    IncidentOutcome.NEEDS_HUMAN: AttemptOutcome.NEEDS_HUMAN,
+    IncidentOutcome.UNVERIFIED: AttemptOutcome.UNVERIFIED,
+    IncidentOutcome.CREDENTIAL_ERROR: AttemptOutcome.CREDENTIAL_ERROR,
+    IncidentOutcome.HANDLED: AttemptOutcome.HANDLED,
 }
 
 
@@ -42,7 +49,7 @@ def _write(
     conn: Connection,
     now: datetime,
     inc: Incident,
-    ledger: tuple[str, str, Mapping[str, Any] | None] | None = None,
+    ledger: tuple[LedgerKind, str, Mapping[str, Any] | None] | None = None,
     **values: Any,
 ) -> None:
     """The incident's columns and its ledger row (kind, message, data): what every transition here writes with."""
@@ -58,7 +65,7 @@ def note(
     conn: Connection,
     now: datetime,
     incident_id: int | None,
-    kind: str,
+    kind: LedgerKind,
     message: str,
     data: Mapping[str, Any] | None = None,
 ) -> None:
@@ -94,7 +101,7 @@ def persist_plan(
             records.record(
                 conn,
                 now,
-                f"step_{p.status}",
+                UNRUN_STEP[p.status],
                 f"{p.name}: {p.summary or p.reason}",
                 incident_id=inc["id"],
                 data={
@@ -136,7 +143,11 @@ def start_attempt(
         conn,
         now,
         inc,
-        ledger=("attempt_started", f"attempt {number}" + (f": {note}" if note else ""), {"attempt": number}),
+        ledger=(
+            LedgerKind.ATTEMPT_STARTED,
+            f"attempt {number}" + (f": {note}" if note else ""),
+            {"attempt": number},
+        ),
         attempt=number,
         state=State.ACTING,
         acted=True,
@@ -181,7 +192,7 @@ def finish_step(
     records.record(
         conn,
         now,
-        "step",
+        LedgerKind.STEP,
         f"{step['name']}: {status}" + (f": {reason}" if reason else ""),
         incident_id=inc["id"],
         data={
@@ -211,7 +222,7 @@ def wait(
     *,
     held_by_guard: bool = False,
     state: State = State.WAITING,
-    kind: str | None = None,
+    kind: LedgerKind | None = None,
 ) -> None:
     """Hold the incident (a guard, a backoff, the correlation window, a job waiting for resources)."""
     _write(
@@ -231,7 +242,7 @@ def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, m
         conn,
         now,
         inc,
-        ledger=("verifying", message, None),
+        ledger=(LedgerKind.VERIFYING, message, None),
         state=State.VERIFYING,
         verify_deadline=deadline,
         verify_from=now,
@@ -242,7 +253,7 @@ def attempt_failed(conn: Connection, now: datetime, inc: Incident, reason: str) 
     """The attempt failed; the guard chain decides next (another attempt after backoff, or a person)."""
     records.finish_attempt(conn, inc["id"], inc["attempt"], AttemptOutcome.FAILED, now)
     records.record(
-        conn, now, "attempt_failed", reason, incident_id=inc["id"], data={"attempt": inc["attempt"]}
+        conn, now, LedgerKind.ATTEMPT_FAILED, reason, incident_id=inc["id"], data={"attempt": inc["attempt"]}
     )
     _write(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
 
@@ -251,7 +262,7 @@ def close(
     conn: Connection,
     now: datetime,
     inc: Incident,
-    outcome: Outcome,
+    outcome: IncidentOutcome,
     reason: str,
     data: Mapping[str, Any] | None = None,
 ) -> None:
@@ -263,7 +274,7 @@ def close(
         conn,
         now,
         inc,
-        ledger=("incident_closed", f"{outcome}: {reason}", {"outcome": outcome, **(data or {})}),
+        ledger=(LedgerKind.INCIDENT_CLOSED, f"{outcome}: {reason}", {"outcome": outcome, **(data or {})}),
         state=outcome,
         outcome=outcome,
         reason=reason,
@@ -284,7 +295,7 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
             conn,
             now,
             inc,
-            Outcome.NEEDS_HUMAN,
+            IncidentOutcome.NEEDS_HUMAN,
             f"processing failed {errors} times in a row: {error}",
             {"error": error},
         )
@@ -293,7 +304,11 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
         conn,
         now,
         inc,
-        ledger=("engine_error", f"tick failed ({errors} of {limit}), will retry: {error}", {"error": error}),
+        ledger=(
+            LedgerKind.ENGINE_ERROR,
+            f"tick failed ({errors} of {limit}), will retry: {error}",
+            {"error": error},
+        ),
         tick_errors=errors,
     )
     return False
@@ -321,38 +336,40 @@ def diagnosed(
     if culprits is not None:
         values["culprits"] = [dict(c) for c in culprits]
     summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
-    _write(conn, now, inc, ledger=("diagnosis", summary, dict(diagnosis)), **values)
+    _write(conn, now, inc, ledger=(LedgerKind.DIAGNOSIS, summary, dict(diagnosis)), **values)
 
 
 def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> None:
     """What the policy learned on its way to a decision, in the order it learned it: the scheduler unread, the
     culprits checked against the allocation, invalid steps, the guards' verdicts and the live re-check."""
     if facts.job_unread:
-        note(conn, now, inc["id"], "job_status_unknown", facts.job_unread)
+        note(conn, now, inc["id"], LedgerKind.JOB_STATUS_UNKNOWN, facts.job_unread)
     if facts.culprits is not None:
         confirmed = [dict(c) for c in facts.culprits]
         _write(
             conn,
             now,
             inc,
-            ledger=("culprits", facts.culprit_message, {"culprits": confirmed}),
+            ledger=(LedgerKind.CULPRITS, facts.culprit_message, {"culprits": confirmed}),
             culprits=confirmed,
             node=facts.culprit_node,
         )
     if facts.progress:
-        note(conn, now, inc["id"], "self_recovery", facts.progress)
+        note(conn, now, inc["id"], LedgerKind.SELF_RECOVERY, facts.progress)
     if facts.blame:
-        note(conn, now, inc["id"], "blame", facts.blame, {"nodes": list(facts.exclude)})
+        note(conn, now, inc["id"], LedgerKind.BLAME, facts.blame, {"nodes": list(facts.exclude)})
     for p in facts.invalid:
-        note(conn, now, inc["id"], "step_invalid", f"{p.name}: {p.reason}", {"action": p.action.name})
+        note(
+            conn, now, inc["id"], LedgerKind.STEP_INVALID, f"{p.name}: {p.reason}", {"action": p.action.name}
+        )
     for verdict in facts.verdicts:
         check = facts.recheck
-        if verdict.guard == "recheck" and check is not None and check.error is None:
+        if verdict.guard == Guard.RECHECK and check is not None and check.error is None:
             note(
                 conn,
                 now,
                 inc["id"],
-                "recheck",
+                LedgerKind.RECHECK,
                 f"{len(check.samples)} series for {check.expr}",
                 {"expr": check.expr, "samples": [dict(s) for s in check.samples[:20]]},
             )
@@ -360,7 +377,7 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> N
             conn,
             now,
             inc["id"],
-            "guard",
+            LedgerKind.GUARD,
             f"{verdict.guard}: {verdict.decision}: {verdict.reason}",
             verdict.as_dict(),
         )
@@ -405,7 +422,7 @@ def hand_to_repair(
         inc,
         f"node {node} handed to repair #{repair_id}",
         state=State.REPAIRING,
-        kind="repair_requested",
+        kind=LedgerKind.REPAIR_REQUESTED,
     )
     return repair_id
 
@@ -433,7 +450,7 @@ def request_repairs(
                     conn,
                     now,
                     inc["id"],
-                    "culprit_excluded_only",
+                    LedgerKind.CULPRIT_EXCLUDED_ONLY,
                     f"{node} excluded from job {inc['job']} without a repair ({earlier + 1} of "
                     f"{rule.repair_after} exclusions within {rule.window})",
                     {"node": node, "exclusions": earlier + 1, "repair_after": rule.repair_after},
@@ -460,7 +477,7 @@ def await_approval(
         conn,
         now,
         inc,
-        ledger=("approval_requested", f"{reason}: {step['command']}", {"step_id": step["id"]}),
+        ledger=(LedgerKind.APPROVAL_REQUESTED, f"{reason}: {step['command']}", {"step_id": step["id"]}),
         reason=reason,
     )
 
@@ -473,7 +490,7 @@ def approve_step(conn: Connection, now: datetime, incident_id: int, step: Mappin
         conn,
         now,
         incident_id,
-        "approved",
+        LedgerKind.APPROVED,
         f"step {step['name']} approved by {by}",
         {"step_id": step["id"], "by": by},
     )
@@ -504,7 +521,7 @@ def recover_in_flight(conn: Connection, now: datetime, inc: Incident, read_only:
     if not ambiguous:
         return None
     reason = f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"
-    note(conn, now, inc["id"], "step_ambiguous", reason, {"steps": ambiguous})
+    note(conn, now, inc["id"], LedgerKind.STEP_AMBIGUOUS, reason, {"steps": ambiguous})
     inc["reason"] = reason
     return reason
 
@@ -518,7 +535,7 @@ def annotation_opened(
         conn,
         now,
         inc["id"],
-        "annotation",
+        LedgerKind.ANNOTATION,
         f"Grafana annotation {annotation_id} opened",
         {"annotation_id": annotation_id, "tags": list(tags)},
     )
@@ -550,7 +567,7 @@ def open_incident(
     if incident_id is None:
         return None
     records.link_alert(conn, incident_id, alert_id)
-    note(conn, now, incident_id, "incident_opened", message, data)
+    note(conn, now, incident_id, LedgerKind.INCIDENT_OPENED, message, data)
     return incident_id
 
 
@@ -570,12 +587,12 @@ def attach(
         _write(conn, now, inc, **changes)
     if not (linked or changes):
         return False
-    note(conn, now, inc["id"], "alert_attached", message, data)
+    note(conn, now, inc["id"], LedgerKind.ALERT_ATTACHED, message, data)
     return True
 
 
 def resolved_before_acting(
-    conn: Connection, now: datetime, inc: Incident, outcome: Outcome, reason: str
+    conn: Connection, now: datetime, inc: Incident, outcome: IncidentOutcome, reason: str
 ) -> None:
     """Every alert of an incident that has done nothing resolved: it closes (``blocked`` when a guard held it)."""
     inc["alert_resolved"] = True
@@ -585,7 +602,7 @@ def resolved_before_acting(
 
 def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
     """Every alert resolved while the incident acts: its verification finishes; a failed attempt is not retried."""
-    _write(conn, now, inc, ledger=("alert_resolved", message, None), alert_resolved=True)
+    _write(conn, now, inc, ledger=(LedgerKind.ALERT_RESOLVED, message, None), alert_resolved=True)
 
 
 def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
@@ -594,7 +611,7 @@ def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) 
         conn,
         now,
         inc,
-        ledger=("on_resolved_scheduled", message, None),
+        ledger=(LedgerKind.ON_RESOLVED_SCHEDULED, message, None),
         on_resolved_state=UndoState.PENDING,
         next_run_at=now,
     )

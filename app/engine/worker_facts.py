@@ -16,7 +16,7 @@ from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError
 from app.outcome import Ok
 from app.playbooks import Playbook
-from app.states import IncidentKind, RepairState, StepStatus
+from app.states import IncidentKind, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
 
 Incident = dict[str, Any]
@@ -63,7 +63,9 @@ class WorkerSource:
         except (BackendError, ConfigError) as exc:
             with self.deps.store.read() as conn:
                 earlier = sum(
-                    1 for r in records.ledger_for(conn, inc["id"]) if r["kind"] == "job_status_unknown"
+                    1
+                    for r in records.ledger_for(conn, inc["id"])
+                    if r["kind"] == LedgerKind.JOB_STATUS_UNKNOWN
                 )
             return policy.JobUnread(str(exc), tries=earlier + 1, configured=not isinstance(exc, ConfigError))
 

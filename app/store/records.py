@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 
 from app.alertmanager import Alert, Notification
 from app.ledger_log import log_entry
-from app.states import AttemptOutcome, IncidentKind, StepStatus
+from app.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -587,7 +587,7 @@ def failed_inbox(conn: Connection, limit: int = 100) -> list[Row]:
 def record(
     conn: Connection,
     now: datetime,
-    kind: str,
+    kind: LedgerKind,
     message: str,
     *,
     incident_id: int | None = None,

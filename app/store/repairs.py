@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.states import REPAIR_OPEN, RepairState, StepStatus
+from app.states import REPAIR_OPEN, LedgerKind, RepairState, StepStatus
 from app.store import records
 from app.store.schema import UtcDateTime, node_repairs, steps
 
@@ -36,7 +36,7 @@ def _one(conn: Connection, stmt: Any) -> Row | None:
 
 
 def _ledger(
-    conn: Connection, repair: Mapping[str, Any], now: datetime, kind: str, message: str, **data: Any
+    conn: Connection, repair: Mapping[str, Any], now: datetime, kind: LedgerKind, message: str, **data: Any
 ) -> None:
     records.record(
         conn,
@@ -107,7 +107,7 @@ def request_repair(
             assert existing is not None
         else:
             _ledger(
-                conn, {**values, "id": repair_id}, now, "repair_requested", f"repair requested: {reason}",
+                conn, {**values, "id": repair_id}, now, LedgerKind.REPAIR_REQUESTED, f"repair requested: {reason}",
                 playbook=playbook,
             )  # fmt: skip
             return repair_id
@@ -115,7 +115,7 @@ def request_repair(
         conn,
         {**existing, "incident_id": incident_id},
         now,
-        "repair_absorbed",
+        LedgerKind.REPAIR_ABSORBED,
         f"repair already {existing['state']} (repair #{existing['id']}): request absorbed ({reason})",
         state=existing["state"],
     )
@@ -144,7 +144,7 @@ def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now
     except IntegrityError:  # a request opened a repair of the node meanwhile
         raise ValueError(f"node {node} has an open repair now; try again") from None
     row = {**values, "id": repair_id, "incident_id": None}
-    _ledger(conn, row, now, "repair_held", reason, state=RepairState.HELD)
+    _ledger(conn, row, now, LedgerKind.REPAIR_HELD, reason, state=RepairState.HELD)
     return row
 
 
@@ -153,7 +153,7 @@ def write_transition(
     repair: Mapping[str, Any],
     now: datetime,
     *,
-    kind: str,
+    kind: LedgerKind,
     message: str,
     data: Mapping[str, Any] | None = None,
     **values: Any,

@@ -18,7 +18,7 @@ from app import schedulers
 from app.checkpoint_advice import NoAdvice
 from app.engine import checkpoint_facts
 from app.params import NODE_NAME
-from app.states import Outcome, State
+from app.states import IncidentOutcome, State
 from app.web import MAX_ID, error, header_text, int_arg, plain_text
 from app.web.access import VIEWER, read_access, read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
@@ -67,7 +67,7 @@ def list_incidents():
         if len(value) > MAX_FILTER:
             abort(400, f"{name}: longer than {MAX_FILTER} characters")
     # A closed incident's state is its outcome.
-    for name, vocabulary in (("state", (*State, *Outcome)), ("outcome", tuple(Outcome))):
+    for name, vocabulary in (("state", (*State, *IncidentOutcome)), ("outcome", tuple(IncidentOutcome))):
         known = [member.value for member in vocabulary]
         if name in filters and filters[name] not in known:
             abort(400, f"{name}: unknown {name} {filters[name]!r} (known: {', '.join(known)})")

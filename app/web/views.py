@@ -14,7 +14,7 @@ from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from app import schedulers
-from app.states import Outcome, State, StepStatus
+from app.states import IncidentOutcome, LedgerKind, State, StepStatus
 
 Row = Mapping[str, Any]
 
@@ -22,16 +22,16 @@ Row = Mapping[str, Any]
 # nothing to fix.
 GOOD_OUTCOMES = frozenset(
     {
-        Outcome.RECOVERED,
-        Outcome.RESOLVED,
-        Outcome.IGNORED,
-        Outcome.HANDLED,
-        Outcome.BENIGN,
-        Outcome.SELF_RECOVERED,
+        IncidentOutcome.RECOVERED,
+        IncidentOutcome.RESOLVED,
+        IncidentOutcome.IGNORED,
+        IncidentOutcome.HANDLED,
+        IncidentOutcome.BENIGN,
+        IncidentOutcome.SELF_RECOVERED,
     }
 )
 # Every outcome an incident closes with (the history filter offers these).
-OUTCOMES = tuple(sorted(Outcome))
+OUTCOMES = tuple(sorted(IncidentOutcome))
 # Step statuses the UI styles; any other value (a newer engine) is shown as text with a neutral style.
 STEP_STATUSES = frozenset(StepStatus)
 GRAFANA_PAD = timedelta(minutes=15)  # context either side of the incident's region on the dashboard
@@ -108,7 +108,7 @@ def job_state(
         state = "pending" if incident["state"] == State.OPEN else "recovering"
         return state, f"incident #{incident['id']} {incident['state']}{reason}", incident
     outcome = latest.get("outcome") or latest["state"]
-    if outcome == Outcome.COMPLETED:
+    if outcome == IncidentOutcome.COMPLETED:
         return "completed", latest.get("reason") or outcome, latest
     if outcome in GOOD_OUTCOMES:
         return "enabled", f"last incident {outcome}", latest
@@ -117,7 +117,7 @@ def job_state(
     if outcome == "credential_error":
         return "credential_error", latest.get("reason") or outcome, latest
     reason = latest.get("reason") or ""
-    return Outcome.NEEDS_HUMAN, f"{outcome}: {reason}" if reason else outcome, latest
+    return IncidentOutcome.NEEDS_HUMAN, f"{outcome}: {reason}" if reason else outcome, latest
 
 
 def job_views(
@@ -369,7 +369,7 @@ def incident_view(detail: Mapping[str, Any], grafana_url: str | None) -> Inciden
             reason=str(row["data"].get("reason", "")),
         )
         for row in ledger
-        if row["kind"] == "guard"
+        if row["kind"] == LedgerKind.GUARD
     )
     samples = tuple(
         SampleView(
@@ -382,7 +382,7 @@ def incident_view(detail: Mapping[str, Any], grafana_url: str | None) -> Inciden
             error=row["data"].get("error"),
         )
         for row in ledger
-        if row["kind"] == "verify_sample"
+        if row["kind"] == LedgerKind.VERIFY_SAMPLE
     )
     incident = detail["incident"]
     return IncidentView(

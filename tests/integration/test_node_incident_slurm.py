@@ -23,7 +23,7 @@ import pytest
 from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clock import SystemClock
-from app.states import Outcome
+from app.states import IncidentOutcome
 from app.store import repairs
 from tests.fakes import FakePrometheus, FakeSample, RepairBench, node_repair_playbook
 from tests.fixtures.procs import wait_until
@@ -120,7 +120,7 @@ def test_an_alert_from_1970_prometheus_does_not_fire_never_drains_the_node(
 ) -> None:
     (incident_id,) = bench.send(xid_on_idle_node(datetime(1970, 1, 1, tzinfo=UTC), "1970000000000001"))
     inc = bench.settle(incident_id)
-    assert (inc["kind"], inc["outcome"]) == ("node", Outcome.RESOLVED), inc
+    assert (inc["kind"], inc["outcome"]) == ("node", IncidentOutcome.RESOLVED), inc
     assert RECHECK in bench.prometheus.queries
     assert guards_of(bench, incident_id)[-1].startswith("recheck: stop: condition no longer holds")
     assert repairs_of(bench, "node3") == []
@@ -135,7 +135,7 @@ def test_the_same_alert_still_firing_is_repaired_and_an_older_one_after_it_is_st
     fault = datetime.now(UTC) - timedelta(minutes=5)
     (first,) = bench.send(xid_on_idle_node(fault, "00000000000000a1"))
     inc = bench.settle(first)
-    assert inc["outcome"] == Outcome.RECOVERED, inc  # drained, validated, resumed: the control
+    assert inc["outcome"] == IncidentOutcome.RECOVERED, inc  # drained, validated, resumed: the control
     assert [r["state"] for r in repairs_of(bench, "node3")] == ["returned"]
     assert in_service(clean_slurm, "node3")
     drains = [c for c in bench.ledger("repair_step") if "State=DRAIN" in (c["data"]["step"]["command"] or "")]
@@ -143,7 +143,7 @@ def test_the_same_alert_still_firing_is_repaired_and_an_older_one_after_it_is_st
     # A second instance of the fault that started before the repair took the node out: the fault repaired.
     (second,) = bench.send(xid_on_idle_node(fault - timedelta(minutes=1), "00000000000000a2"))
     inc = bench.settle(second)
-    assert inc["outcome"] == Outcome.IGNORED, inc
+    assert inc["outcome"] == IncidentOutcome.IGNORED, inc
     assert guards_of(bench, second)[-1].startswith("stale_signal: stop")
     assert len(repairs_of(bench, "node3")) == 1  # never handed to a second repair
     assert in_service(clean_slurm, "node3")

@@ -444,7 +444,9 @@ def test_label_markup_is_escaped_for_slack_and_email(tmp_path):
     from app.actions.notify import NotifyWebhook, send_notification
     from app.clients import Clients
     from app.clients.mail import Mailer
+    from app.paging import Notice
     from app.planning import render_params
+    from app.states import NoticeKind
 
     hostile = "<!channel> <https://evil.example/approve|Approve here> & more"
     rendered = render_params(
@@ -467,7 +469,9 @@ def test_label_markup_is_escaped_for_slack_and_email(tmp_path):
     http = RecordingHttp()
     settings = Settings(data_dir=str(tmp_path))
     settings.notify.webhook_url = "http://chat.example/hook"
-    send_notification(Clients(settings, http=http), settings, f"on {hostile}", "text", {})
+    send_notification(
+        Clients(settings, http=http), settings, Notice(NoticeKind.OUTCOME, f"on {hostile}", "text", {})
+    )
     assert "<!channel>" not in http.bodies[0]["text"] and "&lt;!channel&gt;" in http.bodies[0]["text"]
 
     subject = "failed on =?utf-8?b?QXBwcm92ZSBoZXJl?= node\u202e1\r\nBcc: x@evil.example"

@@ -24,9 +24,9 @@ from app.incident_policy import (
     Subject,
 )
 from app.job_phase import JobPhase, JobStatus
-from app.outcome import Outcome as StepOutcome
+from app.outcome import Outcome
 from app.planning import INVALID, RUN, WOULD_RUN, PlannedStep
-from app.states import IncidentKind, Outcome, RepairState, State
+from app.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
 
 NOW = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
 XID = {
@@ -46,7 +46,7 @@ class Requeue(Action):
     def plan(self, params: Mapping[str, Any]) -> Plan:
         raise AssertionError("the policy plans nothing")
 
-    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> StepOutcome:
+    def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
         raise AssertionError("the policy runs nothing")
 
 
@@ -148,18 +148,18 @@ def test_what_is_asked_and_decided(subject: Subject, given: Facts, expected: Any
 @pytest.mark.parametrize(
     ("subject", "given", "outcome", "reason"),
     [
-        (job(diagnosis={"category": "benign", "summary": "planned stop"}), facts(), Outcome.BENIGN, "no fault"),
-        (job(), facts(job=JobStatus(JobPhase.COMPLETED, (), "COMPLETED")), Outcome.COMPLETED, "ended on purpose"),
-        (job(), facts(planned=(step(INVALID, reason="bad node"),)), Outcome.NEEDS_HUMAN, "step requeue: bad node"),
-        (job(has_recheck=True), facts(recheck=GONE), Outcome.RESOLVED, "no longer holds"),
-        (job(), facts(guards=chain(granted_mutating=0)), Outcome.ADVISORY, "advisory"),
-        (job(), facts(guards=chain(attempts=(SPENT,) * 3)), Outcome.NEEDS_HUMAN, "budget"),
-        (node(state=State.REPAIRING), facts(repair=RepairView(4, None)), Outcome.NEEDS_HUMAN, "is gone"),
-        (node(state=State.REPAIRING), facts(repair=BACK), Outcome.RECOVERED, "repair #4 returned"),
-        (node(state=State.REPAIRING), facts(repair=HELD), Outcome.NEEDS_HUMAN, "held"),
+        (job(diagnosis={"category": "benign", "summary": "planned stop"}), facts(), IncidentOutcome.BENIGN, "no fault"),
+        (job(), facts(job=JobStatus(JobPhase.COMPLETED, (), "COMPLETED")), IncidentOutcome.COMPLETED, "on purpose"),
+        (job(), facts(planned=(step(INVALID, reason="bad node"),)), IncidentOutcome.NEEDS_HUMAN, "bad node"),
+        (job(has_recheck=True), facts(recheck=GONE), IncidentOutcome.RESOLVED, "no longer holds"),
+        (job(), facts(guards=chain(granted_mutating=0)), IncidentOutcome.ADVISORY, "advisory"),
+        (job(), facts(guards=chain(attempts=(SPENT,) * 3)), IncidentOutcome.NEEDS_HUMAN, "budget"),
+        (node(state=State.REPAIRING), facts(repair=RepairView(4, None)), IncidentOutcome.NEEDS_HUMAN, "is gone"),
+        (node(state=State.REPAIRING), facts(repair=BACK), IncidentOutcome.RECOVERED, "repair #4 returned"),
+        (node(state=State.REPAIRING), facts(repair=HELD), IncidentOutcome.NEEDS_HUMAN, "held"),
     ],
 )  # fmt: skip
-def test_closes(subject: Subject, given: Facts, outcome: Outcome, reason: str) -> None:
+def test_closes(subject: Subject, given: Facts, outcome: IncidentOutcome, reason: str) -> None:
     decision = policy.decide(subject, given)
     assert isinstance(decision, policy.Close), decision
     assert decision.outcome == outcome and reason in decision.reason
@@ -177,13 +177,13 @@ def test_a_node_alert_older_than_the_last_repair_is_stale_and_never_takes_the_no
         cooldown=timedelta(0),
     )
     decision = policy.decide(node(), facts(job=None, guards=old))
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.IGNORED
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.IGNORED
     assert [v.guard for v in decision.learned.verdicts][-1] == "stale_signal"
 
 
 def test_a_node_alert_prometheus_no_longer_fires_is_resolved_not_repaired() -> None:
     decision = policy.decide(node(), facts(job=None, recheck=GONE))
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.RESOLVED
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.RESOLVED
     assert decision.learned.recheck == GONE
 
 
@@ -194,7 +194,7 @@ def test_a_node_incident_waits_for_the_incident_ahead_and_its_budget() -> None:
         attempts=(guards.PastAttempt(NOW - timedelta(hours=1), NOW, "returned"),) * 2, budget_attempts=2
     )
     decision = policy.decide(node(), facts(job=None, guards=spent))
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.NEEDS_HUMAN
 
 
 def test_a_node_incident_not_whitelisted_is_handed_to_its_repair_which_records_the_advisory_plan() -> None:
@@ -207,7 +207,7 @@ def test_a_node_incidents_take_out_is_left_to_its_repairs_blast_radius() -> None
     verdict = guards.blast_radius(
         chain(repair_takes_out=frozenset({"node3"}), taken_out=frozenset({"a", "b", "c"}))
     )
-    assert verdict.decision == guards.PASS and "counted by its repair" in verdict.reason
+    assert verdict.decision == GuardDecision.PASS and "counted by its repair" in verdict.reason
 
 
 def test_culprits_are_confirmed_against_the_allocation_and_excluded() -> None:
@@ -227,7 +227,7 @@ def test_too_many_culprits_go_to_a_person() -> None:
     many = tuple({**XID, "node": f"node{i}"} for i in range(1, 4))
     status = JobStatus(JobPhase.DIED, ("node1", "node2", "node3", "node4"), "FAILED")
     decision = policy.decide(job(culprits=many), facts(job=status))
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.NEEDS_HUMAN
     assert "exceed the limit" in decision.reason
 
 
@@ -340,7 +340,7 @@ def relaunchable(**values: Any) -> Subject:
 )
 def test_an_application_error_goes_to_a_person_without_a_restart(subject: Subject) -> None:
     decision = policy.decide(subject, facts())
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.NEEDS_HUMAN
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.NEEDS_HUMAN
     assert "a restart alone will not help" in decision.reason and "ValueError in rank 1" in decision.reason
 
 
@@ -353,7 +353,7 @@ def test_an_application_error_beside_a_node_s_own_alert_is_recovered_off_that_no
 def test_an_application_error_of_a_job_that_ended_on_purpose_is_completed_not_paged() -> None:
     ended = facts(job=JobStatus(JobPhase.COMPLETED, (), "CANCELLED"))
     decision = policy.decide(job(culprits=(), diagnosis=APP_ERROR), ended)
-    assert isinstance(decision, policy.Close) and decision.outcome == Outcome.COMPLETED
+    assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.COMPLETED
 
 
 def test_a_running_job_s_progress_is_asked_for_only_when_its_playbook_gives_its_launcher_time() -> None:
@@ -372,7 +372,7 @@ def test_a_running_job_s_progress_is_asked_for_only_when_its_playbook_gives_its_
     ("progress", "now", "expected", "reason"),
     [
         # Trained over the last minute, all of it after the fault: its launcher brought it back.
-        (policy.Progress(now=120, before=80), NOW, Outcome.SELF_RECOVERED, "step 80 -> 120"),
+        (policy.Progress(now=120, before=80), NOW, IncidentOutcome.SELF_RECOVERED, "step 80 -> 120"),
         # Not yet: the grace runs until three minutes after the fault.
         (policy.Progress(now=80, before=80), NOW, policy.Wait, "until 03:02:00"),
         (
@@ -398,7 +398,7 @@ def test_a_running_job_is_left_to_its_own_launcher_until_the_grace_ends(
     progress: policy.Progress, now: datetime, expected: Any, reason: str
 ) -> None:
     decision = policy.decide(relaunchable(), facts(now=now, job=RUNNING, progress=progress))
-    if isinstance(expected, Outcome):
+    if isinstance(expected, IncidentOutcome):
         assert isinstance(decision, policy.Close) and decision.outcome == expected
         assert reason in decision.reason
     elif expected is policy.Wait:

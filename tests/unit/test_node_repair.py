@@ -15,7 +15,7 @@ from app.clients import Clients
 from app.clients.slurm import SlurmClient
 from app.config import Settings
 from app.metrics import Metrics
-from app.states import RepairState, StepStatus
+from app.states import NoticeKind, RepairState, StepStatus
 from app.store import repairs
 from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, RepairBench, node_repair_playbook
 
@@ -499,8 +499,10 @@ def test_a_node_nothing_took_out_is_never_called_out_of_service_and_never_paged(
     assert row["state"] == RepairState.HELD and not row["taken_out_by_us"]
     (notice,) = posted
     assert "out of service and held" not in notice["text"] and "did not take" in notice["text"]
-    data = notice["nightshift"]
-    assert paging.page_for("s", notice["text"], data) is None
+    (sent,) = w.ledger("notification")
+    kind = NoticeKind(sent["data"]["notice"])
+    assert kind == NoticeKind.NODE_NOT_TAKEN_OUT
+    assert paging.page_for(paging.Notice(kind, "s", notice["text"], notice["nightshift"])) is None
 
 
 @pytest.mark.parametrize(("held_under", "fault_under"), [("kubernetes", "slurm"), ("slurm", "kubernetes")])

@@ -38,6 +38,8 @@ from app.clients.http import HttpPoster
 from app.clients.mail import Mailer
 from app.config import NotifySettings, Settings
 from app.errors import ParamError
+from app.paging import Notice
+from app.states import NoticeKind
 from tests.fixtures.procs import free_port
 
 HOOK = "https://hooks.slack.test/services/T0000/B0000/SECRETxSECRETxSECRET"
@@ -434,7 +436,9 @@ def test_send_notification_to_every_channel(slack: SlackFake, smtp_server: SmtpS
         "labels": {"Hostname": "node1"},
     }
     outcomes = send_notification(
-        Clients(settings), settings, "Incident 7 recovered", "job 42 is training", data
+        Clients(settings),
+        settings,
+        Notice(NoticeKind.OUTCOME, "Incident 7 recovered", "job 42 is training", data),
     )
     assert [(o.status, o.data["channel"]) for o in outcomes] == [("ok", "webhook"), ("ok", "email")]
     assert slack.payloads == [
@@ -459,7 +463,7 @@ def test_send_notification_never_raises(smtp_server: SmtpServer, tmp_path) -> No
             email_to=["ops@b.test"],
         )
     )
-    outcomes = send_notification(Clients(settings), settings, "s", "t", {})
+    outcomes = send_notification(Clients(settings), settings, Notice(NoticeKind.OUTCOME, "s", "t", {}))
     assert [(o.status, o.data["channel"]) for o in outcomes] == [("failed", "webhook"), ("ok", "email")]
     assert "notify.webhook_url_file: cannot read secret file" in outcomes[0].reason
 
@@ -468,14 +472,14 @@ def test_send_notification_never_raises(smtp_server: SmtpServer, tmp_path) -> No
             webhook_url=HOOK.replace("https://hooks.slack.test", f"http://127.0.0.1:{free_port()}")
         )
     )
-    [outcome] = send_notification(Clients(down), down, "s", "t", {})
+    [outcome] = send_notification(Clients(down), down, Notice(NoticeKind.OUTCOME, "s", "t", {}))
     assert (outcome.status, outcome.command) == ("retry", "POST <notify webhook>")
     assert SECRET_PART not in outcome.reason
 
 
 def test_send_notification_without_channels() -> None:
     settings = Settings(notify=NotifySettings(email_to=["ops@b.test"]))  # recipients but no SMTP host
-    assert send_notification(Clients(settings), settings, "s", "t", {}) == []
+    assert send_notification(Clients(settings), settings, Notice(NoticeKind.OUTCOME, "s", "t", {})) == []
 
 
 # --- every channel clipped to its limit, each sent once (issue 22 item 2) --------------------------------
@@ -497,7 +501,9 @@ def test_a_huge_notice_is_clipped_for_chat_and_mail(slack: SlackFake, smtp_serve
         )
     )
     data = {"incident": 7, "outcome": "failed", "labels": BIG_LABELS}
-    outcomes = send_notification(Clients(settings), settings, "S" * 5000, text, data)
+    outcomes = send_notification(
+        Clients(settings), settings, Notice(NoticeKind.OUTCOME, "S" * 5000, text, data)
+    )
     assert [(o.status, o.data["channel"]) for o in outcomes] == [("ok", "webhook"), ("ok", "email")]
     (payload,) = slack.payloads
     assert len(payload["text"]) <= 40_000
@@ -517,7 +523,8 @@ def test_channels_that_delivered_are_skipped(slack: SlackFake, smtp_server: Smtp
             webhook_url=HOOK, smtp_host=smtp_server.host, smtp_port=smtp_server.port, email_to=["ops@b.test"]
         )
     )
-    outcomes = send_notification(Clients(settings), settings, "s", "t", {"incident": 1}, skip={"webhook"})
+    notice = Notice(NoticeKind.OUTCOME, "s", "t", {"incident": 1})
+    outcomes = send_notification(Clients(settings), settings, notice, skip={"webhook"})
     assert [o.data["channel"] for o in outcomes] == ["email"] and slack.payloads == []
 
 

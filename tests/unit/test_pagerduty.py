@@ -15,7 +15,8 @@ from app.actions.notify import send_notification
 from app.clients import Clients
 from app.clients.pagerduty import PagerDutyClient
 from app.config import NotifySettings, Settings
-from app.paging import MAX_DEDUP_KEY, Page, dedup_key, node_held, page_for, unmatched_alert
+from app.paging import MAX_DEDUP_KEY, Notice, Page, dedup_key, node_held, page_for, unmatched_alert
+from app.states import NoticeKind
 from tests.contracts import PagerDutyEventsFake, pagerduty_contract
 
 URL = "https://events.pagerduty.test/v2/enqueue"
@@ -129,39 +130,51 @@ def test_a_lost_answer_is_outcome_unknown() -> None:
             PagerDutyClient(KEY, url=URL).trigger(page())
 
 
-@pytest.mark.parametrize(
-    ("data", "expected"),
-    [
-        (
-            {"incident": 3, "outcome": "needs_human", "labels": {"Hostname": "node1"}},
-            ("critical", "needs_human"),
-        ),
-        ({"incident": 3, "outcome": "failed"}, ("critical", "failed")),
-        ({"incident": 3, "outcome": "credential_error"}, ("critical", "credential_error")),
-        ({"incident": 3, "outcome": "unverified"}, ("error", "unverified")),
-        ({"incident": 3, "outcome": "advisory"}, ("warning", "advisory")),
-        ({"incident": 3, "outcome": "recovered"}, None),
-        ({"incident": 3, "outcome": "blocked"}, None),
-        ({"incident": 3, "outcome": "resolved"}, None),
-        ({"incident": 3, "guard": "blast_radius"}, ("critical", "blast_radius")),
-        ({"incident": 3, "step": 11}, ("warning", "approval")),
-        ({"node_held": "node2", "scheduler": "slurm", "repair_id": 5}, ("critical", "node_held")),
-        (
-            {"unmatched": "GpuVanished", "fingerprint": "ab12", "labels": {"severity": "critical"}},
-            ("critical", "unmatched_alert"),
-        ),
-        ({"unmatched": "X", "fingerprint": "cd34", "labels": {}}, ("warning", "unmatched_alert")),
-        ({"incident": 3}, None),
-    ],
-)
-def test_what_pages(data: dict, expected: tuple[str, str] | None) -> None:
-    result = page_for("subject", "text", data)
+OUTCOME, HELD, UNMATCHED = NoticeKind.OUTCOME, NoticeKind.NODE_HELD, NoticeKind.UNMATCHED_ALERT
+HELD_NODE2 = {"node_held": "node2", "node": "node2", "scheduler": "slurm", "repair_id": 5}
+
+
+# What each kind of notice pages as (severity, event class), or None.
+PAGES = [
+        (OUTCOME, {"incident": 3, "outcome": "needs_human", "labels": {"Hostname": "node1"}},
+         ("critical", "needs_human")),
+        (OUTCOME, {"incident": 3, "outcome": "failed"}, ("critical", "failed")),
+        (OUTCOME, {"incident": 3, "outcome": "credential_error"}, ("critical", "credential_error")),
+        (OUTCOME, {"incident": 3, "outcome": "unverified"}, ("error", "unverified")),
+        (OUTCOME, {"incident": 3, "outcome": "advisory"}, ("warning", "advisory")),
+        (OUTCOME, {"incident": 3, "outcome": "recovered"}, None),
+        (OUTCOME, {"incident": 3, "outcome": "blocked"}, None),
+        (OUTCOME, {"incident": 3, "outcome": "resolved"}, None),
+        (OUTCOME, {"incident": 3}, None),
+        (NoticeKind.BLAST_RADIUS, {"incident": 3, "guard": "blast_radius"}, ("critical", "blast_radius")),
+        (NoticeKind.APPROVAL, {"incident": 3, "step": 11}, ("warning", "approval")),
+        (HELD, HELD_NODE2, ("critical", "node_held")),
+        (NoticeKind.NODE_NOT_TAKEN_OUT, {**HELD_NODE2, "node_not_taken_out": "node2"}, None),
+        (UNMATCHED, {"unmatched": "GpuVanished", "fingerprint": "ab12", "labels": {"severity": "critical"}},
+         ("critical", "unmatched_alert")),
+        (UNMATCHED, {"unmatched": "X", "fingerprint": "cd34", "labels": {}}, ("warning", "unmatched_alert")),
+        (NoticeKind.FLEET_INCIDENT, {"incident": 3, "fleet": "storage_io", "outcome": "needs_human"},
+         ("critical", "needs_human")),
+        (NoticeKind.FLEET_STORM, {"incident": 3, "guard": "fleet_storm", "outcome": "needs_human"},
+         ("critical", "needs_human")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("kind", "data", "expected"), PAGES)
+def test_what_pages(kind: NoticeKind, data: dict, expected: tuple[str, str] | None) -> None:
+    result = page_for(Notice(kind, "subject", "text", data))
     assert (None if result is None else (result.severity, result.event_class)) == expected
 
 
+def test_the_table_covers_every_kind_of_notice() -> None:
+    assert {kind for kind, _, _ in PAGES} == set(NoticeKind)
+
+
 def test_dedup_keys_name_the_subject_and_stay_within_255_characters() -> None:
-    assert page_for("s", "t", {"incident": 9, "outcome": "advisory"}).dedup_key == "nightshift/incident/9"
-    assert page_for("s", "t", {"unmatched": "A", "fingerprint": "f00"}).dedup_key == "nightshift/alert/f00"
+    advisory = Notice(OUTCOME, "s", "t", {"incident": 9, "outcome": "advisory"})
+    assert page_for(advisory).dedup_key == "nightshift/incident/9"
+    unmatched = Notice(UNMATCHED, "s", "t", {"unmatched": "A", "fingerprint": "f00"})
+    assert page_for(unmatched).dedup_key == "nightshift/alert/f00"
     long = dedup_key("node/slurm/" + "n" * 400)
     assert len(long) == MAX_DEDUP_KEY and long != dedup_key("node/slurm/" + "n" * 401)
 
@@ -175,7 +188,7 @@ def test_held_node_and_unmatched_alert_notices() -> None:
         incident_id=None,
         external_url="http://ns.test/",
     )
-    held = page_for(notice.subject, notice.text, notice.data, "http://ns.test/")
+    held = page_for(notice, "http://ns.test/")
     assert held.source == "node3" and held.dedup_key == "nightshift/node/slurm/node3/repair/4"
     assert held.links == (("http://ns.test/nodes", "Nightshift"),)
     assert "POST /api/v1/nodes/node3/release" in notice.text
@@ -186,7 +199,7 @@ def test_held_node_and_unmatched_alert_notices() -> None:
         annotations={"summary": "dcgm-exporter node4:9400 is down"},
     )
     assert alert.subject == "[nightshift] no playbook for DcgmExporterDown on node4:9400"
-    unmatched = page_for(alert.subject, alert.text, alert.data)
+    unmatched = page_for(alert)
     assert (unmatched.severity, unmatched.component, unmatched.source) == (
         "warning",
         "DcgmExporterDown",
@@ -214,7 +227,7 @@ def test_send_notification_pages_only_what_needs_a_person(
         "labels": {"Hostname": "node2", "alertname": "TrainingHang"},
     }
     (outcome,) = send_notification(
-        clients, settings, "[nightshift] needs_human: hang on node2", "details", data
+        clients, settings, Notice(OUTCOME, "[nightshift] needs_human: hang on node2", "details", data)
     )
     assert outcome.status == "ok" and outcome.data == {"channel": "pagerduty"}
     assert outcome.command == "POST <pagerduty events v2> trigger nightshift/incident/12 (critical)"
@@ -223,7 +236,10 @@ def test_send_notification_pages_only_what_needs_a_person(
     assert event["payload"]["source"] == "node2"
     assert event["links"] == [{"href": "http://nightshift.test/incidents/12", "text": "Nightshift"}]
     assert (
-        send_notification(clients, settings, "recovered", "", {"incident": 13, "outcome": "recovered"}) == []
+        send_notification(
+            clients, settings, Notice(OUTCOME, "r", "", {"incident": 13, "outcome": "recovered"})
+        )
+        == []
     )
     assert len(pagerduty.events) == 1
 
@@ -232,7 +248,7 @@ def test_send_notification_reports_a_missing_key_file_as_that_channels_failure(t
     settings = settings_with_pagerduty(tmp_path)
     (tmp_path / "pd.key").unlink()
     (outcome,) = send_notification(
-        Clients(settings), settings, "s", "t", {"incident": 1, "outcome": "failed"}
+        Clients(settings), settings, Notice(OUTCOME, "s", "t", {"incident": 1, "outcome": "failed"})
     )
     assert outcome.status == "failed" and "cannot read secret file" in outcome.reason
 
@@ -268,7 +284,9 @@ def test_a_huge_notice_still_pages_within_512_kb(
     tmp_path: Path, pagerduty: PagerDutyEventsFake, data
 ) -> None:
     settings = settings_with_pagerduty(tmp_path)
-    outcomes = send_notification(Clients(settings), settings, "[nightshift] big", "t" * 200_000, data)
+    kind = NoticeKind.NODE_HELD if "node_held" in data else OUTCOME
+    notice = Notice(kind, "[nightshift] big", "t" * 200_000, data)
+    outcomes = send_notification(Clients(settings), settings, notice)
     assert [(o.status, o.data["channel"]) for o in outcomes] == [("ok", "pagerduty")], outcomes
     (event,) = pagerduty.events
     assert len(json.dumps(event).encode()) <= 512 * 1024
