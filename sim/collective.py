@@ -1,10 +1,11 @@
 """A multi-rank job whose ranks meet in a collective every step: ``srun python -m sim.collective --dir D``.
 
-Each rank (``SLURM_PROCID`` of ``SLURM_NTASKS``) writes its node to ``D/rank<R>.node``, then steps: it "loads a
-batch", then waits in :func:`all_reduce` (a barrier over files in the shared directory ``D``) until every rank
-has reached the same step. With ``--stuck-rank R --stuck-after S`` rank R blocks in :func:`load_batch` at step S
-and never reaches the collective, so the other ranks wait in :func:`all_reduce` forever: a silent hang with one
-rank in a different place, which ``py-spy dump`` shows as it would for a real job (the ranks are Python).
+Each rank (``SLURM_PROCID`` of ``SLURM_NTASKS``; on Kubernetes ``RANK`` of ``WORLD_SIZE``, its node ``NODE_NAME``)
+writes its node to ``D/rank<R>.node``, then steps: it "loads a batch", then waits in :func:`all_reduce` (a barrier
+over files in the shared directory ``D``) until every rank has reached the same step. With ``--stuck-rank R
+--stuck-after S`` rank R blocks in :func:`load_batch` at step S and never reaches the collective, so the other
+ranks wait in :func:`all_reduce` forever: a silent hang with one rank in a different place, which ``py-spy dump``
+shows as it would for a real job (the ranks are Python).
 """
 
 from __future__ import annotations
@@ -52,8 +53,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--step-seconds", type=float, default=0.1)
     args = parser.parse_args(argv)
-    rank, world = int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1"))
-    node = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    env = os.environ  # Slurm's, else what a Kubernetes training operator and the downward API set
+    rank = int(env.get("SLURM_PROCID") or env.get("RANK") or 0)
+    world = int(env.get("SLURM_NTASKS") or env.get("WORLD_SIZE") or 1)
+    node = env.get("SLURMD_NODENAME") or env.get("NODE_NAME") or socket.gethostname()
     args.dir.mkdir(parents=True, exist_ok=True)
     (args.dir / f"rank{rank}.node").write_text(node)
     for step in range(args.steps):

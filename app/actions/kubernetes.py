@@ -462,7 +462,9 @@ class RestartJob(KubernetesAction):
 
 class ValidateNode(KubernetesAction):
     """Validate a node with a short-lived pod pinned to it (``spec.nodeName``: no scheduler, so a cordon does not
-    stop it) running the validation command; the pod's exit code is the verdict.
+    stop it) running the validation command; the pod's exit code is the verdict. While pods that use the node's
+    GPUs still run there (a cordon evicts nothing), it waits (Retry), as the Slurm validation waits for the node's
+    jobs: its pod would not be admitted.
 
     Level-triggered, one look per run: the first run creates the pod (``repair.validation_namespace``, image
     ``repair.validation_image``, ``activeDeadlineSeconds`` = the timeout) and answers Retry; later runs answer
@@ -503,6 +505,16 @@ class ValidateNode(KubernetesAction):
         try:
             pod = kube.get_pod(namespace, pod_name)
         except errors.NotFound:
+            holding = gpu_holders(kube.list_pods_on_node(node), cfg.validation_gpu_resource)
+            if holding:
+                # As on Slurm, validation waits for the node's jobs (a cordon evicts nothing): the repair's
+                # return_timeout_seconds bounds the wait, then the node is held.
+                return Retry(
+                    command=command,
+                    reason=f"node {node} still runs {len(holding)} pod(s) using its GPUs "
+                    f"({', '.join(holding[:5])}): validation waits",
+                    after=cfg.poll_seconds,
+                )
             gpus = validation_gpus(cfg.validation_gpus, cfg.validation_gpu_resource, kube.get_node(node))
             if gpus == 0:
                 return Failed(
@@ -563,6 +575,24 @@ def validation_pod_name(node: str, run: int) -> str:
             "kubernetes.validate_node", "node", f"{node!r} makes no valid pod name ({name!r})"
         )
     return name
+
+
+def gpu_holders(pods: Sequence[Mapping[str, Any]], resource: str) -> list[str]:
+    """``namespace/name`` of the pods that have not finished and ask for ``resource`` (limits or requests of any
+    container): what keeps a validation pod that wants the node's GPUs from being admitted."""
+    holders = []
+    for pod in pods:
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            continue
+        for container in (pod.get("spec") or {}).get("containers") or []:
+            asked = container.get("resources") or {}
+            if any(
+                str((asked.get(kind) or {}).get(resource, "0")) not in ("0", "")
+                for kind in ("limits", "requests")
+            ):
+                holders.append(f"{pod['metadata']['namespace']}/{pod['metadata']['name']}")
+                break
+    return sorted(holders)
 
 
 def validation_gpus(wanted: str, resource: str, node: Mapping[str, Any]) -> int:

@@ -51,9 +51,22 @@ COMMAND_TIMEOUT_SECONDS = STEP_START_SECONDS + MAX_PROCESSES_PER_NODE * 2 * DUMP
 MAX_FLIGHT_BYTES = (
     512 * 1024
 )  # per rank: TORCH_FR_BUFFER_SIZE=1000 (about 500 KB of JSON) fits; a longer one is cut
+# Shell functions shared by the Slurm node script and the Kubernetes pod script (app/actions/kubernetes_exec.py);
+# they read the caller's variables node, spy, seconds and lines. python_pid P: P runs a Python interpreter.
+# env_of P NAME: that variable of P's environment. dump_one P RANK: the header, then P's stack.
+DUMP_FUNCTIONS = r"""
+python_pid() { case "$(readlink "/proc/$1/exe" 2>/dev/null)" in *python*) return 0 ;; esac; return 1; }
+env_of() { tr '\0' '\n' < "/proc/$1/environ" 2>/dev/null | sed -n "s/^$2=//p" | head -n 1; }
+dump_one() {
+  echo "==> py-spy node=$node rank=$2 pid=$1 <=="
+  timeout "$seconds" "$spy" dump --pid "$1" 2>&1 | head -n "$lines"
+}
+"""
 # Run on each node as: bash -c NODE_SCRIPT nightshift-stacks JOB PY_SPY TIMEOUT MAX_LINES MAX_PROCESSES MAX_BYTES.
 # Constant text: every value reaches it as a positional argument, never as code.
-NODE_SCRIPT = r"""
+NODE_SCRIPT = (
+    DUMP_FUNCTIONS
+    + r"""
 job=$1 spy=$2 seconds=$3 lines=$4 most=$5 bytes=$6 own=${SLURM_STEP_ID:-none} n=0
 node=${SLURMD_NODENAME:-$(hostname)}
 var() { printf '%s\n' "$env" | sed -n "s/^$1=//p" | head -n 1; }
@@ -61,14 +74,13 @@ var() { printf '%s\n' "$env" | sed -n "s/^$1=//p" | head -n 1; }
 scontrol listpids "$job" ${SLURMD_NODENAME:+"$SLURMD_NODENAME"} 2>/dev/null | while read -r pid _ step _ global; do
   case "$pid" in ''|*[!0-9]*) continue ;; esac
   [ "$step" = "$own" ] && continue
-  case "$(readlink "/proc/$pid/exe" 2>/dev/null)" in *python*) ;; *) continue ;; esac
+  python_pid "$pid" || continue
   env=$(tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null)
   worker=$(var RANK) rank=$(var RANK)
   [ -n "$rank" ] || rank=$(var SLURM_PROCID)
   [ -n "$rank" ] || rank=$global
   n=$((n + 1)); [ "$n" -gt "$most" ] && break
-  echo "==> py-spy node=$node rank=$rank pid=$pid <=="
-  timeout "$seconds" "$spy" dump --pid "$pid" 2>&1 | head -n "$lines"
+  dump_one "$pid" "$rank"
   # A PyTorch rank's debug socket (nightshift_progress.torch_debug): its Flight Recorder.
   case "$worker" in ''|*[!0-9]*) continue ;; esac
   dir=$(var NIGHTSHIFT_PROGRESS_DIR)
@@ -84,8 +96,16 @@ scontrol listpids "$job" ${SLURMD_NODENAME:+"$SLURMD_NODENAME"} 2>/dev/null | wh
   echo
 done
 """
+)
 
-_PY_SPY = rf"{ABS_PATH}|[A-Za-z0-9._+-]{{1,64}}"
+# Where py-spy is, where the job runs (the compute nodes, the training image): written out in the playbook.
+PY_SPY = Param(
+    pattern=rf"{ABS_PATH}|[A-Za-z0-9._+-]{{1,64}}",
+    required=False,
+    default="py-spy",
+    literal=True,
+    description="py-spy where the job runs (compute nodes, training image): a path or a command on its PATH",
+)
 # A Flight Recorder header followed by a JSON document (a rank that did not answer has an empty body).
 _FLIGHT_DUMP = re.compile(r"^==> flight-recorder rank=\d+[^\n]*<==\n\{", re.MULTILINE)
 _LABEL = re.compile(r"^\s*(\d+): ?(.*)$")
@@ -120,13 +140,7 @@ class JobStacks(SlurmAction):
     )
     params = {
         "job": Param(pattern=SLURM_JOB_ID, description="Slurm job id (1234, 1234_7, 1234+1)"),
-        "py_spy": Param(
-            pattern=_PY_SPY,
-            required=False,
-            default="py-spy",
-            literal=True,
-            description="py-spy on the compute nodes: a path or a command on their PATH",
-        ),
+        "py_spy": PY_SPY,
     }
     read_only = True
 

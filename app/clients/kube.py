@@ -17,10 +17,15 @@ is never touched, so several clients (tests, several clusters) coexist.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Collection, Mapping
+import ssl
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import urllib3
+import websocket
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
@@ -46,6 +51,22 @@ WORKLOADS: dict[str, tuple[str, str, str]] = {
 }
 
 Json = dict[str, Any]
+# pods/exec: the channel protocol every kubelet since 1.4 speaks (v5 adds only a stdin close we do not need); its
+# channels: 1 stdout, 2 stderr, 3 the status (a metav1.Status: Success, or Failure with the exit code as a cause).
+EXEC_PROTOCOL = "v4.channel.k8s.io"
+STDOUT, STDERR, STATUS = 1, 2, 3
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """What a command run in a container said: its output (each stream cut at :data:`LOG_LIMIT_BYTES`), its exit
+    code (None when it had not finished within the timeout: it may still run), and the kubelet's reason when it
+    could not run it at all (``error``)."""
+
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    error: str = ""
 
 
 # Labels that name a pod's training job: Kubeflow training operator (PyTorchJob...), batch/v1 Job, JobSet.
@@ -285,6 +306,59 @@ class KubeClient:
         )
         return data.decode("utf-8", errors="replace")
 
+    def exec(
+        self, namespace: str, pod: str, container: str, argv: Sequence[str], timeout: float
+    ) -> ExecResult:
+        """Run ``argv`` in ``container`` of ``pod`` (``pods/exec``, a WebSocket through the apiserver to the
+        kubelet), no stdin, no tty; wait at most ``timeout`` seconds in all (connection included). The argv
+        travels as query parameters, never through a shell. A refused upgrade raises like any other call (403:
+        CredentialRejected, 404: NotFound...); no connection: Unavailable."""
+        what = f"exec in pod {namespace}/{pod} [{container}]"
+        config = self._api.configuration
+        query = [("container", container), ("stdout", "true"), ("stderr", "true")]
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/exec"
+        url = config.host.replace("https://", "wss://", 1).replace("http://", "ws://", 1) + path + "?"
+        url += urlencode([*query, *(("command", arg) for arg in argv)])
+        # The same credentials as every other call (a bearer token: kubeconfig or the in-cluster ServiceAccount's).
+        header = [f"{a['key']}: {a['value']}" for a in config.auth_settings().values() if a["in"] == "header"]
+        deadline = time.monotonic() + timeout
+        try:
+            ws = websocket.create_connection(
+                url,
+                timeout=min(timeout, self._timeout),
+                header=header,
+                subprotocols=[EXEC_PROTOCOL],
+                sslopt=_ssl_options(config),
+                enable_multithread=False,
+            )
+        except websocket.WebSocketBadStatusException as exc:
+            body = (exc.resp_body or b"").decode("utf-8", errors="replace")
+            raise _api_error(
+                what, ApiException(status=exc.status_code, reason=str(exc.status_message)), body
+            ) from None
+        except (OSError, websocket.WebSocketException) as exc:
+            raise errors.Unavailable(f"{what}: cannot reach the API server: {exc}") from None
+        streams = {STDOUT: bytearray(), STDERR: bytearray(), STATUS: bytearray()}
+        try:
+            while (left := deadline - time.monotonic()) > 0:
+                ws.settimeout(left)
+                try:
+                    opcode, data = ws.recv_data()
+                except websocket.WebSocketTimeoutException:
+                    break
+                except websocket.WebSocketConnectionClosedException:
+                    return _exec_result(streams, closed=True)
+                if opcode == websocket.ABNF.OPCODE_CLOSE:
+                    return _exec_result(streams, closed=True)
+                if data and data[0] in streams and len(streams[data[0]]) < LOG_LIMIT_BYTES:
+                    streams[data[0]] += data[1 : 1 + LOG_LIMIT_BYTES - len(streams[data[0]])]
+            return _exec_result(streams, closed=False)
+        except (OSError, websocket.WebSocketException) as exc:
+            # The command may have run: the stream broke before its status came.
+            raise errors.OutcomeUnknown(f"{what}: the stream broke: {exc}") from None
+        finally:
+            ws.close(timeout=1)
+
     # -- workloads (Job, PyTorchJob, JobSet) -----------------------------------------------------------------
 
     def get_workload(self, kind: str, namespace: str, name: str) -> Json:
@@ -415,11 +489,49 @@ def _same_taint(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all((a.get(k) or "") == (b.get(k) or "") for k in ("key", "value", "effect"))
 
 
-def _api_error(what: str, exc: ApiException) -> errors.BackendError:
+def _ssl_options(config: k8s.Configuration) -> dict[str, Any]:
+    """websocket-client's TLS options from the client's configuration: the same CA, client certificate and
+    server name as every other call."""
+    options: dict[str, Any] = {"cert_reqs": ssl.CERT_REQUIRED if config.verify_ssl else ssl.CERT_NONE}
+    if config.verify_ssl and config.ssl_ca_cert:
+        options["ca_certs"] = config.ssl_ca_cert
+    if config.cert_file:
+        options["certfile"] = config.cert_file
+    if config.key_file:
+        options["keyfile"] = config.key_file
+    if config.tls_server_name:
+        options["server_hostname"] = config.tls_server_name
+    if config.assert_hostname is not None:
+        options["check_hostname"] = config.assert_hostname
+    return options
+
+
+def _exec_result(streams: Mapping[int, bytearray], *, closed: bool) -> ExecResult:
+    """The exec's result from its channels. The status channel's Status: Success (0), Failure with an ExitCode
+    cause (that code), or Failure without one (the kubelet could not run the command: ``error``)."""
+    out, err = (streams[c].decode("utf-8", errors="replace") for c in (STDOUT, STDERR))
+    raw = streams[STATUS].decode("utf-8", errors="replace")
+    if not closed or not raw:
+        return ExecResult(out, err, None, "" if not closed else "the stream closed without a status")
+    try:
+        status = json.loads(raw)
+    except ValueError:
+        return ExecResult(out, err, None, f"unreadable status: {raw[:200]}")
+    if status.get("status") == "Success":
+        return ExecResult(out, err, 0)
+    causes = (status.get("details") or {}).get("causes") or []
+    code = next((c.get("message") for c in causes if c.get("reason") == "ExitCode"), None)
+    if code is not None and str(code).isdigit():
+        return ExecResult(out, err, int(code))
+    return ExecResult(out, err, None, str(status.get("message") or raw[:200]))
+
+
+def _api_error(what: str, exc: ApiException, body: str | None = None) -> errors.BackendError:
     """The :mod:`app.errors` type for an HTTP error; the message carries the server's Status message (for a
     403, the RBAC reason: which user cannot do which verb on which resource)."""
     status = exc.status or 0
-    body = exc.body if isinstance(exc.body, str) else ""
+    if body is None:
+        body = exc.body if isinstance(exc.body, str) else ""
     detail = _status_message(body) or exc.reason or "no details"
     if status == 0:
         # The client raises status 0 for TLS failures: nothing reached the API.

@@ -441,10 +441,12 @@ def test_the_rendered_rbac_is_exactly_the_documented_table(helm: str) -> None:
     """Every rule the chart renders is one of files/rbac.yaml's, bound in its group's scope and no wider (and
     each of them is rendered); docs/kubernetes.md's table is that file's. Whatever the template does, a rule
     broader than the table fails here."""
-    namespaces = {"cluster": [""], "training": ["ml", "research"], "validation": ["gpu-checks"]}
+    namespaces = {"cluster": [""], "training": ["ml", "research"], "exec": ["ml", "research"],
+                  "validation": ["gpu-checks"]}  # fmt: skip
     docs = render(
-        helm, "--set", "rbac.trainingNamespaces={ml,research}", "--set", "rbac.validationNamespace=gpu-checks"
-    )
+        helm, "--set", "rbac.trainingNamespaces={ml,research}", "--set", "rbac.validationNamespace=gpu-checks",
+        "--set", "rbac.podExec=true",
+    )  # fmt: skip
     groups = yaml.safe_load((CHART / "files" / "rbac.yaml").read_text())["groups"]
     documented = {
         (verb, api_group, resource, namespace)
@@ -471,7 +473,10 @@ def test_the_rendered_rbac_is_exactly_the_documented_table(helm: str) -> None:
 
 
 def test_the_default_chart_acts_in_no_namespace_until_told(helm: str) -> None:
-    """rbac.trainingNamespaces empty: reads and cordons only; no RoleBinding of the training role anywhere."""
+    """rbac.trainingNamespaces empty: reads and cordons only; no RoleBinding of the training role anywhere; no
+    pods/exec unless rbac.podExec."""
+    rendered = rbac_grants(render(helm, "--set", "rbac.trainingNamespaces={ml}"))
+    assert not [g for g in rendered if g[2] == "pods/exec"]  # rbac.podExec is off
     rendered = rbac_grants(render(helm))
     assert {ns for *_, ns in rendered} == {"", "nightshift"}
     assert {(v, r) for v, _, r, ns in rendered if ns == "nightshift"} == {

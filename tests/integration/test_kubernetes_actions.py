@@ -562,6 +562,29 @@ def test_the_validation_pod_requests_a_set_number_of_gpus_and_a_node_without_any
     assert kube_admin.pod_or_none(kube_namespace, f"nightshift-validate-{bare}-1") is None
 
 
+def test_validation_waits_while_a_pod_holds_the_nodes_gpus(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """A cordon evicts nothing: the job's pod still holds the GPUs, so a validation pod would not be admitted.
+    It waits, as the Slurm validation waits for the node's jobs; once that pod has finished, it runs."""
+    ctx = kube_context()
+    ctx.settings.repair.validation_namespace = kube_namespace
+    node = kube_admin.create_node(gpus=8)
+    training = kube_admin.create_pod(kube_namespace, node=node, gpus=8)
+    kube_admin.create_pod(kube_namespace, node=node)  # a pod without GPUs does not hold the validation back
+
+    waiting = run_action("kubernetes.validate_node", ctx, node=node, run="3")
+
+    assert isinstance(waiting, Retry), waiting
+    assert f"still runs 1 pod(s) using its GPUs ({kube_namespace}/{training})" in waiting.reason
+    assert kube_admin.pod_or_none(kube_namespace, f"nightshift-validate-{node}-3") is None
+    kube_admin.merge_patch("v1", "Pod", training, {"status": {"phase": "Succeeded"}}, namespace=kube_namespace,
+                           status=True)  # fmt: skip
+    started = run_action("kubernetes.validate_node", ctx, node=node, run="3")
+    assert isinstance(started, Retry) and "started" in started.reason
+    assert kube_admin.pod_or_none(kube_namespace, f"nightshift-validate-{node}-3") is not None
+
+
 # -- errors --------------------------------------------------------------------------------------------------
 
 

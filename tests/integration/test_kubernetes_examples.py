@@ -15,6 +15,7 @@ import pytest
 import yaml
 from nightshift_progress.identity import identity_from_env
 
+from app.actions.kubernetes_exec import CHECKPOINT_REQUEST, REQUEST_SIGNALS
 from tests.fixtures.kube import KubeAdmin
 
 pytestmark = pytest.mark.integration
@@ -85,3 +86,10 @@ def test_the_example_applies_and_its_pods_carry_the_labels_nightshift_expects(
         assert not identity.warnings
         port = int(env["NIGHTSHIFT_PROGRESS_PORT"])
         assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"]
+        # The checkpoint request it announces is one it takes (kubernetes.request_checkpoint), and py-spy may
+        # attach to its ranks (kubernetes.job_stacks).
+        how = stored["metadata"]["annotations"][CHECKPOINT_REQUEST]
+        assert how in ("file", *REQUEST_SIGNALS)
+        if how == "file":
+            assert env["NIGHTSHIFT_CHECKPOINT_REQUEST_FILE"].startswith("/")
+        assert "SYS_PTRACE" in container["securityContext"]["capabilities"]["add"]

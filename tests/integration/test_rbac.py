@@ -12,6 +12,7 @@ fields rather than rejecting them).
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from kubernetes.client.exceptions import ApiException
 
 from app.actions.base import ActionContext
 from app.actions.kubernetes import ACTIONS
+from app.actions.kubernetes_exec import ACTIONS as EXEC_ACTIONS
+from app.actions.kubernetes_exec import CHECKPOINT_REQUEST
 from app.clients.kube import KubeClient
 from app.config import load_settings
 from app.outcome import Ok, Retry
@@ -37,6 +40,7 @@ from tests.fixtures.kube import (
     SuspendController,
     assert_contains,
     run_action,
+    run_training_pod,
 )
 from tests.fixtures.procs import wait_until
 
@@ -46,6 +50,7 @@ DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 MANIFESTS = ("namespace.yaml", "rbac.yaml", "configmap.yaml", "deployment.yaml", "service.yaml")
 TRAINING = "rbac-training"  # the one namespace the rendered chart lets Nightshift act in
 ELSEWHERE = "rbac-elsewhere"  # a namespace it does not list
+PY_SPY = Path(sys.executable).parent / "py-spy"  # in the "training image": this venv
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
@@ -55,8 +60,11 @@ def documents(name: str) -> list[dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def chart_rbac(helm: str) -> list[dict[str, Any]]:
-    """The chart's RBAC objects, rendered to act in :data:`TRAINING`."""
-    docs = render(helm, "--set", f"rbac.trainingNamespaces={{{TRAINING}}}", namespace=REMEDIATOR_NAMESPACE)
+    """The chart's RBAC objects, rendered to act in :data:`TRAINING`, exec included."""
+    docs = render(
+        helm, "--set", f"rbac.trainingNamespaces={{{TRAINING}}}", "--set", "rbac.podExec=true",
+        namespace=REMEDIATOR_NAMESPACE,
+    )  # fmt: skip
     return [doc for doc in docs if doc["kind"] in RBAC_KINDS]
 
 
@@ -108,9 +116,19 @@ def test_every_action_succeeds_with_only_the_charts_roles(
     kube_admin: KubeAdmin,
     kube_context: Callable[..., ActionContext],
     fake_kubelet: FakeKubelet,
+    tmp_path: Path,
 ) -> None:
     ns = TRAINING
     node = kube_admin.create_node(kubelet_port=fake_kubelet.port)
+    talker = kube_admin.create_training_job(
+        ns, "PyTorchJob", "talker", annotations={CHECKPOINT_REQUEST: "file"}
+    )
+    request = tmp_path / "checkpoint-request"
+    sleeper = [sys.executable, "-c", "import time\nwhile True: time.sleep(1)"]
+    env = {"NIGHTSHIFT_CHECKPOINT_REQUEST_FILE": str(request)}
+    # On a node of its own: its pod holds a GPU, which would keep the validation below waiting.
+    run_training_pod(kube_admin, fake_kubelet, talker, kube_admin.create_node(kubelet_port=fake_kubelet.port),
+                     sleeper, env, tmp_path)  # fmt: skip
     evictee = kube_admin.create_pod(ns, node=node, labels={"app": "evictee"})
     kube_admin.create_pdb(ns, {"app": "evictee"}, disruptions_allowed=1)
     victim = kube_admin.create_pod(ns, node=node)
@@ -139,6 +157,8 @@ def test_every_action_succeeds_with_only_the_charts_roles(
         ("kubernetes.restart_job", {"namespace": ns, "name": "ptj", "kind": "PyTorchJob"}),
         ("kubernetes.restart_job", {"namespace": ns, "name": "js", "kind": "JobSet"}),
         ("kubernetes.restart_job", {"namespace": ns, "name": "failed", "kind": "PyTorchJob"}),  # recreated
+        ("kubernetes.job_stacks", {"namespace": ns, "job": "talker", "py_spy": str(PY_SPY)}),
+        ("kubernetes.request_checkpoint", {"namespace": ns, "name": "talker", "kind": "PyTorchJob"}),
     ]
     validation = {
         "node": node,
@@ -162,17 +182,31 @@ def test_every_action_succeeds_with_only_the_charts_roles(
     assert outcomes["kubernetes.pod_logs:"].data["log"] == "NCCL WARN timeout\n"
     recreated = kube_admin.get("kubeflow.org/v1", "PyTorchJob", "failed", ns)
     assert recreated["metadata"]["uid"] != failed["metadata"]["uid"]
+    assert outcomes["kubernetes.job_stacks:"].data["processes"] == 1 and request.exists()
     assert {name for name, _ in steps} | {"kubernetes.validate_node"} == {
-        action.name for action in ACTIONS
+        action.name for action in (*ACTIONS, *EXEC_ACTIONS)
     }, "an action is missing from this test"
 
 
 def test_the_same_actions_are_refused_in_a_namespace_not_listed(
-    remediator: KubeCluster, kube_admin: KubeAdmin, kube_context: Callable[..., ActionContext]
+    remediator: KubeCluster,
+    kube_admin: KubeAdmin,
+    kube_context: Callable[..., ActionContext],
+    fake_kubelet: FakeKubelet,
+    tmp_path: Path,
 ) -> None:
     kube_admin.create_job(ELSEWHERE, "job")
-    kube_admin.create_training_job(ELSEWHERE, "PyTorchJob", "ptj")
+    job = kube_admin.create_training_job(
+        ELSEWHERE, "PyTorchJob", "ptj", annotations={CHECKPOINT_REQUEST: "USR1"}
+    )
+    node = kube_admin.create_node(kubelet_port=fake_kubelet.port)
+    run_training_pod(kube_admin, fake_kubelet, job, node, [sys.executable, "-c", "input()"], {}, tmp_path)
     ctx = kube_context("remediator")
+    execs = len(fake_kubelet.execs)
+
+    stacks = run_action("kubernetes.job_stacks", ctx, namespace=ELSEWHERE, job="ptj")
+    assert stacks.status == "credential_error" and 'cannot get resource "pods/exec"' in stacks.reason, stacks
+    assert len(fake_kubelet.execs) == execs  # refused by the apiserver: the kubelet never saw it
 
     for kind, name in (("Job", "job"), ("PyTorchJob", "ptj")):
         outcome = run_action("kubernetes.restart_job", ctx, namespace=ELSEWHERE, name=name, kind=kind)
@@ -192,7 +226,8 @@ def test_the_roles_grant_their_rules_where_bound_and_nothing_else(
         ("create", "", "pods", ""), ("create", "", "pods", TRAINING), ("create", "", "pods", ELSEWHERE),
         ("patch", "", "pods", TRAINING), ("delete", "", "pods", ELSEWHERE),
         ("create", "", "pods/eviction", ELSEWHERE), ("get", "", "pods/log", ELSEWHERE),
-        ("create", "", "pods/exec", TRAINING), ("get", "", "pods/exec", TRAINING),
+        ("create", "", "pods/exec", ELSEWHERE), ("get", "", "pods/exec", ELSEWHERE),
+        ("create", "", "pods/exec", REMEDIATOR_NAMESPACE),
         ("create", "batch", "jobs", ""), ("create", "batch", "jobs", ELSEWHERE),
         ("create", "batch", "jobs", REMEDIATOR_NAMESPACE), ("delete", "batch", "jobs", ELSEWHERE),
         ("update", "batch", "jobs", TRAINING), ("patch", "batch", "jobs", TRAINING), ("list", "batch", "jobs", ""),

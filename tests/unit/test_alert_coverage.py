@@ -25,6 +25,9 @@ JOB_LABELS = {
     "kubernetes": {"namespace": "ml", "pod": "llama-worker-0", "train_job": "llama"},
 }
 NODE_LABELS = {"Hostname": "node1", "gpu": "0", "instance": "node1:9400"}
+# Every series scraped on Kubernetes carries the target's namespace (a ServiceMonitor/PodMonitor target label): an
+# exporter's own when the alert names no job (rules/README.md); a Slurm node's series carry none.
+SCRAPE_LABELS = {"slurm": {}, "kubernetes": {"namespace": "gpu-operator"}}
 SCHEDULERS = tuple(JOB_LABELS)
 
 
@@ -57,7 +60,7 @@ def cases() -> list[tuple[str, dict[str, str], bool]]:
 
 
 def alert_labels(name: str, static: dict[str, str], names_job: bool, scheduler: str) -> dict[str, str]:
-    labels = {"alertname": name, **NODE_LABELS, **static}
+    labels = {"alertname": name, **NODE_LABELS, **SCRAPE_LABELS[scheduler], **static}
     if names_job:
         labels.update(JOB_LABELS[scheduler])
     return {k: v for k, v in labels.items() if v != ""}
