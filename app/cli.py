@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import sys
@@ -37,6 +38,23 @@ def _settings(config: str | None):
 
     configure_logging(settings.log_format, settings.log_level)
     return settings
+
+
+# Settings the environment gives besides a file: with none of these and no file, a start runs on defaults alone.
+_NOT_SETTINGS = {"NIGHTSHIFT_CONFIG", "NIGHTSHIFT_LOG_LEVEL"}
+
+
+def _settings_file(config: str | None) -> None:
+    """serve, worker and check-config need settings: a file (-c or $NIGHTSHIFT_CONFIG), or at least NIGHTSHIFT_*
+    overrides; without either, say so plainly rather than what the defaults lack."""
+    if config or os.environ.get("NIGHTSHIFT_CONFIG"):
+        return
+    if any(key.startswith("NIGHTSHIFT_") and key not in _NOT_SETTINGS for key in os.environ):
+        return
+    raise ConfigError(
+        "no settings file: pass -c FILE or set NIGHTSHIFT_CONFIG "
+        "(`nightshift init` writes one, nightshift-config/settings.yaml; every key: examples/settings.yaml)"
+    )
 
 
 def _log_startup(settings: Any, engine: Any) -> None:
@@ -94,6 +112,7 @@ def serve(config: str | None, bind: str, workers: int | None, threads: int) -> N
     """Run the webhook, API and UI under gunicorn, with a worker thread in each gunicorn worker."""
     from gunicorn.app.base import BaseApplication
 
+    _settings_file(config)
     settings = _settings(config)
     if workers is None:
         workers = 1 if settings.resolved_store_url.startswith("sqlite") else 2
@@ -196,7 +215,9 @@ def init(directory: str, prometheus_url: str | None, slurm_host: str | None, for
 
 @cli.command("check-config")
 @config_option
-@click.option("--json", "as_json", is_flag=True, help="The summary as JSON.")
+@click.option(
+    "--json", "as_json", is_flag=True, help="The summary, or the problems (file, line, message), as JSON."
+)
 def check_config(config: str | None, as_json: bool) -> None:
     """Run the checks `serve` runs before it opens the store (app/preflight.py: settings, every file they name,
     tokens, playbooks, permissions), touching no store, network or cluster; print what is configured. Exit 0:
@@ -206,8 +227,16 @@ def check_config(config: str | None, as_json: bool) -> None:
     from app.preflight import preflight
     from app.startup import startup_summary
 
-    settings = load_settings(config)
-    checked = preflight(settings)
+    try:
+        _settings_file(config)
+        settings = load_settings(config)
+        checked = preflight(settings)
+    except NightshiftError as exc:
+        if not as_json:
+            raise
+        errors = getattr(exc, "errors", None) or str(exc).splitlines()
+        click.echo(json.dumps({"ok": False, "problems": [located(line) for line in errors]}, indent=2))
+        raise click.exceptions.Exit(2) from None
     playbooks = checked.playbooks
     summary = startup_summary(settings, len(playbooks), checked.permissions, len(playbooks.excluded))
     if as_json:
@@ -225,6 +254,7 @@ def worker(config: str | None) -> None:
     from app import build_engine
     from app.worker import run_worker
 
+    _settings_file(config)
     settings = _settings(config)
     engine = build_engine(settings)
     _log_startup(settings, engine)
@@ -253,12 +283,20 @@ def worker(config: str | None) -> None:
 )
 @click.option("--strict", is_flag=True, help="Warnings are problems too (exit 1).")
 @click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="One JSON object: the counts, and each problem and warning as data.",
+)
+@click.option(
     "--schedulers",
     default=",".join(scheduling.NAMES),
     show_default=True,
     help="The deployment's setting `schedulers`, comma-separated: playbooks for others are checked, not counted.",
 )
-def lint(paths: tuple[str, ...], permissions: str | None, strict: bool, schedulers: str) -> None:
+def lint(
+    paths: tuple[str, ...], permissions: str | None, strict: bool, as_json: bool, schedulers: str
+) -> None:
     """Check playbook files; print file:line: message for every problem and warning.
 
     Every playbook is checked; the count is of those a deployment acting on ``--schedulers`` loads.
@@ -291,14 +329,53 @@ def lint(paths: tuple[str, ...], permissions: str | None, strict: bool, schedule
             load_permissions(permissions, registry)
         except ConfigError as exc:
             problems.extend(getattr(exc, "errors", [str(exc)]))
+    failed = bool(problems or (strict and found))
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "ok": not failed,
+                    "playbooks": count,
+                    "schedulers": chosen,
+                    "other_schedulers": set_aside,
+                    "problems": [located(line) for line in problems],
+                    "warnings": [located(line) for line in found],
+                },
+                indent=2,
+            )
+        )
+        if failed:
+            raise click.exceptions.Exit(1)
+        return
     for line in [*found, *problems]:
         click.echo(line)
-    if problems or (strict and found):
+    if failed:
         raise click.exceptions.Exit(1)
     click.echo(
         f"ok: {count} playbook(s) for {', '.join(chosen)}"
         + (f" ({set_aside} for other schedulers checked, not loaded)" if set_aside else "")
         + (f", {len(found)} warning(s)" if found else "")
+    )
+
+
+_LOCATED = re.compile(r"^(?P<file>[^:\n]+):(?P<line>\d+): (?:warning: )?(?P<message>.*)$", re.S)
+
+
+def located(text: str) -> dict[str, Any]:
+    """A ``file:line: message`` line as data; ``file`` and ``line`` None when the text names no line."""
+    match = _LOCATED.match(text)
+    if match is None:
+        return {"file": None, "line": None, "message": text}
+    return {"file": match["file"], "line": int(match["line"]), "message": match["message"]}
+
+
+def _action_kind(action: Any) -> str:
+    return (
+        "read-only"
+        if action.read_only
+        else "return-to-service"
+        if action.return_to_service
+        else "changes state"
     )
 
 
@@ -312,21 +389,32 @@ def actions_table() -> str:
             name + ("" if spec.required and spec.default is None else "?")
             for name, spec in action.params.items()
         )
-        kind = (
-            "read-only"
-            if action.read_only
-            else "return-to-service"
-            if action.return_to_service
-            else "changes state"
-        )
-        rows.append(f"| `{action.name}` | {params} | {kind} | {action.description} |")
+        rows.append(f"| `{action.name}` | {params} | {_action_kind(action)} | {action.description} |")
     return "\n".join(rows)
 
 
 @cli.command()
-def actions() -> None:
+@click.option("--json", "as_json", is_flag=True, help="A JSON list: each action's name, parameters and kind.")
+def actions(as_json: bool) -> None:
     """List the registered actions, their parameters and whether they need a grant (read-only ones do not)."""
-    click.echo(actions_table())
+    from app.actions import default_registry
+
+    if not as_json:
+        click.echo(actions_table())
+        return
+    listed = [
+        {
+            "name": action.name,
+            "kind": _action_kind(action),
+            "description": action.description,
+            "params": [
+                {"name": name, "required": spec.required and spec.default is None, "default": spec.default}
+                for name, spec in action.params.items()
+            ],
+        }
+        for action in default_registry()
+    ]
+    click.echo(json.dumps(listed, indent=2, default=str))
 
 
 @cli.command()
@@ -467,7 +555,8 @@ def _print_steps(indent: str, steps: list[dict[str, Any]]) -> None:
 @config_option
 @click.argument("alert_id", type=int)
 def replay(config: str | None, alert_id: int) -> None:
-    """Re-feed a stored alert (by its id in the store) into the engine as a fresh notification."""
+    """Re-feed a stored alert (by its id in the store) into the engine as a fresh notification; prints the incidents
+    it opened, joined and closed, and when none, why (a `note`)."""
     from app import build_engine
     from app.alertmanager import Alert, Notification
     from app.store import records
@@ -499,7 +588,37 @@ def replay(config: str | None, alert_id: int) -> None:
         truncated_alerts=0,
     )
     result = engine.ingest(notification)
-    click.echo(json.dumps({"opened": result.opened, "attached": result.attached, "closed": result.closed}))
+    report: dict[str, Any] = {"opened": result.opened, "attached": result.attached, "closed": result.closed}
+    if not (result.opened or result.attached or result.closed):
+        report["note"] = _why_nothing(engine, alert_id, row)
+    click.echo(json.dumps(report))
+
+
+def _why_nothing(engine: Any, alert_id: int, row: dict[str, Any]) -> str:
+    """Why replaying alert ``alert_id`` opened, joined and closed nothing, from the store."""
+    from app.store import records
+
+    with engine.deps.store.transaction() as conn:
+        incidents = records.incidents_for_alert(conn, alert_id)
+    if incidents:
+        told = ", ".join(
+            f"#{i['id']} ({i['playbook']}): "
+            + (
+                f"open, {i['state']}"
+                if i["open_key"]
+                else f"closed {i['outcome']} at {i['closed_at']:%Y-%m-%d %H:%M:%S}"
+            )
+            for i in incidents
+        )
+        return (
+            f"alert {alert_id} already belongs to incident {told}; a repeat of an alert whose incident has closed "
+            "is not a new fault, and one whose incident is open is already in it"
+        )
+    if row["status"] == "resolved":
+        return f"alert {alert_id} is resolved: a resolved alert opens nothing"
+    if not engine.deps.playbooks.match(row["labels"]):
+        return f"alert {alert_id}: no loaded playbook matches its labels (nightshift explain says more)"
+    return f"alert {alert_id}: its playbooks opened nothing (the ledger says why; nightshift explain shows the plan)"
 
 
 @cli.command()
@@ -566,7 +685,10 @@ def inbox(config: str | None, retry: bool) -> None:
     "--json", "as_json", is_flag=True, help="Print the diagnosis as JSON (as the ledger stores it)."
 )
 def diagnose(config: str | None, logfiles: tuple[str, ...], labels: tuple[str, ...], as_json: bool) -> None:
-    """Diagnose log files (job output, dmesg, py-spy dumps; read in the order given) as an incident would be."""
+    """Diagnose log files (job output, dmesg, py-spy dumps; read in the order given) as an incident would be.
+
+    Exit 0: benign (a healthy run, or one stopped on purpose: nothing to act on); 1: a fault, or too little
+    evidence to name one (`unknown`: a person looks); 2: usage or settings."""
     from app.diagnosis import for_settings, render
     from app.logfiles import label_pairs, read_tails
 
@@ -576,6 +698,8 @@ def diagnose(config: str | None, logfiles: tuple[str, ...], labels: tuple[str, .
         raise click.BadParameter(str(exc), param_hint="--label") from None
     result = for_settings(_settings(config))(label_map, read_tails(logfiles))
     click.echo(json.dumps(result.as_dict(), indent=2) if as_json else render(result))
+    if result.category != "benign":
+        raise click.exceptions.Exit(1)
 
 
 if __name__ == "__main__":

@@ -63,20 +63,29 @@ def test_check_config_counts_the_playbooks_of_its_schedulers_and_refuses_a_bad_o
     assert f"{settings}:2: schedulers: one or both of slurm, kubernetes" in refused.stderr
 
 
-def test_lint_warns_at_the_line_of_a_label_the_matched_alert_never_carries():
-    """gpu-link-fault-slurm's reboot reason names {{ labels.gpu }}, which DcgmExporterDown never carries
-    (rules/tests): a warning at that line; --strict makes it a failure."""
-    result = nightshift("lint", "playbooks/node-health.yaml")
+def test_the_shipped_playbooks_pass_strict_lint():
+    result = nightshift("lint", "--strict", "playbooks/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert ": warning: " not in result.stdout
+
+
+def test_lint_warns_at_the_line_of_a_label_the_matched_alert_never_carries(tmp_path):
+    """A reboot reason naming {{ labels.gpu }} for DcgmExporterDown, which never carries it (rules/tests): a warning
+    at that line; --strict makes it a failure (exit 1). (The shipped gpu-link-fault-slurm did this once.)"""
+    text = (ROOT / "playbooks" / "node-health.yaml").read_text()
+    bad = tmp_path / "node-health.yaml"
+    bad.write_text(
+        text.replace(
+            'reason: "{{ annotations.summary }}"', 'reason: "{{ labels.alertname }} gpu {{ labels.gpu }}"'
+        )
+    )
+    result = nightshift("lint", str(bad))
     (warning,) = [line for line in result.stdout.splitlines() if ": warning: " in line]
     path, line, _ = warning.split(":", 2)
-    assert (
-        path == "playbooks/node-health.yaml"
-        and "{{ labels.gpu }}" in warning
-        and "DcgmExporterDown" in warning
-    )
-    assert "labels.gpu" in (ROOT / path).read_text().splitlines()[int(line) - 1]
+    assert path == str(bad) and "{{ labels.gpu }}" in warning and "DcgmExporterDown" in warning
+    assert "labels.gpu" in bad.read_text().splitlines()[int(line) - 1]
     assert result.returncode == 0
-    assert nightshift("lint", "--strict", "playbooks/node-health.yaml").returncode == 1
+    assert nightshift("lint", "--strict", str(bad)).returncode == 1
 
 
 def test_lint_of_an_empty_directory_is_an_error(tmp_path):
@@ -159,7 +168,14 @@ def test_export_and_replay(tmp_path):
     assert rows[0]["kind"] == "alert_received" and rows[0]["data"]["labels"]["xid"] == "79"
     replayed = nightshift("replay", "1", "--config", str(config))
     assert replayed.returncode == 0, replayed.stderr
-    assert json.loads(replayed.stdout)["opened"] == []  # the open incident already holds it
+    report = json.loads(replayed.stdout)
+    assert report["opened"] == []  # the open incident already holds it
+    assert "already belongs to incident #1" in report["note"]
+    engine.run_until_idle()  # the incident closes (advisory)
+    closed = json.loads(nightshift("replay", "1", "--config", str(config)).stdout)
+    assert (
+        closed["opened"] == [] and "closed advisory" in closed["note"] and "not a new fault" in closed["note"]
+    )
     missing = nightshift("replay", "999", "--config", str(config))
     assert missing.returncode != 0 and "alert 999 not found" in missing.stderr
 
@@ -267,3 +283,52 @@ def test_check_config_refuses_exactly_what_serve_refuses(tmp_path):
     config.write_text("data_dir: var\nwebhook: {token_file: webhook.token}\n")
     assert nightshift("check-config", "-c", str(config)).returncode == 0
     create_app(load_settings(config, env={})).extensions["nightshift"].store.dispose()
+
+
+def test_lint_and_actions_print_json(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        PLAYBOOK.replace("action: fake.drain", "action: slurm.no_such_action").replace("fake.", "slurm.")
+    )
+    linted = nightshift("lint", "--json", str(bad))
+    assert linted.returncode == 1
+    report = json.loads(linted.stdout)
+    assert report["ok"] is False and report["playbooks"] == 0
+    messages = {(p["file"], p["line"]): p["message"] for p in report["problems"]}
+    assert all(file == str(bad) and isinstance(line, int) for file, line in messages)
+    assert any("unknown action 'slurm.no_such_action'" in message for message in messages.values())
+    shipped = json.loads(nightshift("lint", "--json", "--strict", "playbooks/").stdout)
+    assert (
+        shipped["ok"] is True
+        and shipped["problems"] == shipped["warnings"] == []
+        and shipped["playbooks"] > 0
+    )
+    listed = json.loads(nightshift("actions", "--json").stdout)
+    drain = next(a for a in listed if a["name"] == "slurm.drain_node")
+    assert (
+        drain["kind"] == "changes state"
+        and {"name": "node", "required": True, "default": None} in drain["params"]
+    )
+
+
+def test_serve_and_check_config_say_plainly_that_there_is_no_settings_file(tmp_path):
+    for command in ("check-config", "serve"):
+        result = nightshift(command, cwd=tmp_path)
+        assert (
+            result.returncode == 2
+            and "no settings file: pass -c FILE or set NIGHTSHIFT_CONFIG" in result.stderr
+        )
+        assert "webhook" not in result.stderr  # not what the defaults lack
+
+
+def test_check_config_json_reports_problems_as_data(tmp_path):
+    config = tmp_path / "settings.yaml"
+    config.write_text("webhook: {token_file: t}\nguards:\n  blast_radius_max_nodes: -1\n")
+    (tmp_path / "t").write_text("a-token-of-our-own-0123456789")
+    result = nightshift("check-config", "--json", "-c", str(config))
+    assert result.returncode == 2
+    (problem,) = json.loads(result.stdout)["problems"]
+    assert problem["file"] == str(config) and problem["line"] == 3
+    assert "blast_radius_max_nodes" in problem["message"]
+    none = nightshift("check-config", "--json", cwd=tmp_path)
+    assert none.returncode == 2 and "no settings file" in json.loads(none.stdout)["problems"][0]["message"]

@@ -27,7 +27,7 @@ def test_diagnose_prints_verdict_culprit_and_evidence():
         "-l",
         "Hostname=gpu-s1",
     )
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr  # a fault found: "problems found" (README, exit codes)
     lines = result.stdout.splitlines()
     assert lines[0].startswith("verdict: storage_io (") and lines[0].endswith(", act)")
     assert "The alert came from gpu-s1; the log points at gpu-s2." in lines[1]
@@ -45,14 +45,14 @@ def test_diagnose_reads_several_files_in_order_and_prints_json(tmp_path):
         "[ 12.5] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=python, GPU has fallen off the bus.\n"
     )
     result = nightshift("diagnose", str(job), str(dmesg), "--json", "-l", "Hostname=n1")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
     assert (data["category"], data["xid"], data["actionable"]) == ("gpu_hardware", 79, True)
 
 
 def test_diagnose_healthy_log_says_do_not_act():
     result = nightshift("diagnose", str(CORPUS / "healthy_megatron.log"))
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr  # benign: nothing to act on
     assert result.stdout.startswith("verdict: benign (")
     assert "do not act" in result.stdout.splitlines()[0]
 
