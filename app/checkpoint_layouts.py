@@ -31,6 +31,10 @@ TRACKERS = (DEEPSPEED_TRACKER, MEGATRON_TRACKER)
 DCP_METADATA = ".metadata"
 MAX_TRACKER_BYTES = 256  # a tag or an iteration number; more is not a tracker file
 MAX_ENTRIES = 100_000  # top-level entries considered (a listing is cut there)
+# What the listings are read with (find -printf): each top-level entry's type letter and name, and the paths of the
+# DCP metadata files two levels down, NUL-separated (a name may hold any other byte).
+ENTRY_FORMAT = r"%y %f\0"
+DCP_FORMAT = r"%P\0"
 
 _MEGATRON_DIR = re.compile(r"iter_(\d{7})")
 _HF_DIR = re.compile(r"checkpoint-(\d+)")

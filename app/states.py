@@ -203,6 +203,7 @@ class LedgerKind(StrEnum):
     JOB_RESUMED = "job_resumed"
     JOB_DELETED = "job_deleted"
     POLL_FAILED = "poll_failed"
+    ROLLBACK_JOB = "rollback_job"  # a checkpoint rollback Job created, finished, deleted (Kubernetes)
     # effects owed around an incident
     ANNOTATION = "annotation"
     ANNOTATION_ERROR = "annotation_error"

@@ -1,8 +1,8 @@
 """Checkpoint quarantine: move the newest checkpoint aside so the job resumes from the one before.
 
 The commands run over SSH on the Slurm host (``ctx.clients.slurm``), which is expected to share the
-checkpoint filesystem with the compute nodes. Kubernetes jobs are covered by the same action only when their
-checkpoint volume is also mounted on that SSH host (a documented limitation: there is no in-cluster variant).
+checkpoint filesystem with the compute nodes. On Kubernetes, ``kubernetes.checkpoint_rollback``
+(app/actions/kubernetes_rollback.py) rolls a directory back in-cluster, by Jobs mounting the job's volume.
 
 Which checkpoint is "newest": the subdirectories of ``dir`` matching ``pattern`` (symlinks are never
 candidates, earlier quarantines are skipped). When every candidate name ends in a number (``step_1200``,

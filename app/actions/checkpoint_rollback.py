@@ -18,7 +18,9 @@ from app.actions.base import ActionContext, Plan
 from app.actions.checkpoint import CheckpointDirAction, resolve_below_root
 from app.actions.slurm import executed_commands
 from app.checkpoint_layouts import (
+    DCP_FORMAT,
     DCP_METADATA,
+    ENTRY_FORMAT,
     MAX_TRACKER_BYTES,
     QUARANTINE_DIR,
     TRACKERS,
@@ -130,12 +132,12 @@ class CheckpointRollback(CheckpointDirAction):
 
 def _entries_command(directory: str) -> list[str]:
     # Type letter and name of each top-level entry, NUL-separated; symlinks are reported as 'l', never followed.
-    return ["find", directory, "-mindepth", "1", "-maxdepth", "1", "-printf", r"%y %f\0"]
+    return ["find", directory, "-mindepth", "1", "-maxdepth", "1", "-printf", ENTRY_FORMAT]
 
 
 def _dcp_command(directory: str) -> list[str]:
     return ["find", directory, "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name", DCP_METADATA,
-            "-printf", r"%P\0"]  # fmt: skip
+            "-printf", DCP_FORMAT]  # fmt: skip
 
 
 ACTIONS = (CheckpointRollback(),)

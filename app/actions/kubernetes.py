@@ -543,7 +543,7 @@ class ValidateNode(KubernetesAction):
         except errors.BackendError as exc:
             log = f"(no log: {exc})"
         kube.delete_pod(namespace, pod_name, 0)
-        exit_code = _exit_code(pod)
+        exit_code = container_exit_code(pod)
         data = {
             "node": node,
             "pod": pod_name,
@@ -654,7 +654,7 @@ def validation_pod(
     }
 
 
-def _exit_code(pod: Mapping[str, Any]) -> int | None:
+def container_exit_code(pod: Mapping[str, Any]) -> int | None:
     for status in (pod.get("status") or {}).get("containerStatuses") or []:
         terminated = (status.get("state") or {}).get("terminated")
         if terminated is not None:

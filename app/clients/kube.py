@@ -73,6 +73,7 @@ class ExecResult:
 JOB_NAME_LABELS = (
     "training.kubeflow.org/job-name",
     "batch.kubernetes.io/job-name",
+    "job-name",  # the Job controller's only one before Kubernetes 1.27
     "jobset.sigs.k8s.io/jobset-name",
 )
 
@@ -237,16 +238,20 @@ class KubeClient:
         operator (PyTorchJob), the Job controller or JobSet (:data:`JOB_NAME_LABELS`), at most 1,000."""
         pods: dict[str, Json] = {}
         for label in JOB_NAME_LABELS:
-            listing = self._json(
-                f"list pods of job {namespace}/{job}",
-                self._core.list_namespaced_pod,
-                namespace,
-                label_selector=f"{label}={job}",
-                limit=1000,
-            )
-            for pod in listing.get("items") or []:
+            for pod in self.pods_matching(namespace, f"{label}={job}"):
                 pods[pod["metadata"]["name"]] = pod
         return list(pods.values())
+
+    def pods_matching(self, namespace: str, label_selector: str, limit: int = 1000) -> list[Json]:
+        """The pods of ``namespace`` that ``label_selector`` selects, at most ``limit``."""
+        listing = self._json(
+            f"list pods {namespace} {label_selector}",
+            self._core.list_namespaced_pod,
+            namespace,
+            label_selector=label_selector,
+            limit=limit,
+        )
+        return listing.get("items") or []
 
     def evict(self, namespace: str, pod: str, grace_seconds: int) -> None:
         """Evict through the Eviction API, which honours PodDisruptionBudgets: a 429 (RateLimited) means a

@@ -26,6 +26,8 @@ from app.actions.base import ActionContext
 from app.actions.kubernetes import ACTIONS
 from app.actions.kubernetes_exec import ACTIONS as EXEC_ACTIONS
 from app.actions.kubernetes_exec import CHECKPOINT_REQUEST
+from app.actions.kubernetes_rollback import ACTIONS as ROLLBACK_ACTIONS
+from app.actions.kubernetes_rollback import COMPONENT
 from app.clients.kube import KubeClient
 from app.config import load_settings
 from app.outcome import Ok, Retry
@@ -35,6 +37,7 @@ from tests.fixtures.kube import (
     IDENTITIES,
     REMEDIATOR_NAMESPACE,
     REMEDIATOR_SERVICE_ACCOUNT,
+    JobRunner,
     KubeAdmin,
     KubeCluster,
     SuspendController,
@@ -129,6 +132,21 @@ def test_every_action_succeeds_with_only_the_charts_roles(
     # On a node of its own: its pod holds a GPU, which would keep the validation below waiting.
     run_training_pod(kube_admin, fake_kubelet, talker, kube_admin.create_node(kubelet_port=fake_kubelet.port),
                      sleeper, env, tmp_path)  # fmt: skip
+    # A job whose checkpoints a rollback Job reaches through its volume (a hostPath at its own path: the test's
+    # JobRunner runs the Jobs here).
+    checkpoints = tmp_path / "checkpoints"
+    for tag in ("global_step1", "global_step2"):
+        (checkpoints / "keeper" / tag).mkdir(parents=True)
+    (checkpoints / "keeper" / "latest").write_text("global_step2")
+    pod = {"containers": [{"name": "pytorch", "image": "trainer:1",
+                           "volumeMounts": [{"name": "ckpt", "mountPath": str(checkpoints)}]}],
+           "volumes": [{"name": "ckpt", "hostPath": {"path": str(checkpoints)}}]}  # fmt: skip
+    kube_admin.apply({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
+                      "metadata": {"name": "keeper", "namespace": ns},
+                      "spec": {"pytorchReplicaSpecs": {"Worker": {"template": {"spec": pod}}}}})  # fmt: skip
+    runner = JobRunner(
+        kube_admin, fake_kubelet, ns, node, f"app.kubernetes.io/component={COMPONENT}", tmp_path
+    )
     evictee = kube_admin.create_pod(ns, node=node, labels={"app": "evictee"})
     kube_admin.create_pdb(ns, {"app": "evictee"}, disruptions_allowed=1)
     victim = kube_admin.create_pod(ns, node=node)
@@ -159,12 +177,15 @@ def test_every_action_succeeds_with_only_the_charts_roles(
         ("kubernetes.restart_job", {"namespace": ns, "name": "failed", "kind": "PyTorchJob"}),  # recreated
         ("kubernetes.job_stacks", {"namespace": ns, "job": "talker", "py_spy": str(PY_SPY)}),
         ("kubernetes.request_checkpoint", {"namespace": ns, "name": "talker", "kind": "PyTorchJob"}),
-    ]
+        ("kubernetes.checkpoint_rollback", {"namespace": ns, "name": "keeper", "kind": "PyTorchJob",
+                                            "dir": str(checkpoints / "keeper")}),
+    ]  # fmt: skip
     validation = {
         "node": node,
         "run": "1",
     }  # a node repair's validation pod, in the chart's release namespace
     ctx.settings.repair.validation_namespace = REMEDIATOR_NAMESPACE
+    ctx.settings.checkpoint.allowed_roots = [str(checkpoints)]
     try:
         outcomes = {
             f"{name}:{params.get('name', '')}": run_action(name, ctx, **params) for name, params in steps
@@ -176,6 +197,7 @@ def test_every_action_succeeds_with_only_the_charts_roles(
     finally:
         for operator in operators:
             operator.stop()
+        runner.stop()
 
     refused = {name: outcome for name, outcome in outcomes.items() if not isinstance(outcome, Ok)}
     assert refused == {}
@@ -183,8 +205,9 @@ def test_every_action_succeeds_with_only_the_charts_roles(
     recreated = kube_admin.get("kubeflow.org/v1", "PyTorchJob", "failed", ns)
     assert recreated["metadata"]["uid"] != failed["metadata"]["uid"]
     assert outcomes["kubernetes.job_stacks:"].data["processes"] == 1 and request.exists()
+    assert (checkpoints / "keeper" / "latest").read_text() == "global_step1"
     assert {name for name, _ in steps} | {"kubernetes.validate_node"} == {
-        action.name for action in (*ACTIONS, *EXEC_ACTIONS)
+        action.name for action in (*ACTIONS, *EXEC_ACTIONS, *ROLLBACK_ACTIONS)
     }, "an action is missing from this test"
 
 
