@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -14,6 +15,10 @@ class Clock(Protocol):
 
     def sleep(self, seconds: float) -> None: ...
 
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        """Wait until ``stop`` is set (True) or ``seconds`` of this clock have passed (False)."""
+        ...
+
 
 class SystemClock:
     """The wall clock."""
@@ -23,6 +28,9 @@ class SystemClock:
 
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)
 
 
 def epoch_ms(moment: datetime) -> int:

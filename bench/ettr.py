@@ -38,6 +38,7 @@ import random
 import re
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
@@ -709,6 +710,9 @@ class Clock:
 
     def sleep(self, seconds: float) -> None:
         self.world.advance(self.world.now + seconds)
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait()  # the world stands still while a step runs: only its end ends the wait
 
 
 def run_nightshift(p: Params, faults: Sequence[Fault], seed: int, workdir: Path) -> dict[str, Any]:

@@ -44,6 +44,7 @@ import re
 import resource
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -298,6 +299,9 @@ class SimClock:
     def sleep(self, seconds: float) -> None:
         self.skipped += seconds
         self.tick()
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        return stop.wait(seconds)  # this clock runs at the wall clock's pace between skips
 
 
 # --- scenarios ---------------------------------------------------------------------------------------------------

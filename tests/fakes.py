@@ -18,22 +18,35 @@ START = datetime(2026, 12, 2, 3, 0, 0, tzinfo=UTC)
 
 
 class FakeClock:
-    """A clock that moves only when told to; ``sleep`` advances it."""
+    """A clock that moves only when told to; ``sleep`` advances it, and ``wait`` returns once it has been advanced
+    far enough (or its event is set)."""
+
+    STOP_POLL_S = (
+        0.05  # how often a wait looks at its event, which does not wake it (real time, never the clock's)
+    )
 
     def __init__(self, start: datetime = START):
         self._now = start
-        self._lock = threading.Lock()
+        self._moved = threading.Condition()
 
     def now(self) -> datetime:
-        with self._lock:
+        with self._moved:
             return self._now
 
     def advance(self, seconds: float = 0, **delta: float) -> None:
-        with self._lock:
+        with self._moved:
             self._now += timedelta(seconds=seconds, **delta)
+            self._moved.notify_all()
 
     def sleep(self, seconds: float) -> None:
         self.advance(seconds)
+
+    def wait(self, stop: threading.Event, seconds: float) -> bool:
+        with self._moved:
+            until = self._now + timedelta(seconds=seconds)
+            while not stop.is_set() and self._now < until:
+                self._moved.wait(self.STOP_POLL_S)
+        return stop.is_set()
 
 
 @dataclass

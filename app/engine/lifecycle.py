@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app import incident_policy as policy
-from app.engine import transitions
+from app.engine import claims, transitions
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
@@ -53,6 +53,7 @@ from app.states import (
     UndoState,
 )
 from app.store import records
+from app.store.claims import INCIDENTS
 from app.templates import render_promql
 
 log = logging.getLogger(__name__)
@@ -69,36 +70,20 @@ class Lifecycle:
         self.steps = StepRunner(deps)
         self.fleet = FleetHolds(deps, self.effects.fleet_incident)
         self.source = WorkerSource(deps, self.steps, self.fleet)
+        self.claims = claims.Lifecycle(INCIDENTS, records.get_incident, self._advance, self._tick_failed)
 
     # --- claiming ---------------------------------------------------------------------------------------------
 
     def work_once(self, worker: str) -> int | None:
         """Claim one due incident, advance it one tick, release it. Returns its id, or None when idle."""
-        deps = self.deps
-        now = deps.clock.now()
-        lease = timedelta(seconds=deps.settings.worker.lease_seconds)
-        with deps.store.read() as conn:
-            if not records.any_due(conn, now):
-                return None
-        with deps.store.transaction() as conn:
-            incident = records.claim_next(conn, worker, now, lease)
-        if incident is None:
-            return None
-        try:
-            next_run = self._advance(incident)
-        except Exception as exc:
-            log.exception("incident %s: tick failed", incident["id"])
-            next_run = self._tick_failed(incident["id"], exc)
-        with deps.store.transaction() as conn:
-            records.release_claim(conn, incident["id"], worker, next_run)
-        return incident["id"]
+        return claims.work_once(self.deps, self.claims, worker)
 
-    def _tick_failed(self, incident_id: int, exc: Exception) -> datetime | None:
+    def _tick_failed(self, claimed: Incident, exc: Exception) -> datetime | None:
         """Count the failure on the incident as stored; the same error N times in a row goes to a person."""
         deps = self.deps
         now = deps.clock.now()
         with deps.store.transaction() as conn:
-            inc = records.get_incident(conn, incident_id)
+            inc = records.get_incident(conn, claimed["id"])
             if inc is None or inc["open_key"] is None:
                 return None
             closed = transitions.tick_failed(conn, now, inc, repr(exc), deps.settings.worker.max_tick_errors)

@@ -4,8 +4,9 @@ What comes next is decided by :mod:`app.repair_policy` (pure); this module does 
 one transaction that writes the repair and its ledger row (:func:`app.store.repairs.write_transition`). A step is
 marked ``running`` durably before its action starts; a later claimer that finds it so holds the node for a person
 (never re-run blind), except validation, which only looks. Every wait is bounded: a step's retries by
-``worker.step_retry_limit``, the node's return by ``repair.return_timeout_seconds``, each action by its own timeouts,
-and the claim's lease covers the longest of them so a live worker's claim never lapses mid-step.
+``worker.step_retry_limit``, the node's return by ``repair.return_timeout_seconds``, each action by its own timeouts;
+the worker's claim is the incidents' one (:mod:`app.engine.claims`: its lease renewed while a step runs), and a tick
+that raises ``worker.max_tick_errors`` times in a row holds the node for a person.
 
 The plan of a repair, from take-out to return (one step each, run one per tick)::
 
@@ -22,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import replace
 from datetime import datetime, timedelta
@@ -30,19 +30,20 @@ from typing import Any
 
 from app import guards, paging, schedulers
 from app import repair_policy as policy
-from app.actions.base import ActionContext
-from app.engine import guard_facts
+from app.engine import claims, guard_facts
+from app.engine.claims import Claim
 from app.engine.context import repair_context
 from app.engine.deps import EngineDeps
 from app.engine.effects import tell
 from app.engine.scheduler_backends import hold_default, pool_facts
-from app.errors import ParamError
-from app.outcome import Failed, Outcome, Retry, tail
+from app.engine.steps import action_context, run_action
+from app.outcome import Outcome, Retry, tail
 from app.planning import SKIPPED, PlannedStep, plan_steps, when_context
 from app.playbooks import Step
 from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
 from app.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
+from app.store.claims import REPAIRS
 
 log = logging.getLogger(__name__)
 
@@ -114,42 +115,33 @@ class NodeRepairs:
 
     def __init__(self, deps: EngineDeps):
         self.deps = deps
+        self.claims = claims.Lifecycle(REPAIRS, repairs.get_repair, self._tick, self._tick_failed)
 
     # --- claiming -----------------------------------------------------------------------------------------------
 
     def work_once(self, worker: str) -> int | None:
         """Claim one due repair, run its next step, release it. Returns its id, or None when none is due."""
-        deps = self.deps
-        now = deps.clock.now()
-        with deps.store.read() as conn:
-            if not repairs.any_due(conn, now):
-                return None
-        with deps.store.transaction() as conn:
-            repair = repairs.claim_next(conn, worker, now, self._lease())
-        if repair is None:
-            return None
-        try:
-            self._tick(repair)
-        except Exception as exc:  # a bug or an outage must not kill the worker: look again later
-            log.exception("repair %s: tick failed", repair["id"])
-            later = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
-            with deps.store.transaction() as conn:
-                repairs.write_transition(
-                    conn, repair, deps.clock.now(), kind=LedgerKind.ENGINE_ERROR,
-                    message=f"tick failed, will retry: {exc!r}",
-                    next_run_at=later,
-                )  # fmt: skip
-        finally:
-            with deps.store.transaction() as conn:
-                repairs.release_claim(conn, repair["id"], worker)
-        return int(repair["id"])
+        return claims.work_once(self.deps, self.claims, worker)
 
-    def _lease(self) -> timedelta:
-        """Longer than any one step may take: a step is a few bounded backend calls (a validation is started and
-        probed, never awaited), so the worker's lease plus four of the longest call timeout."""
-        s = self.deps.settings
-        call = max(s.slurm.command_timeout_seconds, s.kubernetes.request_timeout_seconds)
-        return timedelta(seconds=s.worker.lease_seconds + 4 * call)
+    def _tick_failed(self, claimed: Repair, exc: Exception) -> claims.Schedule:
+        """Count the failure on the repair as stored: looked at again later, and after ``worker.max_tick_errors``
+        in a row the node is held for a person (as an incident goes to one)."""
+        deps = self.deps
+        with deps.store.read() as conn:
+            repair = repairs.get_repair(conn, claimed["id"]) or claimed
+        errors, limit = (repair["tick_errors"] or 0) + 1, deps.settings.worker.max_tick_errors
+        if errors >= limit:
+            held = policy.held(f"processing failed {errors} times in a row: {exc!r}")
+            self._transition(repair, held, kind=LedgerKind.ENGINE_ERROR, tick_errors=errors)
+            return claims.Schedule.WRITTEN
+        later = deps.clock.now() + timedelta(seconds=deps.settings.guards.defer_seconds)
+        with deps.store.transaction() as conn:
+            repairs.write_transition(
+                conn, repair, deps.clock.now(), kind=LedgerKind.ENGINE_ERROR,
+                message=f"tick failed ({errors} of {limit}), will retry: {exc!r}",
+                next_run_at=later, tick_errors=errors,
+            )  # fmt: skip
+        return claims.Schedule.WRITTEN
 
     # --- operator controls and views ------------------------------------------------------------------------------
 
@@ -226,7 +218,8 @@ class NodeRepairs:
 
     # --- one tick -----------------------------------------------------------------------------------------------
 
-    def _tick(self, repair: Repair) -> None:
+    def _tick(self, repair: Repair) -> claims.Schedule:
+        """One look at a claimed repair; every way through writes the repair's next look itself."""
         crashed = policy.in_flight(repair["step"], repair["step_status"])
         if crashed is not None:
             self._transition(repair, crashed, kind=LedgerKind.REPAIR_AMBIGUOUS)
@@ -237,6 +230,7 @@ class NodeRepairs:
         else:  # settled or held: nothing is due
             with self.deps.store.transaction() as conn:
                 repairs.update_repair(conn, repair["id"], self.deps.clock.now(), next_run_at=None)
+        return claims.Schedule.WRITTEN
 
     def _start(self, repair: Repair) -> None:
         """Requested: kill switch, the whole plan whitelisted, blast radius; then take the node out."""
@@ -383,29 +377,14 @@ class NodeRepairs:
 
     def _execute(self, repair: Repair, planned: PlannedStep) -> Outcome:
         deps = self.deps
-        ctx = ActionContext(
-            settings=deps.settings,
-            clients=deps.clients,
-            clock=deps.clock,
-            incident_id=repair["incident_id"],
-            record=lambda kind, message, data: deps.ledger(
-                repair["incident_id"],
-                kind,
-                message,
-                {"node": repair["node"], "repair_id": repair["id"], **data},
-            ),
+        about = {"node": repair["node"], "repair_id": repair["id"]}
+        outcome, _ = run_action(
+            deps,
+            planned.action,
+            planned.params,
+            action_context(deps, repair["incident_id"], about=about),
+            Claim(REPAIRS, repair["id"], repair["claimed_by"]),
         )
-        t0 = time.monotonic()
-        try:
-            outcome = planned.action.run(planned.action.validate(planned.params), ctx)
-        except ParamError as exc:
-            outcome = Failed(reason=str(exc))
-        except Exception as exc:  # an action bug is a failed step, never a dead worker
-            log.exception("action %s raised", planned.action.name)
-            outcome = Failed(reason=f"internal error in {planned.action.name}: {exc!r}")
-        duration = time.monotonic() - t0
-        deps.metrics.steps.labels(planned.action.name, outcome.status).inc()
-        deps.metrics.step_duration.labels(planned.action.name, outcome.status).observe(duration)
         return outcome
 
     def _limits(self) -> policy.Limits:
@@ -430,7 +409,7 @@ class NodeRepairs:
         one more look at the same wait, written without a ledger row."""
         deps = self.deps
         now = deps.clock.now()
-        values: dict[str, Any] = {"state": following.state, "step": following.step, **extra}
+        values: dict[str, Any] = {"state": following.state, "step": following.step, "tick_errors": 0, **extra}
         if following.step is not None:
             values.update(step_status=StepStatus.PENDING, next_run_at=following.run_at or now)
         if following.held_reason is not None or following.state != RepairState.HELD:

@@ -1,25 +1,25 @@
-"""Running an incident's steps: planned, written as step rows, marked ``running`` durably, run, their outcome
-written with its ledger row (one transaction each), the worker's claim renewed while a step runs."""
+"""Running steps: an incident's planned, written as step rows, marked ``running`` durably, run, their outcome written
+with its ledger row (one transaction each); and the one runner of an action that both lifecycles use
+(:func:`run_action`: the worker's claim renewed while it runs, every exception a failed outcome)."""
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from datetime import datetime, timedelta
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.actions.base import ActionContext
+from app.actions.base import Action, ActionContext
 from app.engine import transitions
+from app.engine.claims import Claim, kept
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
-from app.errors import ParamError, StoreUnavailable
+from app.errors import ParamError
 from app.outcome import Failed, Outcome, tail
 from app.planning import PlannedStep, plan_steps, when_context
 from app.playbooks import Step
 from app.store import records
+from app.store.claims import INCIDENTS
 
 log = logging.getLogger(__name__)
 
@@ -71,25 +71,13 @@ class StepRunner:
         deps = self.deps
         with deps.store.transaction() as conn:
             transitions.start_step(conn, deps.clock.now(), step)
-        action = deps.registry.get(step["action"])
-        ctx = ActionContext(
-            settings=deps.settings,
-            clients=deps.clients,
-            clock=deps.clock,
-            incident_id=inc["id"],
-            labels=inc["labels"],
-            record=lambda kind, message, data: deps.ledger(inc["id"], kind, message, data),
+        outcome, duration = run_action(
+            deps,
+            deps.registry.get(step["action"]),
+            step["params"],
+            action_context(deps, inc["id"], labels=inc["labels"]),
+            Claim(INCIDENTS, inc["id"], inc["claimed_by"]),
         )
-        t0 = time.monotonic()
-        try:
-            with self._lease_kept(inc):
-                outcome = action.run(action.validate(step["params"]), ctx)
-        except ParamError as exc:
-            outcome = Failed(reason=str(exc))
-        except Exception as exc:  # an action bug must not kill the worker; it is a failed step
-            log.exception("action %s raised", step["action"])
-            outcome = Failed(reason=f"internal error in {step['action']}: {exc!r}")
-        duration = round(time.monotonic() - t0, 3)
         with deps.store.transaction() as conn:
             transitions.finish_step(
                 conn,
@@ -104,29 +92,44 @@ class StepRunner:
                 reason=getattr(outcome, "reason", ""),
                 duration=duration,
             )
-        deps.metrics.steps.labels(step["action"], outcome.status).inc()
-        deps.metrics.step_duration.labels(step["action"], outcome.status).observe(duration)
         return outcome
 
-    @contextmanager
-    def _lease_kept(self, inc: Incident) -> Iterator[None]:
-        """Renew this worker's claim while a step runs, so a long step is never taken for a dead worker's."""
-        stop = threading.Event()
-        lease = self.deps.settings.worker.lease_seconds
 
-        def beat() -> None:
-            while not stop.wait(max(1.0, lease / 3)):
-                until: datetime = self.deps.clock.now() + timedelta(seconds=lease)
-                try:
-                    with self.deps.store.transaction() as conn:
-                        records.renew_claim(conn, inc["id"], inc["claimed_by"], until)
-                except StoreUnavailable as exc:
-                    log.warning("incident %s: lease renewal failed: %s", inc["id"], exc)
+def action_context(
+    deps: EngineDeps,
+    incident_id: int | None,
+    *,
+    labels: Mapping[str, str] | None = None,
+    about: Mapping[str, Any] | None = None,
+) -> ActionContext:
+    """What an action of an incident's step or of a node repair runs with: what it reports along the way is a
+    ledger row of ``incident_id`` carrying ``about`` (a repair's node and id)."""
+    return ActionContext(
+        settings=deps.settings,
+        clients=deps.clients,
+        clock=deps.clock,
+        incident_id=incident_id,
+        labels=labels or {},
+        record=lambda kind, message, data: deps.ledger(incident_id, kind, message, {**(about or {}), **data}),
+    )
 
-        heart = threading.Thread(target=beat, name=f"lease-{inc['id']}", daemon=True)
-        heart.start()
-        try:
-            yield
-        finally:
-            stop.set()
-            heart.join()
+
+def run_action(
+    deps: EngineDeps, action: Action, params: Mapping[str, Any], ctx: ActionContext, claim: Claim
+) -> tuple[Outcome, float]:
+    """The one step runner of both lifecycles: the action run on its validated parameters while the worker's
+    claim is kept (:func:`app.engine.claims.kept`), every exception a failed outcome (an action bug never kills
+    the worker), counted in the metrics. Returns the outcome and how long it took (seconds)."""
+    t0 = time.monotonic()
+    try:
+        with kept(deps, claim):
+            outcome = action.run(action.validate(params), ctx)
+    except ParamError as exc:
+        outcome = Failed(reason=str(exc))
+    except Exception as exc:
+        log.exception("action %s raised", action.name)
+        outcome = Failed(reason=f"internal error in {action.name}: {exc!r}")
+    duration = round(time.monotonic() - t0, 3)
+    deps.metrics.steps.labels(action.name, outcome.status).inc()
+    deps.metrics.step_duration.labels(action.name, outcome.status).observe(duration)
+    return outcome, duration

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, cast
 
 from sqlalchemy import (
     Connection,
     CursorResult,
     String,
-    and_,
     bindparam,
     func,
     insert,
@@ -107,36 +106,6 @@ _EARLIER_OPEN_ON = (
     )
     .order_by(incidents.c.id)
     .limit(1)
-)
-_DUE = and_(
-    incidents.c.next_run_at.is_not(None),
-    incidents.c.next_run_at <= bindparam("now_"),
-    or_(incidents.c.claim_expires_at.is_(None), incidents.c.claim_expires_at < bindparam("now_")),
-)
-_ANY_DUE = select(incidents.c.id).where(_DUE).limit(1)
-_CLAIM_CANDIDATE = (
-    select(incidents.c.id)
-    .where(_DUE)
-    .order_by(incidents.c.next_run_at)
-    .limit(1)
-    .with_for_update(skip_locked=True)
-)
-_CLAIM = (
-    update(incidents)
-    .where(incidents.c.id == bindparam("incident_id_"), _DUE)
-    .values(claimed_by=bindparam("worker_"), claim_expires_at=bindparam("until_", type_=UtcDateTime()))
-)
-_RENEW_CLAIM = (
-    update(incidents)
-    .where(incidents.c.id == bindparam("incident_id_"), incidents.c.claimed_by == bindparam("worker_"))
-    .values(claim_expires_at=bindparam("until_", type_=UtcDateTime()))
-)
-_RELEASE_CLAIM = (
-    update(incidents)
-    .where(incidents.c.id == bindparam("incident_id_"), incidents.c.claimed_by == bindparam("worker_"))
-    .values(
-        claimed_by=None, claim_expires_at=None, next_run_at=bindparam("next_run_at_", type_=UtcDateTime())
-    )
 )
 _STEPS = {
     (by_attempt, by_phase): select(steps)
@@ -380,35 +349,6 @@ def count_incidents_by(conn: Connection, column: str) -> dict[str, int]:
 def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> Row | None:
     """The oldest other open incident on the same node/job, if it is ahead of this one."""
     return _one(conn, _EARLIER_OPEN_ON, {"serialize_key_": serialize_key, "incident_id_": incident_id})
-
-
-def any_due(conn: Connection, now: datetime) -> bool:
-    """Whether an incident is due and unclaimed: a cheap read that spares idle workers a write transaction."""
-    return conn.execute(_ANY_DUE, {"now_": now}).first() is not None
-
-
-def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
-    """Claim the most overdue incident no live worker holds. SKIP LOCKED on PostgreSQL; SQLite serialises writers."""
-    candidate = conn.execute(_CLAIM_CANDIDATE, {"now_": now}).first()
-    if candidate is None:
-        return None
-    result = conn.execute(
-        _CLAIM, {"incident_id_": candidate.id, "now_": now, "worker_": worker, "until_": now + lease}
-    )
-    if result.rowcount != 1:
-        return None
-    return get_incident(conn, candidate.id)
-
-
-def renew_claim(conn: Connection, incident_id: int, worker: str, until: datetime) -> bool:
-    result = conn.execute(_RENEW_CLAIM, {"incident_id_": incident_id, "worker_": worker, "until_": until})
-    return result.rowcount == 1
-
-
-def release_claim(conn: Connection, incident_id: int, worker: str, next_run_at: datetime | None) -> None:
-    conn.execute(
-        _RELEASE_CLAIM, {"incident_id_": incident_id, "worker_": worker, "next_run_at_": next_run_at}
-    )
 
 
 # --- steps --------------------------------------------------------------------------------------------------

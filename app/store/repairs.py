@@ -9,15 +9,15 @@ requesting incident's id and ``data.node`` / ``data.repair_id``.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, func, insert, or_, select, update
+from sqlalchemy import Connection, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
 from app.states import REPAIR_OPEN, LedgerKind, RepairState, StepStatus
 from app.store import records
-from app.store.schema import UtcDateTime, node_repairs, steps
+from app.store.schema import node_repairs, steps
 
 Row = dict[str, Any]
 MAX_LIST = 1000  # rows one listing returns at most (API ``limit`` is clamped to this)
@@ -174,58 +174,6 @@ def write_transition(
 def update_repair(conn: Connection, repair_id: int, now: datetime, **values: Any) -> None:
     """Change bookkeeping columns that are no transition (the running marker, a guard's next look)."""
     conn.execute(update(node_repairs).where(node_repairs.c.id == repair_id).values(updated_at=now, **values))
-
-
-# The worker's idle path asks any_due on every poll: statements built once with bound parameters (compiling a
-# statement costs SQLAlchemy more than SQLite spends running it; app/store/records.py does the same).
-_DUE = and_(
-    node_repairs.c.next_run_at.is_not(None),
-    node_repairs.c.next_run_at <= bindparam("now_", type_=UtcDateTime()),
-    or_(
-        node_repairs.c.claim_expires_at.is_(None),
-        node_repairs.c.claim_expires_at < bindparam("now_", type_=UtcDateTime()),
-    ),
-)
-_ANY_DUE = select(node_repairs.c.id).where(_DUE).limit(1)
-_CLAIM_CANDIDATE = (
-    select(node_repairs.c.id)
-    .where(_DUE)
-    .order_by(node_repairs.c.next_run_at)
-    .limit(1)
-    .with_for_update(skip_locked=True)
-)
-_CLAIM = (
-    update(node_repairs)
-    .where(node_repairs.c.id == bindparam("repair_id_"), _DUE)
-    .values(claimed_by=bindparam("worker_"), claim_expires_at=bindparam("until_", type_=UtcDateTime()))
-)
-
-
-def any_due(conn: Connection, now: datetime) -> bool:
-    """Whether a repair is due and unclaimed: a cheap read that spares idle workers a write transaction."""
-    return conn.execute(_ANY_DUE, {"now_": now}).first() is not None
-
-
-def claim_next(conn: Connection, worker: str, now: datetime, lease: timedelta) -> Row | None:
-    """Claim the most overdue repair no live worker holds (SKIP LOCKED on PostgreSQL; SQLite serialises
-    writers). The lease covers the longest bounded step, so a live worker's claim never expires mid-step."""
-    candidate = conn.execute(_CLAIM_CANDIDATE, {"now_": now}).first()
-    if candidate is None:
-        return None
-    claimed = conn.execute(
-        _CLAIM, {"repair_id_": candidate.id, "now_": now, "worker_": worker, "until_": now + lease}
-    )
-    if claimed.rowcount != 1:
-        return None
-    return get_repair(conn, candidate.id)
-
-
-def release_claim(conn: Connection, repair_id: int, worker: str) -> None:
-    conn.execute(
-        update(node_repairs)
-        .where(node_repairs.c.id == repair_id, node_repairs.c.claimed_by == worker)
-        .values(claimed_by=None, claim_expires_at=None)
-    )
 
 
 def earlier_repairs(conn: Connection, node: str, since: datetime, exclude_id: int) -> int:

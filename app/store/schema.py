@@ -21,8 +21,9 @@ from sqlalchemy import (
     UniqueConstraint,
 )
 
-# 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts
-SCHEMA_VERSION = 5
+# 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts;
+# 6: node_repairs.tick_errors
+SCHEMA_VERSION = 6
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -35,6 +36,7 @@ ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
         ("incidents", "verify_from"),
     ),
     5: (("inbox", "lane"),),
+    6: (("node_repairs", "tick_errors"),),
 }
 
 
@@ -289,6 +291,8 @@ node_repairs = Table(
     Column("held_reason", Text),
     Column("released_by", String(100)),
     Column("deadline", UtcDateTime),  # back and validated by then, else held (repair.return_timeout_seconds)
+    # Consecutive failed ticks; at worker.max_tick_errors the node is held for a person.
+    Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     Column("closed_at", UtcDateTime),

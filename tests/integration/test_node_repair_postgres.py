@@ -11,6 +11,7 @@ import pytest
 
 from app.states import RepairState
 from app.store import Store, repairs
+from app.store.claims import REPAIRS
 from tests.fakes import START, FakeClock
 from tests.unit import test_node_repair as scenarios
 
@@ -38,8 +39,7 @@ def test_concurrent_requests_open_one_repair_and_one_worker_claims_it(postgres_u
     def claim(store: Store) -> int | None:
         barrier.wait(timeout=10)
         with store.transaction() as conn:
-            row = repairs.claim_next(conn, f"w{id(store)}", START, timedelta(minutes=5))
-        return None if row is None else int(row["id"])
+            return REPAIRS.claim_next(conn, f"w{id(store)}", START, timedelta(minutes=5))
 
     try:
         with ThreadPoolExecutor(len(stores)) as pool:

@@ -18,6 +18,7 @@ from app.alertmanager import parse_notification
 from app.config import StoreSettings
 from app.engine import Engine
 from app.store import PG_POOL_SIZE, Store, records
+from app.store.claims import INCIDENTS
 from app.store.schema import alerts, incident_alerts, incidents, store_probe
 from tests.bounded import store_unavailable_after
 from tests.fakes import START, FakeClock
@@ -139,10 +140,10 @@ def test_concurrent_workers_claim_each_incident_once(backend_worlds, store_url, 
         mine = []
         while True:
             with store.transaction() as conn:
-                row = records.claim_next(conn, worker, world.clock.now(), lease)
-            if row is None:
+                row_id = INCIDENTS.claim_next(conn, worker, world.clock.now(), lease)
+            if row_id is None:
                 return mine
-            mine.append(row["id"])
+            mine.append(row_id)
 
     with ThreadPoolExecutor(max_workers=6) as pool:
         claimed = list(pool.map(claim_all, [f"w{i}" for i in range(6)]))

@@ -20,6 +20,7 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import records
+from app.store.claims import INCIDENTS
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.payloads import alert, payload, xid
 
@@ -412,12 +413,12 @@ def test_claims_are_exclusive_until_the_lease_expires(tmp_path):
     w.send(alert(xid()))
     lease = timedelta(seconds=w.engine.deps.settings.worker.lease_seconds)
     with w.engine.deps.store.transaction() as conn:
-        first = records.claim_next(conn, "a", w.clock.now(), lease)
-        second = records.claim_next(conn, "b", w.clock.now(), lease)
+        first = INCIDENTS.claim_next(conn, "a", w.clock.now(), lease)
+        second = INCIDENTS.claim_next(conn, "b", w.clock.now(), lease)
     assert first is not None and second is None
     w.clock.advance(lease.total_seconds() + 1)
     with w.engine.deps.store.transaction() as conn:
-        assert records.claim_next(conn, "b", w.clock.now(), lease)["id"] == first["id"]
+        assert INCIDENTS.claim_next(conn, "b", w.clock.now(), lease) == first
 
 
 def test_unmatched_alert_is_ledgered_once_without_an_incident(tmp_path):
@@ -547,27 +548,30 @@ def test_operator_marks_an_open_incident_handled(tmp_path):
 
 
 def test_a_step_longer_than_the_lease_keeps_its_claim(tmp_path, monkeypatch):
+    """The heartbeat beats on the injected clock: the step moves the fake clock past its lease, and the claim is
+    renewed from the new now before anyone else may take it (the renewal waited for as the other thread's event,
+    never slept on)."""
     import threading
 
     w = make_world(tmp_path, GRANTS)
     w.engine.deps.settings.worker.lease_seconds = 3
     seen = {}
     renewed = threading.Event()
-    renew_claim = records.renew_claim
+    renew = INCIDENTS.renew
 
-    def renew(*args, **kwargs):
-        kept = renew_claim(*args, **kwargs)
-        renewed.set()
+    def renewing(conn, row_id, worker, until):
+        kept = renew(conn, row_id, worker, until)
+        if until >= w.clock.now() + timedelta(seconds=3):
+            renewed.set()
         return kept
 
-    monkeypatch.setattr(records, "renew_claim", renew)
+    monkeypatch.setattr(INCIDENTS, "renew", renewing)
 
     def slow(params, ctx):
         w.clock.advance(10)  # the step outlives the lease it was claimed with...
-        # ...while the heartbeat renews it: waited for, not slept on (its beat is on the wall clock, >= 1 s)
-        assert renewed.wait(timeout=60)
+        assert renewed.wait(timeout=10)  # ...and the heartbeat, woken by the clock, renews it at once
         with w.engine.deps.store.transaction() as conn:
-            seen["stolen"] = records.claim_next(conn, "intruder", w.clock.now(), timedelta(seconds=3))
+            seen["stolen"] = INCIDENTS.claim_next(conn, "intruder", w.clock.now(), timedelta(seconds=3))
         return Ok()
 
     w.actions["fake.drain"].run = slow

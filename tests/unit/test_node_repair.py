@@ -523,3 +523,20 @@ def test_an_operators_hold_holds_the_node_against_either_schedulers_faults(tmp_p
     assert w.slurm.changes("node2") == []
     listing = w.worker.nodes()
     assert [r["node"] for r in listing["held"]] == ["node2"]
+
+
+def test_a_repair_whose_tick_keeps_failing_is_held_for_a_person(tmp_path, monkeypatch):
+    """Repair tick errors are bounded like incidents' (worker.max_tick_errors in a row), never retried forever."""
+    w = make_world(tmp_path)
+
+    def broken(argv: Any, timeout: float | None = None) -> Any:
+        raise RuntimeError("a bug behind the partition lookup")
+
+    monkeypatch.setattr(w.slurm, "run", broken)
+    repair_id = w.request()
+    limit = w.deps.settings.worker.max_tick_errors
+    w.run()
+    row = w.row(repair_id)
+    assert (row["state"], row["tick_errors"], row["taken_out_by_us"]) == (RepairState.HELD, limit, False)
+    assert f"processing failed {limit} times in a row" in row["held_reason"]
+    assert len(w.ledger("engine_error")) == limit
