@@ -18,7 +18,7 @@ import click
 
 from app import schedulers as scheduling
 from app.errors import ConfigError, NightshiftError, PayloadError
-from app.states import LedgerKind, StepStatus
+from app.states import StepStatus
 
 config_option = click.option(
     "--config",
@@ -657,18 +657,13 @@ def export(config: str | None, after_id: int, prunable: bool) -> None:
 def inbox(config: str | None, retry: bool) -> None:
     """Notifications waiting for the worker, and those set aside because their ingestion failed."""
     from app import build_engine
+    from app.engine import transitions
     from app.store import records
 
     engine = build_engine(_settings(config))
     if retry:
         with engine.deps.store.transaction() as conn:
-            count = records.retry_failed_inbox(conn)
-            records.record(
-                conn,
-                engine.deps.clock.now(),
-                LedgerKind.INBOX_RETRY,
-                f"{count} set-aside notification(s) queued again",
-            )
+            count = transitions.inbox_retried(conn, engine.deps.clock.now())
         click.echo(f"{count} notification(s) queued again")
         return
     with engine.deps.store.read() as conn:

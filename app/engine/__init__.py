@@ -15,7 +15,7 @@ from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.engine.repair import NodeRepairs
 from app.engine.retention import Retention
-from app.states import IncidentOutcome, LedgerKind, StepStatus
+from app.states import IncidentOutcome, StepStatus
 from app.store import records
 from app.wakeup import Wakeup
 
@@ -68,14 +68,7 @@ class Engine:
         now = self.deps.clock.now()
         value = {"paused": paused, "reason": reason, "by": by, "at": now.isoformat()}
         with self.deps.store.transaction() as conn:
-            records.set_control(conn, "pause", value, now)
-            records.record(
-                conn,
-                now,
-                LedgerKind.PAUSE if paused else LedgerKind.RESUME,
-                f"automation {'paused' if paused else 'resumed'} by {by}: {reason}",
-                data=value,
-            )
+            transitions.paused(conn, now, value)
         self.deps.metrics.paused.set(1 if paused else 0)
         return value
 

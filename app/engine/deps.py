@@ -16,7 +16,6 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.permissions import Permissions
 from app.playbooks import Playbook, PlaybookSet
-from app.states import LedgerKind
 from app.store import Store, records
 from app.workloads import Resolution, WorkloadResolver, with_workload
 
@@ -37,13 +36,6 @@ class EngineDeps:
 
     def workload_of(self, labels: Mapping[str, str]) -> Resolution | None:
         return self.workloads.lookup(labels) if self.workloads is not None else None
-
-    def ledger(
-        self, incident_id: int | None, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
-    ) -> None:
-        """One ledger row, in its own transaction."""
-        with self.store.transaction() as conn:
-            records.record(conn, self.clock.now(), kind, message, incident_id=incident_id, data=data)
 
     def pause_state(self, conn: Connection) -> tuple[bool, str]:
         """Whether automation is paused (settings kill switch or ``POST /api/v1/pause``), and why."""

@@ -35,39 +35,30 @@ def tell(
     *,
     skip: frozenset[str] = frozenset(),
     about: Mapping[str, Any] | None = None,
-) -> bool:
+) -> dict[str, bool]:
     """Send ``notice`` on every channel but ``skip`` (after the transition that owes it has committed: never a
     network call inside a transaction); each channel's outcome is one ledger row with its channel, the notice's
-    kind (so a retry can tell which channels already delivered it), ``about`` and, failed, the reason. True when
-    every channel delivered."""
-    ok = True
+    kind, ``about`` and, failed, the reason. Returns whether each channel delivered it."""
+    delivered = {}
     for outcome in send_notification(deps.clients, deps.settings, notice, skip=skip):
         reason = getattr(outcome, "reason", "")
-        ok = ok and outcome.status == StepStatus.OK
-        deps.ledger(
-            incident_id,
-            LedgerKind.NOTIFICATION,
-            f"{notice.subject}: {outcome.command}: {outcome.status}" + (f": {reason}" if reason else ""),
-            {
-                **(about or {}),
-                "status": outcome.status,
-                "command": outcome.command,
-                "channel": (outcome.data or {}).get("channel"),
-                "notice": notice.kind,
-                **({"reason": reason} if reason else {}),
-            },
-        )
-    return ok
+        channel = str((outcome.data or {}).get("channel"))
+        delivered[channel] = outcome.status == StepStatus.OK
+        data = {**(about or {}), "status": outcome.status, "command": outcome.command, "channel": channel,
+                **({"reason": reason} if reason else {})}  # fmt: skip
+        message = f"{notice.subject}: {outcome.command}: {outcome.status}" + (f": {reason}" if reason else "")
+        with deps.store.transaction() as conn:
+            transitions.notified(conn, deps.clock.now(), incident_id, notice.kind, message, data)
+    return delivered
 
 
 class Effects:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
 
-    def _ledger(
-        self, incident_id: int | None, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
-    ) -> None:
-        self.deps.ledger(incident_id, kind, message, data)
+    def _annotation_failed(self, inc: Mapping[str, Any], message: str) -> None:
+        with self.deps.store.transaction() as conn:
+            transitions.reported(conn, self.deps.clock.now(), inc["id"], LedgerKind.ANNOTATION_ERROR, message)
 
     # --- Grafana ----------------------------------------------------------------------------------------------
 
@@ -107,9 +98,7 @@ class Effects:
                 text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"]
             )
         except (BackendError, ConfigError) as exc:
-            self._ledger(
-                inc["id"], LedgerKind.ANNOTATION_ERROR, f"creating the Grafana annotation failed: {exc}"
-            )
+            self._annotation_failed(inc, f"creating the Grafana annotation failed: {exc}")
             return
         with self.deps.store.transaction() as conn:
             transitions.annotation_opened(conn, self.deps.clock.now(), inc, annotation_id, self.tags(inc))
@@ -131,30 +120,16 @@ class Effects:
                 )
                 message = f"Grafana annotation {annotation_id} created as a closed region"
         except (BackendError, ConfigError) as exc:
-            self._ledger(
-                inc["id"], LedgerKind.ANNOTATION_ERROR, f"closing the Grafana annotation failed: {exc}"
-            )
+            self._annotation_failed(inc, f"closing the Grafana annotation failed: {exc}")
             return False
-        self._ledger(inc["id"], LedgerKind.ANNOTATION, message, {"tags": self.tags(inc)})
+        with self.deps.store.transaction() as conn:
+            transitions.annotation_closed(conn, self.deps.clock.now(), inc, message, self.tags(inc))
         return True
 
     # --- notifications ----------------------------------------------------------------------------------------
 
-    def _notify(self, incident_id: int | None, notice: Notice, skip: frozenset[str] = frozenset()) -> bool:
-        return tell(self.deps, incident_id, notice, skip=skip)
-
-    def _delivered(self, incident_id: int, notice: str) -> frozenset[str]:
-        """The channels that already delivered ``notice`` of this incident (ledgered ok)."""
-        with self.deps.store.read() as conn:
-            rows = records.ledger_for(conn, incident_id)
-        return frozenset(
-            str(row["data"].get("channel"))
-            for row in rows
-            if row["kind"] == LedgerKind.NOTIFICATION
-            and isinstance(row.get("data"), dict)
-            and row["data"].get("notice") == notice
-            and row["data"].get("status") == StepStatus.OK
-        )
+    def _notify(self, incident_id: int | None, notice: Notice) -> None:
+        tell(self.deps, incident_id, notice)
 
     def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
         with self.deps.store.read() as conn:
@@ -173,32 +148,24 @@ class Effects:
     # --- finishing ----------------------------------------------------------------------------------------------
 
     def finalize(self, inc: dict[str, Any]) -> datetime | None:
-        """Close the annotation and send the outcome notice; retried on later ticks while they fail."""
+        """Close the annotation and send the outcome notice; retried on later ticks while they fail (a retry sends
+        only to the channels that have not delivered it: ``delivered``), at most :data:`FINALIZE_TRIES` times
+        (``finalize_tries``)."""
         annotated = self._close_annotation(inc)
+        delivered = frozenset(inc["delivered"] or ())
         notified = True
         if inc.get("outcome") in NOTIFY_OUTCOMES:
             subject, text = self._summary(inc)
             data = {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})}
-            notified = self._notify(
-                inc["id"],
-                Notice(NoticeKind.OUTCOME, subject, text, data),
-                # A retry re-sends only the channels that failed.
-                skip=self._delivered(inc["id"], NoticeKind.OUTCOME),
-            )
+            sent = tell(self.deps, inc["id"], Notice(NoticeKind.OUTCOME, subject, text, data), skip=delivered)
+            delivered |= {channel for channel, ok in sent.items() if ok}
+            notified = all(sent.values())
         with self.deps.store.transaction() as conn:
-            tries = sum(
-                1 for row in records.ledger_for(conn, inc["id"]) if row["kind"] == LedgerKind.FINALIZE_RETRY
-            )
-            if (annotated and notified) or tries + 1 >= FINALIZE_TRIES:
-                transitions.finalized(conn, inc)
+            now = self.deps.clock.now()
+            if (annotated and notified) or inc["finalize_tries"] + 1 >= FINALIZE_TRIES:
+                transitions.finalized(conn, now, inc, delivered)
                 return None
-            transitions.note(
-                conn,
-                self.deps.clock.now(),
-                inc["id"],
-                LedgerKind.FINALIZE_RETRY,
-                "annotation or notification failed; will retry",
-            )
+            transitions.finalize_retried(conn, now, inc, delivered)
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
     def storm(self, inc: Mapping[str, Any], reason: str) -> None:

@@ -242,8 +242,7 @@ class FleetHolds:
             raise ValueError(f"fleet incident {cause} already cleared at {record['cleared_at']}")
         self._clear(None, key, record, now, f"released by {by}")
         with self.deps.store.transaction() as conn:
-            for incident_id in record["incidents"]:
-                records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+            transitions.fleet_released_by_person(conn, now, record["incidents"])
         return record
 
     def _open(
@@ -251,15 +250,7 @@ class FleetHolds:
     ) -> None:
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
-            records.set_control(conn, key, record, now)
-            records.record(
-                conn,
-                now,
-                LedgerKind.FLEET_INCIDENT,
-                f"{key}: {cause.summary}",
-                incident_id=inc["id"],
-                data=record,
-            )
+            transitions.fleet_opened(conn, now, inc, key, record, cause.summary)
         jitter = self.deps.settings.fleet.release_jitter_seconds
         then = (
             "Every job failing with it is held, not requeued into the outage, until its alerts resolve (or a "
@@ -290,15 +281,8 @@ class FleetHolds:
         record["cleared_at"] = now.isoformat()
         jitter = self.deps.settings.fleet.release_jitter_seconds
         with self.deps.store.transaction() as conn:
-            records.set_control(conn, key, record, now)
-            records.record(
-                conn,
-                now,
-                LedgerKind.FLEET_CLEARED,
-                f"{key}: {why}: {len(record['incidents'])} held job(s) released, spread over {jitter}s",
-                incident_id=inc["id"] if inc is not None else None,
-                data=record,
-            )
+            message = f"{key}: {why}: {len(record['incidents'])} held job(s) released, spread over {jitter}s"
+            transitions.fleet_cleared(conn, now, inc, key, record, message)
 
 
 def is_held(incident: records.Row) -> bool:

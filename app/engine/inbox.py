@@ -24,10 +24,10 @@ from datetime import datetime
 from pathlib import Path
 
 from app.alertmanager import Notification, parse_notification
+from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.engine.ingest import IngestResult, ingest_alerts, prefetch_workloads, publish
 from app.errors import InboxFull, StoreUnavailable
-from app.states import LedgerKind
 from app.store import records
 from app.wakeup import SOCKET_NAME, Wakeup
 
@@ -164,12 +164,4 @@ class Inbox:
         error = f"{type(exc).__name__}: {exc}"
         deps = self.deps
         with deps.store.transaction() as conn:
-            now = deps.clock.now()
-            records.fail_inbox(conn, inbox_id, now, error)
-            records.record(
-                conn,
-                now,
-                LedgerKind.INBOX_FAILED,
-                f"notification {inbox_id} could not be ingested and is set aside: {error}",
-                data={"inbox_id": inbox_id, "error": error},
-            )
+            transitions.inbox_set_aside(conn, deps.clock.now(), inbox_id, error)

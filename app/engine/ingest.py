@@ -211,19 +211,17 @@ def _join(
         incident = records.find_open_incident(conn, episode.open_key)  # a concurrent writer opened it first
         if incident is None:
             return
-    changes: dict[str, Any] = {}
     notes = []
+    named = None
     if episode.culprit:
         named = episodes.add_culprit(
             incident["culprits"], episode.culprit, name, _culprit_reason(alert), playbook.name
         )
         if named is not None:
-            changes["culprits"] = named
             notes.append(f"culprit {episode.culprit}")
-            if not incident["acted"]:
-                changes["next_run_at"] = now  # a known culprit ends the correlation wait
+    leading = None
     if episode.kind == IncidentKind.JOB and not incident["acted"] and _leads(deps, playbook, incident):
-        changes.update(_leading(playbook, target, alert))
+        leading = _leading(playbook, target, alert)
         notes.append(f"playbook {playbook.name} now plans the recovery")
     message = (
         f"{name} attached to open incident"
@@ -231,7 +229,11 @@ def _join(
         + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else "")
     )
     data = {**facts, "playbook": playbook.name, "node": target.node}
-    if transitions.attach(conn, now, incident, row["id"], changes, message, data):
+    # A known culprit ends the correlation wait of an incident that has not acted.
+    act_now = named is not None and not incident["acted"]
+    if transitions.attach(
+        conn, now, incident, row["id"], message, data, culprits=named, act_now=act_now, leading=leading
+    ):
         result.attached.append(incident["id"])
 
 
@@ -245,7 +247,7 @@ def _incident_values(
 ) -> dict[str, Any]:
     job = episode.kind == IncidentKind.JOB
     return {
-        **_leading(playbook, target, alert),
+        **_leading(playbook, target, alert).columns(),
         "job": target.job,
         "kind": episode.kind,
         "open_key": episode.open_key,
@@ -266,20 +268,20 @@ def _incident_values(
     }
 
 
-def _leading(playbook: Playbook, target: Target, alert: Alert) -> dict[str, Any]:
-    """The columns set by the playbook that plans the incident's recovery, and the alert it matched. A job
-    incident's node is the culprit's (its ``culprits``), not the reporting rank's; its target key is the job."""
+def _leading(playbook: Playbook, target: Target, alert: Alert) -> transitions.Leading:
+    """What the playbook that plans the incident's recovery, and the alert it matched, set. A job incident's node
+    is the culprit's (its ``culprits``), not the reporting rank's; its target key is the job."""
     episode = episodes.episode_of(playbook, target.values, target.key)
     job = episode.kind == IncidentKind.JOB
-    return {
-        "playbook": playbook.name,
-        "target_key": episode.open_key.removeprefix("job:") if job else target.key,
-        "target": dict(target.values),
-        "node": None if job else target.node,
-        "serialize_key": None if job else target.serialize_key,
-        "labels": dict(alert.labels),
-        "annotations": dict(alert.annotations),
-    }
+    return transitions.Leading(
+        playbook=playbook.name,
+        target_key=episode.open_key.removeprefix("job:") if job else target.key,
+        target=target.values,
+        node=None if job else target.node,
+        serialize_key=None if job else target.serialize_key,
+        labels=alert.labels,
+        annotations=alert.annotations,
+    )
 
 
 def _leads(deps: EngineDeps, playbook: Playbook, incident: records.Row) -> bool:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.retention import Cutoffs, cutoffs
 from app.states import LedgerKind
-from app.store import records
 from app.store import retention as prunable
 
 log = logging.getLogger(__name__)
@@ -86,12 +86,15 @@ class Retention:
                 counts = prunable.delete_batch(conn, group, ids)
         except OSError as exc:
             log.error("retention: export to %s failed, nothing deleted: %s", settings.export_dir, exc)
-            self.deps.ledger(
-                None,
-                LedgerKind.RETENTION_EXPORT_FAILED,
-                f"retention stopped: writing the export to {settings.export_dir} failed ({exc}); nothing deleted",
-                {"export_dir": settings.export_dir, "error": str(exc), "deleted": run.deleted},
-            )
+            with self.deps.store.transaction() as conn:
+                transitions.retention_noted(
+                    conn,
+                    self.deps.clock.now(),
+                    LedgerKind.RETENTION_EXPORT_FAILED,
+                    f"retention stopped: writing the export to {settings.export_dir} failed ({exc}); "
+                    "nothing deleted",
+                    {"export_dir": settings.export_dir, "error": str(exc), "deleted": run.deleted},
+                )
             self._pass = None
             return False
         for table, count in counts.items():
@@ -118,7 +121,7 @@ class Retention:
             "export_dir": settings.export_dir,
         }
         with self.deps.store.transaction() as conn:
-            records.record(conn, self.deps.clock.now(), LedgerKind.RETENTION, message, data=data)
+            transitions.retention_noted(conn, self.deps.clock.now(), LedgerKind.RETENTION, message, data)
         run.reclaiming = True
 
     def _reclaim(self) -> bool:

@@ -18,6 +18,7 @@ from app.errors import ParamError
 from app.outcome import Failed, Outcome, tail
 from app.planning import PlannedStep, plan_steps, when_context
 from app.playbooks import Step
+from app.states import LedgerKind
 from app.store import records
 from app.store.claims import INCIDENTS
 
@@ -104,13 +105,20 @@ def action_context(
 ) -> ActionContext:
     """What an action of an incident's step or of a node repair runs with: what it reports along the way is a
     ledger row of ``incident_id`` carrying ``about`` (a repair's node and id)."""
+
+    def report(kind: LedgerKind, message: str, data: Mapping[str, Any]) -> None:
+        with deps.store.transaction() as conn:
+            transitions.reported(
+                conn, deps.clock.now(), incident_id, kind, message, {**(about or {}), **data}
+            )
+
     return ActionContext(
         settings=deps.settings,
         clients=deps.clients,
         clock=deps.clock,
         incident_id=incident_id,
         labels=labels or {},
-        record=lambda kind, message, data: deps.ledger(incident_id, kind, message, {**(about or {}), **data}),
+        record=report,
     )
 
 

@@ -12,7 +12,8 @@ passed in is updated with what was written, so a tick can go on with it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -22,7 +23,16 @@ from app import episodes, schedulers
 from app.incident_policy import Learned
 from app.planning import RUN, PlannedStep
 from app.playbooks import PlaybookSet
-from app.states import AttemptOutcome, Guard, IncidentOutcome, LedgerKind, State, StepStatus, UndoState
+from app.states import (
+    AttemptOutcome,
+    Guard,
+    IncidentOutcome,
+    LedgerKind,
+    NoticeKind,
+    State,
+    StepStatus,
+    UndoState,
+)
 from app.store import records, repairs
 
 Incident = dict[str, Any]
@@ -343,7 +353,13 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> N
     """What the policy learned on its way to a decision, in the order it learned it: the scheduler unread, the
     culprits checked against the allocation, invalid steps, the guards' verdicts and the live re-check."""
     if facts.job_unread:
-        note(conn, now, inc["id"], LedgerKind.JOB_STATUS_UNKNOWN, facts.job_unread)
+        _write(
+            conn,
+            now,
+            inc,
+            ledger=(LedgerKind.JOB_STATUS_UNKNOWN, facts.job_unread, None),
+            job_status_tries=inc["job_status_tries"] + 1,
+        )
     if facts.culprits is not None:
         confirmed = [dict(c) for c in facts.culprits]
         _write(
@@ -542,10 +558,23 @@ def annotation_opened(
     inc["annotation_id"] = annotation_id
 
 
-def finalized(conn: Connection, inc: Incident) -> None:
-    """The closed incident owes no more effects (annotation closed, outcome told, or tries spent)."""
-    records.update_incident(conn, inc["id"], finalize_pending=False)
-    inc["finalize_pending"] = False
+def finalized(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> None:
+    """The closed incident owes no more effects (annotation closed, outcome told, or tries spent); ``delivered``:
+    the channels that delivered its outcome notice."""
+    _write(conn, now, inc, finalize_pending=False, delivered=sorted(delivered))
+
+
+def finalize_retried(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> None:
+    """The annotation or the outcome notice failed: one more try later, counted (``finalize_tries``); the channels
+    that delivered the notice are kept, so the next try sends only to the others."""
+    _write(
+        conn,
+        now,
+        inc,
+        ledger=(LedgerKind.FINALIZE_RETRY, "annotation or notification failed; will retry", None),
+        finalize_tries=inc["finalize_tries"] + 1,
+        delivered=sorted(delivered),
+    )
 
 
 def fleet_released(conn: Connection, now: datetime, inc: Incident) -> None:
@@ -571,18 +600,51 @@ def open_incident(
     return incident_id
 
 
+@dataclass(frozen=True)
+class Leading:
+    """The playbook that plans an incident's recovery and the alert it matched: the incident's columns they set."""
+
+    playbook: str
+    target_key: str
+    target: Mapping[str, str]
+    node: str | None
+    serialize_key: str | None
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+    def columns(self) -> dict[str, Any]:
+        return {
+            "playbook": self.playbook,
+            "target_key": self.target_key,
+            "target": dict(self.target),
+            "node": self.node,
+            "serialize_key": self.serialize_key,
+            "labels": dict(self.labels),
+            "annotations": dict(self.annotations),
+        }
+
+
 def attach(
     conn: Connection,
     now: datetime,
     inc: Incident,
     alert_id: int,
-    changes: Mapping[str, Any],
     message: str,
     data: Mapping[str, Any],
+    *,
+    culprits: Sequence[Mapping[str, Any]] | None = None,
+    act_now: bool = False,
+    leading: Leading | None = None,
 ) -> bool:
-    """An alert joins an open incident, with what it changes (a culprit named, the leading playbook, the end of
-    the correlation wait). False when it was attached already and changes nothing (no ledger row)."""
+    """An alert joins an open incident, with what it changes: ``culprits`` (a culprit named), ``act_now`` (a known
+    culprit ends the correlation wait), ``leading`` (a higher-priority playbook plans the recovery). False when it
+    was attached already and changes nothing (no ledger row)."""
     linked = records.link_alert(conn, inc["id"], alert_id)
+    changes: dict[str, Any] = {**(leading.columns() if leading is not None else {})}
+    if culprits is not None:
+        changes["culprits"] = [dict(c) for c in culprits]
+    if act_now:
+        changes["next_run_at"] = now
     if changes:
         _write(conn, now, inc, **changes)
     if not (linked or changes):
@@ -615,3 +677,112 @@ def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) 
         on_resolved_state=UndoState.PENDING,
         next_run_at=now,
     )
+
+
+# --- what is not an incident's own state: notices told, actions' reports, the operators, the inbox, fleet holds --
+
+
+def reported(
+    conn: Connection,
+    now: datetime,
+    incident_id: int | None,
+    kind: LedgerKind,
+    message: str,
+    data: Mapping[str, Any] | None = None,
+) -> None:
+    """What an action reported while it ran (a poll, a validation pod started), or an effect's failure (an
+    annotation Grafana refused): a ledger row of the incident it was for."""
+    records.record(conn, now, kind, message, incident_id=incident_id, data=data)
+
+
+def notified(
+    conn: Connection,
+    now: datetime,
+    incident_id: int | None,
+    notice: NoticeKind,
+    message: str,
+    data: Mapping[str, Any],
+) -> None:
+    """One channel's delivery of a notice (its channel, status, command and, failed, why)."""
+    records.record(
+        conn, now, LedgerKind.NOTIFICATION, message, incident_id=incident_id, data={**data, "notice": notice}
+    )
+
+
+def annotation_closed(
+    conn: Connection, now: datetime, inc: Incident, message: str, tags: Sequence[str]
+) -> None:
+    """The closed incident's Grafana region is closed (or created closed)."""
+    records.record(
+        conn, now, LedgerKind.ANNOTATION, message, incident_id=inc["id"], data={"tags": list(tags)}
+    )
+
+
+def paused(conn: Connection, now: datetime, value: Mapping[str, Any]) -> None:
+    """An operator pauses or resumes automation (``POST /api/v1/pause``, ``/resume``): the control and its row."""
+    records.set_control(conn, "pause", dict(value), now)
+    verb = "paused" if value["paused"] else "resumed"
+    records.record(
+        conn,
+        now,
+        LedgerKind.PAUSE if value["paused"] else LedgerKind.RESUME,
+        f"automation {verb} by {value['by']}: {value['reason']}",
+        data=value,
+    )
+
+
+def inbox_set_aside(conn: Connection, now: datetime, inbox_id: int, error: str) -> None:
+    """A notification whose ingestion raised is set aside with its error; the queue moves on."""
+    records.fail_inbox(conn, inbox_id, now, error)
+    records.record(
+        conn,
+        now,
+        LedgerKind.INBOX_FAILED,
+        f"notification {inbox_id} could not be ingested and is set aside: {error}",
+        data={"inbox_id": inbox_id, "error": error},
+    )
+
+
+def inbox_retried(conn: Connection, now: datetime) -> int:
+    """Every set-aside notification queued again (``nightshift inbox --retry``). Returns how many."""
+    count = records.retry_failed_inbox(conn)
+    records.record(conn, now, LedgerKind.INBOX_RETRY, f"{count} set-aside notification(s) queued again")
+    return count
+
+
+def retention_noted(
+    conn: Connection, now: datetime, kind: LedgerKind, message: str, data: Mapping[str, Any]
+) -> None:
+    """What a retention pass did (rows pruned), or why it stopped."""
+    records.record(conn, now, kind, message, data=data)
+
+
+def fleet_opened(
+    conn: Connection, now: datetime, inc: Incident, key: str, record: Mapping[str, Any], summary: str
+) -> None:
+    """A shared cause of failing jobs (app/engine/fleet_hold.py): its control row and ``fleet_incident`` row."""
+    records.set_control(conn, key, dict(record), now)
+    records.record(
+        conn, now, LedgerKind.FLEET_INCIDENT, f"{key}: {summary}", incident_id=inc["id"], data=dict(record)
+    )
+
+
+def fleet_cleared(
+    conn: Connection, now: datetime, inc: Incident | None, key: str, record: Mapping[str, Any], message: str
+) -> None:
+    """The shared cause is over: its control row marks it cleared; its held jobs go on after their jitter."""
+    records.set_control(conn, key, dict(record), now)
+    records.record(
+        conn,
+        now,
+        LedgerKind.FLEET_CLEARED,
+        message,
+        incident_id=inc["id"] if inc is not None else None,
+        data=dict(record),
+    )
+
+
+def fleet_released_by_person(conn: Connection, now: datetime, incident_ids: Sequence[int]) -> None:
+    """A person said the shared cause is over: every job it held is looked at now."""
+    for incident_id in incident_ids:
+        records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)

@@ -16,8 +16,8 @@ from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError
 from app.outcome import Ok
 from app.playbooks import Playbook
-from app.states import IncidentKind, LedgerKind, RepairState, StepStatus
-from app.store import records, repairs
+from app.states import IncidentKind, RepairState, StepStatus
+from app.store import repairs
 
 Incident = dict[str, Any]
 
@@ -61,13 +61,8 @@ class WorkerSource:
         try:
             return job_status(self.deps, inc["target"])
         except (BackendError, ConfigError) as exc:
-            with self.deps.store.read() as conn:
-                earlier = sum(
-                    1
-                    for r in records.ledger_for(conn, inc["id"])
-                    if r["kind"] == LedgerKind.JOB_STATUS_UNKNOWN
-                )
-            return policy.JobUnread(str(exc), tries=earlier + 1, configured=not isinstance(exc, ConfigError))
+            tries = inc["job_status_tries"] + 1  # this read included
+            return policy.JobUnread(str(exc), tries=tries, configured=not isinstance(exc, ConfigError))
 
     def history(self, inc: Incident, playbook: Playbook) -> guard_facts.History:
         deps = self.deps

@@ -22,8 +22,8 @@ from sqlalchemy import (
 )
 
 # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts;
-# 6: node_repairs.tick_errors
-SCHEMA_VERSION = 6
+# 6: node_repairs.tick_errors; 7: the incidents' retry counters (finalize_tries, job_status_tries, delivered)
+SCHEMA_VERSION = 7
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -37,6 +37,7 @@ ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     ),
     5: (("inbox", "lane"),),
     6: (("node_repairs", "tick_errors"),),
+    7: (("incidents", "finalize_tries"), ("incidents", "job_status_tries"), ("incidents", "delivered")),
 }
 
 
@@ -143,6 +144,11 @@ incidents = Table(
     Column("act_after", UtcDateTime),
     # Consecutive failed ticks; at worker.max_tick_errors the incident goes to a person.
     Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),
+    # Failed reads of the job's allocation (app.incident_policy.ALLOCATION_TRIES).
+    Column("job_status_tries", Integer, nullable=False, default=0, server_default="0"),
+    # Finalisations retried (app.engine.effects.FINALIZE_TRIES), and the channels that delivered the outcome notice.
+    Column("finalize_tries", Integer, nullable=False, default=0, server_default="0"),
+    Column("delivered", JSON),
     # Verification counts only samples after this (the action, or the job running again).
     Column("verify_from", UtcDateTime),
     # Set while the incident is open, NULL once closed: the unique constraint makes (playbook, target) idempotent
