@@ -1,4 +1,5 @@
-"""Slurm hostlist expressions (``gpu[01-03,7],login1``) expanded to node names: pure, bounded.
+"""Slurm hostlist expressions (``gpu[01-03,7],login1``) expanded to node names, and names compressed back into
+one: pure, bounded.
 
 Used wherever Nightshift needs the nodes of a job or a partition (:meth:`app.clients.slurm.SlurmClient.expand_hostlist`
 parses here instead of asking ``scontrol show hostnames`` over SSH; :mod:`app.discovery`), so it costs no round
@@ -8,6 +9,7 @@ trip. An expression this parser does not accept raises :class:`HostlistError`.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 # Nodes one expression may expand to.
 MAX_HOSTLIST_NODES = 16_384
@@ -38,6 +40,45 @@ def expand_hostlist(expression: str, limit: int = MAX_HOSTLIST_NODES) -> list[st
         if len(names) > limit:  # many comma-separated parts
             raise HostlistError(f"hostlist {expression[:100]!r} expands to more than {limit} names")
     return names
+
+
+_NUMBERED = re.compile(r"(.*?)([0-9]+)")
+
+
+def compress_hostlist(names: Iterable[str]) -> str:
+    """One hostlist expression for ``names`` (as ``scontrol show hostlist`` writes one): names that differ only in
+    a trailing number share a bracket of ranges, ``gpu00064 ... gpu00127`` → ``gpu[00064-00127]``. Expanding it
+    gives the same set of names (:func:`expand_hostlist`), sorted; a number keeps its own zero padding."""
+    plain: list[str] = []
+    numbered: dict[str, list[str]] = {}
+    for name in sorted(set(names)):
+        match = _NUMBERED.fullmatch(name)
+        if match and "[" not in name and "," not in name:
+            numbered.setdefault(match.group(1), []).append(match.group(2))
+        else:
+            plain.append(name)
+    parts = list(plain)
+    for prefix, digits in sorted(numbered.items()):
+        items = _ranges(sorted(digits, key=lambda d: (int(d), len(d))))
+        parts.append(
+            f"{prefix}{items[0]}"
+            if len(items) == 1 and "-" not in items[0]
+            else f"{prefix}[{','.join(items)}]"
+        )
+    return ",".join(parts)
+
+
+def _ranges(digits: list[str]) -> list[str]:
+    """``["01", "02", "03", "7"]`` → ``["01-03", "7"]``: runs of consecutive numbers written as the expansion
+    reads them back (each value padded to the width of its run's first)."""
+    runs: list[list[str]] = []
+    for value in digits:
+        run = runs[-1] if runs else None
+        if run is not None and int(value) == int(run[-1]) + 1 and value == str(int(value)).zfill(len(run[0])):
+            run.append(value)
+        else:
+            runs.append([value])
+    return [run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs]
 
 
 def _split_top_level(expression: str) -> list[str]:

@@ -22,8 +22,13 @@ from app.errors import ParamError
 NODE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?"
 # A Slurm node name: hostname-like, one node (no hostlist brackets or commas); ALL is reserved (SLURM_RESERVED).
 SLURM_NODE_NAME = NODE_NAME
-# Several Slurm node names, comma-separated (the nodes a requeued job is kept off), at most 64.
-SLURM_NODE_LIST = rf"{SLURM_NODE_NAME}(?:,{SLURM_NODE_NAME}){{0,63}}"
+# Nodes one exclusion may name (a requeued job kept off a leaf's or a rack's nodes: fleet.max_domain_nodes is at
+# most this), and the characters of such a comma-separated list.
+MAX_NODE_LIST = 16_384
+NODE_LIST_CHARS = 1_048_576
+# Several Slurm node names, comma-separated (the nodes a requeued job is kept off), at most MAX_NODE_LIST; the
+# command sends them as one compressed hostlist (app/hostlist.py).
+SLURM_NODE_LIST = rf"{SLURM_NODE_NAME}(?:,{SLURM_NODE_NAME}){{0,{MAX_NODE_LIST - 1}}}"
 SLURM_RESERVED = ("all",)  # compared without case: scontrol reads NodeName=ALL (or all) as every node
 # Slurm job ids: 1234, array tasks 1234_7, het components 1234+1.
 SLURM_JOB_ID = r"[0-9]{1,12}(?:[_+][0-9]{1,8})?"
@@ -32,7 +37,9 @@ SLURM_JOB_ID = r"[0-9]{1,12}(?:[_+][0-9]{1,8})?"
 _DNS_LABEL = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 K8S_NAME = rf"(?=.{{1,253}}$){_DNS_LABEL}(?:\.{_DNS_LABEL})*"
 K8S_NODE_NAME = K8S_NAME
-K8S_NODE_LIST = rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*(?:,{_DNS_LABEL}(?:\.{_DNS_LABEL})*){{0,63}}"
+K8S_NODE_LIST = (
+    rf"{_DNS_LABEL}(?:\.{_DNS_LABEL})*(?:,{_DNS_LABEL}(?:\.{_DNS_LABEL})*){{0,{MAX_NODE_LIST - 1}}}"
+)
 K8S_NAMESPACE = r"[a-z0-9](?:[-a-z0-9]{0,61}[a-z0-9])?"
 # Label/annotation/taint keys: optional DNS prefix, then a name.
 K8S_KEY = r"(?:[a-z0-9](?:[-a-z0-9.]{0,251}[a-z0-9])?/)?[A-Za-z0-9](?:[-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"

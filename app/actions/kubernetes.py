@@ -21,7 +21,16 @@ from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import VALIDATION_PARAMS, check_validation
 from app.job_phase import JobPhase, finished_phase
 from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import K8S_KEY, K8S_LABEL_VALUE, K8S_NAME, K8S_NAMESPACE, K8S_NODE_LIST, K8S_NODE_NAME, Param
+from app.params import (
+    K8S_KEY,
+    K8S_LABEL_VALUE,
+    K8S_NAME,
+    K8S_NAMESPACE,
+    K8S_NODE_LIST,
+    K8S_NODE_NAME,
+    NODE_LIST_CHARS,
+    Param,
+)
 from app.schedulers import OUR_MARK
 from app.states import LedgerKind
 
@@ -279,7 +288,7 @@ class RestartJob(KubernetesAction):
         "kind": Param(choices=JOB_KINDS, description="Job | PyTorchJob | JobSet | TrainJob"),
         "exclude_nodes": Param(
             pattern=K8S_NODE_LIST,
-            max_length=16_384,
+            max_length=NODE_LIST_CHARS,
             required=False,
             description="nodes its pods must not run on, comma-separated (a required node affinity NotIn)",
         ),

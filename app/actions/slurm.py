@@ -34,8 +34,18 @@ from app.clients.slurm import (
     tail_command,
 )
 from app.errors import BackendError, CommandFailed, ConfigError, OutcomeUnknown, ParamError, Unavailable
+from app.hostlist import compress_hostlist
 from app.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_LIST, SLURM_NODE_NAME, SLURM_RESERVED, Param
+from app.params import (
+    MAX_NODE_LIST,
+    NODE_LIST_CHARS,
+    SAFE_TEXT,
+    SLURM_JOB_ID,
+    SLURM_NODE_LIST,
+    SLURM_NODE_NAME,
+    SLURM_RESERVED,
+    Param,
+)
 from app.states import LedgerKind
 
 if TYPE_CHECKING:
@@ -71,10 +81,11 @@ def prefixed_reason(reason: str) -> str:
 
 def exclusion(nodes: Sequence[str], excluded: list[str], required: list[str]) -> tuple[str, str | None]:
     """The (ExcNodeList, ReqNodeList) that keep a job off ``nodes``, given its lists expanded (``excluded``:
-    ExcNodeList, ``required``: ReqNodeList). The nodes are added to the excluded ones and removed from the
-    required ones, else the job could run nowhere. ReqNodeList is None when it needs no change."""
-    exc = ",".join([*excluded, *(node for node in nodes if node not in excluded)])
-    req = ",".join(name for name in required if name not in nodes) if set(nodes) & set(required) else None
+    ExcNodeList, ``required``: ReqNodeList), each one hostlist expression (a leaf's 64 nodes are
+    ``gpu[00064-00127]``, not 64 names). The nodes are added to the excluded ones and removed from the required
+    ones, else the job could run nowhere. ReqNodeList is None when it needs no change."""
+    exc = compress_hostlist([*excluded, *nodes])
+    req = compress_hostlist(n for n in required if n not in nodes) if set(nodes) & set(required) else None
     return exc, req
 
 
@@ -391,9 +402,9 @@ class RequeueJob(SlurmAction):
         "job": _JOB,
         "exclude_nodes": Param(
             pattern=SLURM_NODE_LIST,
-            max_length=4096,
+            max_length=NODE_LIST_CHARS,
             required=False,
-            description="nodes to keep the job off, comma-separated (at most 64; not ALL)",
+            description=f"nodes to keep the job off, comma-separated (at most {MAX_NODE_LIST}; not ALL)",
         ),
     }
     scope_keys = ("node", "partition")
@@ -411,7 +422,8 @@ class RequeueJob(SlurmAction):
         nodes = excluded_nodes(params)
         if nodes:
             commands.append(
-                shlex.join(exclude_command(params["job"], ",".join(nodes))) + " (merged with the job's lists)"
+                shlex.join(exclude_command(params["job"], compress_hostlist(nodes)))
+                + " (merged with the job's lists)"
             )
             summary += f" and keep it off {', '.join(nodes)}"
         return Plan(summary, "\n".join(commands))

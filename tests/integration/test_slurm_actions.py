@@ -146,6 +146,18 @@ def test_requeue_of_a_pending_job_only_excludes(clean_slurm: SlurmCluster, ctx: 
     assert outcome.data["restarts"] == 0
 
 
+def test_requeue_sends_the_exclusion_as_one_hostlist_and_slurm_reads_it_back(
+    clean_slurm: SlurmCluster, ctx: ActionContext
+) -> None:
+    job = clean_slurm.sbatch("sleep 300", "--requeue", "--hold")
+
+    outcome = RequeueJob().run({"job": job, "exclude_nodes": "node3,node1,node2"}, ctx)
+
+    assert isinstance(outcome, Ok), outcome
+    assert "ExcNodeList=node[1-3]" in outcome.command
+    assert outcome.data["exc_nodes"] == "node[1-3]"  # Slurm's own hostlist of the three nodes
+
+
 def test_requeue_refuses_a_no_requeue_job(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
     job = clean_slurm.sbatch("sleep 300", "--no-requeue")
 

@@ -21,6 +21,8 @@ from app.clients.slurm import (
 )
 from app.clients.ssh import CommandResult
 from app.errors import CommandFailed, NotFound, ParamError
+from app.hostlist import compress_hostlist, expand_hostlist
+from app.params import MAX_NODE_LIST
 
 NODE_IDLE = (
     "NodeName=node2 Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.62 "
@@ -264,15 +266,39 @@ def test_exclusion_merges_and_frees_required_nodes() -> None:
     assert exclusion(["node1"], [], ["node1"]) == ("node1", "")
     assert exclusion(["node3"], [], []) == ("node3", None)
     assert exclusion(["node1"], ["node1"], []) == ("node1", None)
-    assert exclusion(["node2"], ["node1"], ["node2", "node4"]) == ("node1,node2", "node4")
-    assert exclusion(["node2", "node3"], ["node1"], ["node2", "node4"]) == ("node1,node2,node3", "node4")
+    assert exclusion(["node2"], ["node1"], ["node2", "node4"]) == ("node[1-2]", "node4")
+    assert exclusion(["node2", "node3"], ["node1"], ["node2", "node4"]) == ("node[1-3]", "node4")
+
+
+@pytest.mark.parametrize(
+    "names",
+    [
+        [f"gpu{i:05d}" for i in range(64, 128)],
+        ["n1", "n2", "n10", "n01", "login", "x9", "x10", "x11", "r1n1", "r1n2"],
+        ["n08", "n09", "n10", "n11", "n7"],
+        ["node1"],
+    ],
+)
+def test_a_compressed_hostlist_expands_to_the_same_nodes(names: list[str]) -> None:
+    compressed = compress_hostlist(names)
+    assert sorted(expand_hostlist(compressed)) == sorted(set(names))
+    assert len(compressed) <= len(",".join(names))
+
+
+def test_a_leaf_of_nodes_is_excluded_as_one_short_hostlist() -> None:
+    leaf = [f"gpu{i:05d}" for i in range(64, 128)]
+    params = RequeueJob().validate({"job": "7", "exclude_nodes": ",".join(leaf)})
+    exc, _ = exclusion(params["exclude_nodes"].split(","), ["login1"], [])
+    assert exc == "gpu[00064-00127],login1"
+    assert sorted(expand_hostlist(exc)) == sorted([*leaf, "login1"])
 
 
 def test_requeue_excludes_a_list_of_nodes_and_never_all() -> None:
     assert (
         RequeueJob().validate({"job": "7", "exclude_nodes": "node1,node2"})["exclude_nodes"] == "node1,node2"
     )
-    for hostile in ("ALL", "node1,all", "node[1-4]", "node1;reboot", "node1,,node2", ",".join(["n"] * 65)):
+    too_many = ",".join(["n"] * (MAX_NODE_LIST + 1))
+    for hostile in ("ALL", "node1,all", "node[1-4]", "node1;reboot", "node1,,node2", too_many):
         with pytest.raises(ParamError):
             RequeueJob().validate({"job": "7", "exclude_nodes": hostile})
     assert "exclude_nodes" not in RequeueJob().validate({"job": "7", "exclude_nodes": ""})
@@ -302,7 +328,7 @@ def test_action_params_reject_hostile_values() -> None:
 def test_plans_show_the_commands() -> None:
     plan = RequeueJob().plan({"job": "7", "exclude_nodes": "node1,node3"})
     assert "scontrol requeue 7" in plan.command
-    assert "ExcNodeList=node1,node3" in plan.command
+    assert "ExcNodeList=node[1,3]" in plan.command
     assert plan.summary == "requeue job 7 and keep it off node1, node3"
     drain = DrainNode().plan({"node": "node1", "reason": "Xid 79"})
     assert drain.command == "scontrol update NodeName=node1 State=DRAIN 'Reason=nightshift: Xid 79'"
