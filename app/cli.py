@@ -672,6 +672,45 @@ def inbox(config: str | None, retry: bool) -> None:
     click.echo(json.dumps({**stats, "set_aside": failed}, default=str, indent=2))
 
 
+@cli.group(invoke_without_command=True)
+@config_option
+@click.option(
+    "--limit", default=100, show_default=True, help="Job incidents listed per fleet incident (1..1000)."
+)
+@click.pass_context
+def fleet(ctx: click.Context, config: str | None, limit: int) -> None:
+    """Fleet incidents (one shared cause for many jobs), as JSON; `fleet release KEY` releases one."""
+    ctx.obj = config
+    if ctx.invoked_subcommand is None:
+        from app import build_engine
+
+        if not 1 <= limit <= 1000:
+            raise click.BadParameter("1..1000", param_hint="--limit")
+        engine = build_engine(_settings(config))
+        click.echo(json.dumps(engine.fleet.fleet_incidents(limit), default=str, indent=2))
+
+
+@fleet.command("release")
+@click.argument("key")
+@click.option("--by", required=True, help="Who says the cause is over (ledgered).")
+@click.option("--note", default="", help="What was checked or fixed (ledgered).")
+@click.pass_obj
+def fleet_release(config: str | None, key: str, by: str, note: str) -> None:
+    """Release fleet incident KEY (e.g. storage_io, switch:leaf1): its held jobs restart after their jitter."""
+    from app import build_engine
+    from app.web import plain_text
+
+    engine = build_engine(_settings(config))
+    try:
+        record = engine.fleet.release(key, by=plain_text(by, 100) or "operator", note=plain_text(note, 500))
+    except (LookupError, ValueError) as exc:
+        raise click.ClickException(str(exc.args[0] if exc.args else exc)) from None
+    click.echo(
+        f"fleet incident {key} released by {record.cleared_by.removeprefix('operator ')}: "
+        f"{len(record.incidents)} held job(s) restart within {engine.deps.settings.fleet.release_jitter_seconds}s"
+    )
+
+
 @cli.command()
 @config_option
 @click.argument("logfiles", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False))

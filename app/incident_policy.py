@@ -12,6 +12,7 @@ it, so what is asked, in which order, and what follows from the answers is decid
       |
       +-- job: scheduler's view --(completed)--> completed
       |        (unread: ask again, at most ALLOCATION_TRIES)   (too many culprits) --> needs_human
+      |        held by a fleet incident (a shared cause; too many culprits no domain explains) --> waiting
       |        the diagnosis blames the job's own code (application_error) --> needs_human (no restart)
       |        running, and the playbook gives its launcher time (self_recovery):
       |            trained again after the fault --> self_recovered;  not yet --> waiting (until the grace ends)
@@ -143,10 +144,14 @@ class FleetHold:
 
 @dataclass(frozen=True)
 class Blame:
-    """The nodes to exclude instead of the culprits when a leaf, rack or block is at fault (empty: the culprits)."""
+    """The nodes to exclude instead of the culprits when a leaf, rack or block is at fault (empty: the culprits).
+    ``until``: too many culprits that no domain explains; the job waits on a fleet incident for a person.
+    ``waived``: a person released that fleet incident: recover excluding none of them."""
 
     nodes: tuple[str, ...] = ()
     message: str = ""
+    until: datetime | None = None
+    waived: bool = False
 
 
 @dataclass(frozen=True)
@@ -372,8 +377,12 @@ def _job(subject: Subject, facts: Facts) -> Decision:
         if facts.blame is None:
             nodes = tuple(c["node"] for c in confirmed if c["confirmed"])
             return Gather(Need.BLAME, exclude=nodes, learned=learned)
+        if facts.blame.until is not None:
+            return Wait(facts.blame.until, "held by a fleet incident", elsewhere=True, learned=learned)
         if facts.blame.nodes:  # a domain at fault: its nodes, whatever the culprits' own limits
             learned = replace(learned, exclude=facts.blame.nodes, blame=facts.blame.message)
+        elif facts.blame.waived:  # a person looked at the culprits and released the jobs
+            learned = replace(learned, exclude=(), blame=facts.blame.message)
         else:
             limits = facts.limits
             size = len(status.nodes) if status is not None else None

@@ -215,6 +215,9 @@ class LedgerKind(StrEnum):
     FLEET_STORM = "fleet_storm"
     FLEET_INCIDENT = "fleet_incident"
     FLEET_CLEARED = "fleet_cleared"
+    FLEET_PROBE = "fleet_probe"  # a held job restarted alone to test the shared cause
+    FLEET_PROBE_FAILED = "fleet_probe_failed"  # it failed again: the cause persists
+    FLEET_TOPOLOGY = "fleet_topology"  # the topology could not be read, or was refused
     # node repairs
     REPAIR_REQUESTED = "repair_requested"
     REPAIR_ABSORBED = "repair_absorbed"

@@ -119,6 +119,17 @@ def fake_actions() -> dict[str, FakeAction]:
     }
 
 
+class FakeHttpPoster:
+    """The notification webhook at Nightshift's HTTP seam (``Clients.http``): every body posted, in order."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def post_json(self, url: str, body: dict[str, Any], headers: Any = None) -> int:
+        self.bodies.append(body)
+        return 200
+
+
 @dataclass
 class FakeSample:
     labels: dict[str, str]

@@ -10,6 +10,7 @@ from app.alertmanager import Notification
 from app.engine import guard_facts, transitions, vitals
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
+from app.engine.fleet_hold import FleetHolds
 from app.engine.inbox import Inbox
 from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
@@ -29,6 +30,11 @@ class Engine:
         self.lifecycle = Lifecycle(deps)
         self.repairs = NodeRepairs(deps)
         self.retention = Retention(deps)
+
+    @property
+    def fleet(self) -> FleetHolds:
+        """Fleet incidents (one shared cause for many jobs): listed, and released by a person."""
+        return self.lifecycle.fleet
 
     @property
     def wakeup(self) -> Wakeup:

@@ -1,9 +1,12 @@
 """The engine's side of fleet incidents (app/fleet.py decides): hold a job's recovery while a shared cause lasts.
 
 Called by the lifecycle before a job incident plans its recovery. The shared cause is one record (a control row
-``fleet:<key>``: its incidents, when it opened, whether it cleared), told once (one notice, asking a person). Each
-held incident is looked at again every ``fleet.recheck_seconds``: once its own alerts have all resolved the cause
-is marked cleared, and every held job goes on to its recovery after its jitter (:func:`app.fleet.release_delay`).
+``fleet:<key>``, :class:`app.fleet.FleetRecord`: its incidents, its sampled diagnosis, how its cause was checked,
+whether it cleared), told once (one notice, asking a person). Its cause is checked once every
+``fleet.recheck_seconds`` for the whole fleet incident (not once per held job): the cause's clear query where one
+is set, else a probe job restarted alone; once it cleared (or a person released it, :meth:`FleetHolds.release`),
+every held job goes on to its recovery after its jitter (:func:`app.fleet.release_delay`). The held jobs' own
+alerts resolving says nothing about the cause (a dead job stops erring) and clears nothing.
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import yaml
 from sqlalchemy import Connection
 
 from app import fleet
+from app import incident_policy as policy
 from app.engine import transitions
 from app.engine.deps import EngineDeps
-from app.errors import ConfigError
+from app.errors import BackendError, ConfigError
 from app.paging import Notice
-from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind
+from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
 from app.store import records
 from app.topology import EMPTY, Topology, TopologyError, loggers, parse_slurm, peer_nodes, with_addresses
 
@@ -29,9 +33,11 @@ HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
 MAX_ADDRESSED_NODES = 100_000  # nodes in fleet.addresses_file
 RESTARTS, STORM_NOTIFIED = "fleet_restarts", "fleet_storm_notified_at"
+PREFIX = "fleet:"
 DIAGNOSIS_WAIT = timedelta(
     seconds=5
 )  # a job that may share its cause waits this long for the others' diagnoses
+RECOVERING = frozenset({State.ACTING, State.VERIFYING, State.WAITING_FOR_RESOURCES})
 
 Notify = Callable[[int, Notice], Any]
 
@@ -43,6 +49,16 @@ def _failure(row: records.Row) -> fleet.JobFailure:
     return fleet.JobFailure(
         row["id"], row.get("job") or "", row["opened_at"], category, culprits, diagnosed=bool(diagnosis)
     )
+
+
+def read_record(conn: Connection, key: str, *, for_update: bool = False) -> fleet.FleetRecord | None:
+    """The fleet incident ``key`` (e.g. ``storage_io``, ``switch:leaf1``) as stored, or None."""
+    value = records.get_control(conn, PREFIX + key, for_update=for_update)
+    return fleet.FleetRecord.from_json(key, value) if isinstance(value, dict) else None
+
+
+def write_record(conn: Connection, record: fleet.FleetRecord, now: datetime) -> None:
+    records.set_control(conn, PREFIX + record.key, record.as_json(), now)
 
 
 class FleetHolds:
@@ -58,103 +74,261 @@ class FleetHolds:
             return [], set()
         return peer_nodes(log, self.topology), loggers(log)
 
-    def widen(self, inc: records.Row, culprits: Iterable[str]) -> tuple[tuple[str, ...], str] | None:
-        """The nodes to exclude instead of ``culprits`` when they, or the culprits of the other jobs failing in
-        the window, are all behind one leaf, rack or block: the domain's nodes, and why. Told once a domain."""
-        if not self.topology.domains:
-            return None
+    def _others(self, inc: records.Row) -> list[fleet.JobFailure]:
         with self.deps.store.read() as conn:
-            others = [
+            return [
                 _failure(r)
                 for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
                 if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
             ]
-        me = fleet.JobFailure(inc["id"], inc.get("job") or "", inc["opened_at"], None, frozenset(culprits))
-        cause = fleet.shared_cause(
-            me, others, self.topology, self.deps.settings.fleet, self.deps.settings.episodes.max_culprits
-        )
-        if cause is None or cause.kind == "storage":
-            return None
-        domain = self.topology.domains[tuple(cause.key.split(":", 1))]  # type: ignore[index]
-        if len(domain.nodes) > self.deps.settings.fleet.max_domain_nodes:
-            return None  # never a fleet-wide exclusion: the culprits' own limits apply (and a person)
-        key = f"fleet:{cause.key}"
+
+    def _current(self, key: str, opened_at: datetime) -> fleet.FleetRecord | None:
+        """The fleet incident ``key`` that an incident opened at ``opened_at`` belongs to: None when there is none,
+        or when it cleared more than a window before (a new outage of the same kind is a new fleet incident)."""
         with self.deps.store.read() as conn:
-            record = records.get_control(conn, key)
+            record = read_record(conn, key)
         window = timedelta(seconds=self.deps.settings.fleet.window_seconds)
-        if record is None or datetime.fromisoformat(record["opened_at"]) < inc["opened_at"] - window:
-            record = {
-                "summary": cause.summary,
-                "opened_at": self.deps.clock.now().isoformat(),
-                "incidents": [],
-            }
-            self._open(inc, key, record, cause, held=False)
-        return tuple(
-            sorted(domain.nodes)
-        ), f"{cause.summary}: excluding {domain.label}'s {len(domain.nodes)} nodes"
+        if record is None:
+            return None
+        ended = record.cleared_at or (None if record.held else record.opened_at)
+        return None if ended is not None and opened_at > ended + window else record
+
+    # --- blame: a domain's nodes, or too many culprits for a person ----------------------------------------------
+
+    def blame(self, inc: records.Row, culprits: Iterable[str]) -> policy.Blame:
+        """What to exclude instead of ``culprits``: a domain's nodes when they, or the culprits of the other jobs
+        failing in the window, are all behind one leaf, rack or block (told once a domain); when they are more than
+        ``episodes.max_culprits`` and no domain within ``fleet.max_domain_nodes`` explains them, the job waits on
+        the ``unexplained`` fleet incident for a person (told once), and after a person's release it is recovered
+        excluding none of them. Else the culprits themselves (an empty Blame)."""
+        settings = self.deps.settings
+        suspects = frozenset(culprits)
+        cause = None
+        if self.topology.domains:
+            me = fleet.JobFailure(inc["id"], inc.get("job") or "", inc["opened_at"], None, suspects)
+            others = self._others(inc)
+            cause = fleet.shared_cause(
+                me, others, self.topology, settings.fleet, settings.episodes.max_culprits
+            )
+            now = self.deps.clock.now()
+            window = timedelta(seconds=settings.fleet.window_seconds)
+            # The other jobs of the window, once diagnosed, may name the same domain: wait for them (bounded).
+            waiting = cause is None and now < inc["opened_at"] + window
+            if waiting and fleet.may_share_domain(me, others, self.topology, settings.fleet):
+                return policy.Blame(until=now + DIAGNOSIS_WAIT)
+        if cause is not None and cause.kind != "storage":
+            domain = self.topology.domains[tuple(cause.key.split(":", 1))]  # type: ignore[index]
+            if len(domain.nodes) <= settings.fleet.max_domain_nodes:
+                self._told(inc, cause, held=False)
+                nodes = tuple(sorted(domain.nodes))
+                return policy.Blame(
+                    nodes, f"{cause.summary}: excluding {domain.label}'s {len(domain.nodes)} nodes"
+                )
+        if len(suspects) <= settings.episodes.max_culprits:
+            return policy.Blame()
+        return self._unexplained(inc, suspects)
+
+    def _unexplained(self, inc: records.Row, suspects: frozenset[str]) -> policy.Blame:
+        settings = self.deps.settings
+        record = self._current(fleet.UNEXPLAINED, inc["opened_at"])
+        if record is not None and record.cleared_at is not None:
+            return policy.Blame(
+                message=f"fleet incident {fleet.UNEXPLAINED} {record.why}: recovering without excluding "
+                f"{len(suspects)} suspects",
+                waived=True,
+            )
+        listed = ", ".join(sorted(suspects)[:8])
+        summary = (
+            f"{len(suspects)} suspect nodes ({listed}) are more than episodes.max_culprits "
+            f"({settings.episodes.max_culprits}) and no leaf, rack or block of at most "
+            f"{settings.fleet.max_domain_nodes} nodes holds them all: excluding none; a person decides"
+        )
+        now = self.deps.clock.now()
+        if record is None:
+            cause = fleet.SharedCause(fleet.UNEXPLAINED, fleet.UNEXPLAINED, summary, (inc["id"],))
+            record = self._told(inc, cause, held=True)
+        self._join(inc, record, now)
+        return policy.Blame(until=now + timedelta(seconds=settings.fleet.recheck_seconds))
+
+    def _told(self, inc: records.Row, cause: fleet.SharedCause, held: bool) -> fleet.FleetRecord:
+        """The fleet incident of ``cause``, opened and told once (a new one once the last cleared or, for a
+        domain's, a window after it opened)."""
+        record = self._current(cause.key, inc["opened_at"])
+        if record is None:
+            record = fleet.FleetRecord(cause.key, cause.kind, cause.summary, self.deps.clock.now(), held=held)
+            self._open(inc, record)
+        return record
+
+    # --- holding the jobs of a shared cause ------------------------------------------------------------------
 
     def hold(self, inc: records.Row) -> datetime | None:
         """When to look at ``inc`` again if its recovery is held by a shared cause; None: go on with it."""
         deps, settings = self.deps, self.deps.settings.fleet
         failure = _failure(inc)
         if inc["kind"] != IncidentKind.JOB or failure.category not in fleet.SHARED_CATEGORIES:
-            return None  # a domain's jobs are recovered off it (exclusion: widen), not held
+            return None  # a domain's jobs are recovered off it (exclusion: blame), not held
         now = deps.clock.now()
-        key = f"fleet:{failure.category}"
-        with deps.store.read() as conn:
-            record = records.get_control(conn, key)
-            resolved = _all_resolved(records.get_alerts_for_incident(conn, inc["id"]))
-        window = timedelta(seconds=settings.window_seconds)
-        if record and record.get("cleared_at"):
-            cleared = datetime.fromisoformat(record["cleared_at"])
-            if inc["opened_at"] > cleared + window:
-                record = None  # a new outage of the same kind: a new record
-            else:
-                due = cleared + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
-                return None if now >= due else due
-        if record is None or inc["id"] not in record["incidents"]:
-            with deps.store.read() as conn:
-                others = [
-                    _failure(r)
-                    for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                    if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
-                ]
-            cause = fleet.shared_cause(failure, others, self.topology, settings)
+        record = self._current(failure.category, inc["opened_at"])
+        if record is not None and record.cleared_at is not None:
+            due = record.cleared_at + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
+            return None if now >= due else due
+        if record is None or inc["id"] not in record.incidents:
+            cause = fleet.shared_cause(failure, self._others(inc), self.topology, settings)
             if cause is None:
-                # The other jobs of the window may not be diagnosed yet: wait for them, inside the window only.
-                if now >= inc["opened_at"] + window or not fleet.may_share(failure, others, settings):
-                    return None
-                reason = (
-                    f"{failure.category}: waiting for the diagnoses of the other jobs failing in the window"
-                )
-                with deps.store.transaction() as conn:
-                    if inc["reason"] != reason:
-                        transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_WAIT)
-                return now + DIAGNOSIS_WAIT
+                return self._await_diagnoses(inc, failure, now)
             if record is None:
-                record = {
-                    "summary": cause.summary,
-                    "opened_at": now.isoformat(),
-                    "incidents": [],
-                    "cleared_at": None,
-                }
-                self._open(inc, key, record, cause)
-        if resolved:
-            self._clear(inc, key, record, now, f"the alerts of incident #{inc['id']} resolved")
-            return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
-        if inc["id"] not in record["incidents"]:
-            self._join(inc, key, record, now)
-        return now + timedelta(seconds=settings.recheck_seconds)
+                record = self._told(inc, cause, held=True)
+            self._join(inc, record, now)
+        return self._check(inc, record, now)
+
+    def _await_diagnoses(self, inc: records.Row, failure: fleet.JobFailure, now: datetime) -> datetime | None:
+        """The other jobs of the window may not be diagnosed yet: wait for them, inside the window only."""
+        settings = self.deps.settings.fleet
+        others = self._others(inc)
+        window = timedelta(seconds=settings.window_seconds)
+        if now >= inc["opened_at"] + window or not fleet.may_share(failure, others, settings):
+            return None
+        reason = f"{failure.category}: waiting for the diagnoses of the other jobs failing in the window"
+        with self.deps.store.transaction() as conn:
+            if inc["reason"] != reason:
+                transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_WAIT)
+        return now + DIAGNOSIS_WAIT
+
+    def _check(self, inc: records.Row, record: fleet.FleetRecord, now: datetime) -> datetime | None:
+        """Whether the cause persists, checked once a recheck interval for the whole fleet incident: its clear
+        query, else its probe. None: ``inc`` goes on (it is the probe, or the cause cleared)."""
+        settings = self.deps.settings.fleet
+        later = now + timedelta(seconds=settings.recheck_seconds)
+        if record.probe == inc["id"] and inc["attempt"] == record.probe_attempt:
+            return None  # chosen as the probe, its restart not started yet
+        if not (inc["reason"] or "").startswith(HOLD_PREFIX):
+            self._join(inc, record, now)  # the probe back from a restart that did not recover it: held again
+        if record.checked_at is not None and now < record.checked_at + timedelta(
+            seconds=settings.recheck_seconds
+        ):
+            return later
+        query = settings.clear_queries.get(record.key)
+        if query:
+            verdict, why = self._query(query)
+        elif record.probe is None:
+            if now < (
+                record.next_probe_at or record.opened_at + timedelta(seconds=settings.probe_after_seconds)
+            ):
+                verdict, why = "waiting", "no clear query: a probe job restarts at the next probe time"
+            else:
+                verdict, why = (
+                    "probe",
+                    f"no clear query: job {inc['job']} (incident #{inc['id']}) restarts alone",
+                )
+        else:
+            verdict, why = fleet.probe_verdict(record, self._probe_view(record))
+        with self.deps.store.transaction() as conn:
+            current = read_record(conn, record.key, for_update=True)
+            if current is None or current.checked_at != record.checked_at or current.cleared_at is not None:
+                return later  # another worker checked it meanwhile
+            record = current
+            record.checked_at, record.why = now, why
+            if verdict == "cleared":
+                self._clear(conn, record, now, "query" if query else "probe", why)
+                return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
+            if verdict == "probe" and inc["id"] in record.probed:
+                verdict, record.why = "waiting", "a probe is due: the next held job not yet probed restarts"
+            elif verdict == "probe":
+                record.probe, record.probe_at, record.probe_attempt = inc["id"], now, inc["attempt"]
+                record.probed.append(inc["id"])
+                transitions.note(conn, now, inc["id"], LedgerKind.FLEET_PROBE, f"{PREFIX}{record.key}: {why}")
+            elif verdict == "failed":
+                self._end_probe(conn, record, why, now)
+                record.probes_failed += 1
+                record.probe, record.probe_at = None, None
+                record.next_probe_at = now + fleet.next_probe_wait(record.probes_failed, settings)
+                transitions.note(
+                    conn,
+                    now,
+                    None,
+                    LedgerKind.FLEET_PROBE_FAILED,
+                    f"{PREFIX}{record.key}: {why}: the cause persists; the jobs stay held, the next probe at "
+                    f"{record.next_probe_at:%H:%M:%S}",
+                    record.as_json(),
+                )
+            write_record(conn, record, now)
+        return None if verdict == "probe" else later
+
+    def _end_probe(self, conn: Connection, record: fleet.FleetRecord, why: str, now: datetime) -> None:
+        """The probe failed: its attempt ends now (not at its verification's timeout) and it is held again on its
+        next tick (left alone while a worker holds it: it then ends on its own)."""
+        assert record.probe is not None
+        probe = records.get_incident(conn, record.probe)
+        if probe is None or probe["open_key"] is None or probe["state"] not in RECOVERING:
+            return
+        if probe["claimed_by"] is not None and probe["claim_expires_at"] > now:
+            return
+        transitions.fleet_probe_failed(conn, now, probe, f"fleet incident {record.key}: {why}")
+
+    def _query(self, expr: str) -> tuple[str, str]:
+        try:
+            samples = self.deps.clients.prometheus.query(expr)
+        except (BackendError, ConfigError) as exc:
+            return "persists", f"clear query {expr} failed ({exc}): the cause is taken to persist"
+        if samples:
+            return "persists", f"clear query {expr}: {len(samples)} series: the cause persists"
+        return "cleared", f"clear query {expr} returned nothing: the cause cleared"
+
+    def _probe_view(self, record: fleet.FleetRecord) -> fleet.ProbeView | None:
+        assert record.probe is not None and record.probe_at is not None
+        with self.deps.store.read() as conn:
+            probe = records.get_incident(conn, record.probe)
+            alerts = records.get_alerts_for_incident(conn, record.probe) if probe else []
+        if probe is None:
+            return None
+        again = [
+            a["starts_at"] for a in alerts if a["status"] == "firing" and a["starts_at"] > record.probe_at
+        ]
+        return fleet.ProbeView(
+            probe["id"],
+            probe["open_key"] is not None,
+            probe.get("outcome"),
+            probe["attempt"],
+            recovering=probe["state"] in RECOVERING,
+            failed_again_at=max(again, default=None),
+        )
+
+    # --- one diagnosis for the fleet incident ----------------------------------------------------------------
+
+    def adopted_diagnosis(self, inc: records.Row) -> dict[str, Any] | None:
+        """The fleet incident's diagnosis for a job whose alerts name its shared cause, once
+        ``fleet.diagnosis_sample`` member jobs' logs were read for it (None: read this job's own log)."""
+        category = (inc.get("labels") or {}).get("error_class")
+        if inc["kind"] != IncidentKind.JOB or category not in fleet.SHARED_CATEGORIES:
+            return None
+        record = self._current(category, inc["opened_at"])
+        sample = self.deps.settings.fleet.diagnosis_sample
+        if record is None or record.cleared_at or record.diagnosis is None or len(record.sampled) < sample:
+            return None
+        sampled = ", ".join(f"#{i}" for i in record.sampled)
+        return {
+            **record.diagnosis,
+            "summary": f"{record.diagnosis.get('summary', '')} (fleet incident {record.key}: diagnosed from "
+            f"the logs of {len(record.sampled)} member jobs, incidents {sampled}; this job's log was not read)",
+            "fleet": record.key,
+        }
+
+    # --- nodes behind a failing domain -----------------------------------------------------------------------
 
     def hold_node(self, inc: records.Row) -> datetime | None:
         """A node incident among many at once behind one leaf or rack: the domain is the suspect, told once; the
-        node waits (its alert resolving when the domain is back closes it), never repaired or paged one by one.
-        None: the node's own fault, repaired as usual."""
+        node waits (its alert resolving when the domain is back closes it), never repaired or paged one by one,
+        until a person releases the domain's fleet incident. None: the node's own fault, repaired as usual."""
         settings = self.deps.settings.fleet
         if not self.topology.domains or inc["kind"] != IncidentKind.NODE or not inc["node"]:
             return None
         now = self.deps.clock.now()
         window = timedelta(seconds=settings.window_seconds)
+        if not self.topology.of(inc["node"]):
+            return None
+        # Nodes behind one leaf fail within seconds of each other: wait out the correlation window (a node that
+        # runs no job loses nothing by it) before deciding it is the node's own fault.
+        settle = inc["opened_at"] + timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
         with self.deps.store.read() as conn:
             failing = [
                 r["node"]
@@ -171,21 +345,23 @@ class FleetHolds:
             settings.max_domain_nodes,
         )
         if domain is None:
-            return None
-        key = f"fleet:{domain.kind}:{domain.name}"
+            return settle if now < settle else None
+        key = f"{domain.kind}:{domain.name}"
         down = len({inc["node"], *failing} & domain.nodes)
         summary = f"{down} nodes behind {domain.label} failed within {settings.window_seconds}s"
-        with self.deps.store.read() as conn:
-            record = records.get_control(conn, key)
-        if record is None or datetime.fromisoformat(record["opened_at"]) < inc["opened_at"] - window:
-            record = {"summary": summary, "opened_at": now.isoformat(), "incidents": []}
-            cause = fleet.SharedCause(f"{domain.kind}:{domain.name}", domain.kind, summary, (inc["id"],))
-            self._open(inc, key, record, cause, held=False)
-        reason = f"{HOLD_PREFIX} {domain.kind}:{domain.name}: {summary}; the node waits for it"
+        record = self._told(inc, fleet.SharedCause(key, domain.kind, summary, (inc["id"],)), held=False)
+        if record.cleared_at is not None:
+            return None  # released by a person: each node goes through its own repair
+        reason = f"{HOLD_PREFIX} {key}: {summary}; the node waits for it"
         if inc["reason"] != reason:
             with self.deps.store.transaction() as conn:
+                current = read_record(conn, key, for_update=True) or record
+                current.incidents = sorted({*current.incidents, inc["id"]})
+                write_record(conn, current, now)
                 transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
         return now + timedelta(seconds=settings.recheck_seconds)
+
+    # --- the storm guard -------------------------------------------------------------------------------------
 
     def storm_wait(self, inc: records.Row) -> datetime | None:
         """The fleet's storm guard: when ``fleet.storm_max_restarts`` jobs were restarted within the storm window,
@@ -230,59 +406,121 @@ class FleetHolds:
         restarts = [*(records.get_control(conn, RESTARTS) or []), now.isoformat()][-keep:]
         records.set_control(conn, RESTARTS, restarts, now)
 
-    def release(self, cause: str, by: str) -> dict[str, Any]:
-        """A person says the shared cause ``cause`` (e.g. ``storage_io``) is over: its held jobs are released."""
-        key = f"fleet:{cause}"
+    # --- a person's word ---------------------------------------------------------------------------------------
+
+    def release(self, key: str, by: str, note: str = "") -> fleet.FleetRecord:
+        """A person says the cause of fleet incident ``key`` (e.g. ``storage_io``) is over: its held jobs are
+        released (after their jitter), ledgered with their name. LookupError: no such fleet incident; ValueError:
+        it cleared already."""
         now = self.deps.clock.now()
-        with self.deps.store.read() as conn:
-            record = records.get_control(conn, key)
-        if record is None:
-            raise LookupError(f"no fleet incident {cause}")
-        if record.get("cleared_at"):
-            raise ValueError(f"fleet incident {cause} already cleared at {record['cleared_at']}")
-        self._clear(None, key, record, now, f"released by {by}")
         with self.deps.store.transaction() as conn:
-            transitions.fleet_released_by_person(conn, now, record["incidents"])
+            record = read_record(conn, key, for_update=True)
+            if record is None:
+                raise LookupError(f"no fleet incident {key}")
+            if record.cleared_at is not None:
+                raise ValueError(
+                    f"fleet incident {key} already cleared at {record.cleared_at:%Y-%m-%d %H:%M:%S}"
+                )
+            why = f"released by {by}" + (f": {note}" if note else "")
+            self._clear(conn, record, now, f"operator {by}", why)
         return record
 
-    def _open(
-        self, inc: records.Row, key: str, record: dict[str, Any], cause: fleet.SharedCause, held: bool = True
-    ) -> None:
+    def fleet_incidents(self, limit: int) -> list[dict[str, Any]]:
+        """Every fleet incident, newest first, each with up to ``limit`` of its job incidents (state, why)."""
+        with self.deps.store.read() as conn:
+            stored = records.controls_with_prefix(conn, PREFIX)
+            found = [fleet.FleetRecord.from_json(k, v) for k, v in stored.items() if isinstance(v, dict)]
+            found.sort(key=lambda r: r.opened_at, reverse=True)
+            out = []
+            for record in found:
+                members = []
+                for incident_id in record.incidents[:limit]:
+                    row = records.get_incident(conn, incident_id)
+                    if row is not None:
+                        members.append(
+                            {k: row.get(k) for k in ("id", "job", "node", "state", "outcome", "reason")}
+                        )
+                out.append({**record.as_json(), "members": members, "member_count": len(record.incidents)})
+        return out
+
+    # --- writing -----------------------------------------------------------------------------------------------
+
+    def _open(self, inc: records.Row, record: fleet.FleetRecord) -> None:
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
-            transitions.fleet_opened(conn, now, inc, key, record, cause.summary)
-        jitter = self.deps.settings.fleet.release_jitter_seconds
-        then = (
-            "Every job failing with it is held, not requeued into the outage, until its alerts resolve (or a "
-            f"person closes the job incidents); then they restart together, spread over {jitter}s."
-            if held
-            else "The jobs behind it are requeued off it; the domain itself needs a person (switch, rack power)."
-        )
+            write_record(conn, record, now)
+            transitions.fleet_opened(
+                conn, now, inc, f"{PREFIX}{record.key}: {record.summary}", record.as_json()
+            )
+        settings = self.deps.settings.fleet
+        jitter = settings.release_jitter_seconds
+        if record.kind == "storage":
+            query = settings.clear_queries.get(record.key)
+            check = (
+                f"the cause is checked every {settings.recheck_seconds}s with {query}"
+                if query
+                else f"after {settings.probe_after_seconds}s one held job restarts alone as a probe (doubling "
+                f"the wait after each failure, at most {settings.probe_max_seconds}s)"
+            )
+            then = (
+                f"Every job failing with it is held, not requeued into the outage; {check}. Once the cause has "
+                f"cleared (or a person releases it: POST /api/v1/fleet/{record.key}/release, or the Fleet page), "
+                f"they restart together, spread over {jitter}s. The first {settings.diagnosis_sample} jobs' logs "
+                "are read for the diagnosis; the others adopt it."
+            )
+        elif record.kind == fleet.UNEXPLAINED:
+            then = (
+                "The jobs wait, excluding nothing, for a person: take the bad nodes out, then release the fleet "
+                f"incident (POST /api/v1/fleet/{record.key}/release, or the Fleet page); they restart then."
+            )
+        else:
+            then = "The jobs behind it are requeued off it; the domain itself needs a person (switch, rack power)."
         self.notify(
             inc["id"],
             Notice(
                 NoticeKind.FLEET_INCIDENT,
-                f"[nightshift] fleet incident {cause.key}" + (": job recoveries held" if held else ""),
-                f"{cause.summary}.\n{then} First incident #{inc['id']}.",
-                {"incident": inc["id"], "fleet": cause.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
+                f"[nightshift] fleet incident {record.key}"
+                + (": job recoveries held" if record.held else ""),
+                f"{record.summary}.\n{then} First incident #{inc['id']}.",
+                {"incident": inc["id"], "fleet": record.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
             ),
         )
 
-    def _join(self, inc: records.Row, key: str, record: dict[str, Any], now: datetime) -> None:
-        record["incidents"] = sorted({*record["incidents"], inc["id"]})
-        reason = f"{HOLD_PREFIX} {key.removeprefix('fleet:')}: {record['summary']}"
+    def _join(self, inc: records.Row, record: fleet.FleetRecord, now: datetime) -> None:
+        """``inc`` joins the fleet incident and waits for it (its diagnosis joins the sample while it is short)."""
+        reason = f"{HOLD_PREFIX} {record.key}: {record.summary}"
+        sample = self.deps.settings.fleet.diagnosis_sample
         with self.deps.store.transaction() as conn:
-            records.set_control(conn, key, record, now)
-            transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
+            current = read_record(conn, record.key, for_update=True) or record
+            current.incidents = sorted({*current.incidents, inc["id"]})
+            diagnosis = inc.get("diagnosis") or {}
+            own = diagnosis.get("category") == current.key and "fleet" not in diagnosis
+            if own and len(current.sampled) < sample and inc["id"] not in current.sampled:
+                current.sampled.append(inc["id"])
+                current.diagnosis = current.diagnosis or diagnosis
+            write_record(conn, current, now)
+            if inc["reason"] != reason:
+                transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
+        record.incidents, record.sampled, record.diagnosis = (
+            current.incidents,
+            current.sampled,
+            current.diagnosis,
+        )
 
-    def _clear(
-        self, inc: records.Row | None, key: str, record: dict[str, Any], now: datetime, why: str
-    ) -> None:
-        record["cleared_at"] = now.isoformat()
-        jitter = self.deps.settings.fleet.release_jitter_seconds
-        with self.deps.store.transaction() as conn:
-            message = f"{key}: {why}: {len(record['incidents'])} held job(s) released, spread over {jitter}s"
-            transitions.fleet_cleared(conn, now, inc, key, record, message)
+    def _clear(self, conn: Connection, record: fleet.FleetRecord, now: datetime, by: str, why: str) -> None:
+        """In the caller's transaction: the fleet incident cleared; each held job looked at after its jitter."""
+        settings = self.deps.settings.fleet
+        record.cleared_at, record.cleared_by, record.why = now, by, why
+        record.probe = None
+        write_record(conn, record, now)
+        transitions.fleet_cleared(
+            conn,
+            now,
+            f"{PREFIX}{record.key}: {why}: {len(record.incidents)} held job(s) released, spread over "
+            f"{settings.release_jitter_seconds}s",
+            {**record.as_json(), "by": by},
+            {i: now + fleet.release_delay(i, settings.release_jitter_seconds) for i in record.incidents},
+        )
 
 
 def is_held(incident: records.Row) -> bool:
@@ -292,10 +530,6 @@ def is_held(incident: records.Row) -> bool:
         and incident["open_key"] is not None
         and (incident.get("reason") or "").startswith(HOLD_PREFIX)
     )
-
-
-def _all_resolved(alerts: list[records.Row]) -> bool:
-    return bool(alerts) and all(a["status"] == "resolved" for a in alerts)
 
 
 def load_topology(settings: fleet.FleetSettings) -> Topology:

@@ -758,31 +758,25 @@ def retention_noted(
 
 
 def fleet_opened(
-    conn: Connection, now: datetime, inc: Incident, key: str, record: Mapping[str, Any], summary: str
+    conn: Connection, now: datetime, inc: Incident, message: str, record: Mapping[str, Any]
 ) -> None:
-    """A shared cause of failing jobs (app/engine/fleet_hold.py): its control row and ``fleet_incident`` row."""
-    records.set_control(conn, key, dict(record), now)
-    records.record(
-        conn, now, LedgerKind.FLEET_INCIDENT, f"{key}: {summary}", incident_id=inc["id"], data=dict(record)
-    )
+    """A shared cause of failing jobs (app/engine/fleet_hold.py; its record written by the caller): its
+    ``fleet_incident`` row, on the incident that opened it."""
+    records.record(conn, now, LedgerKind.FLEET_INCIDENT, message, incident_id=inc["id"], data=dict(record))
 
 
 def fleet_cleared(
-    conn: Connection, now: datetime, inc: Incident | None, key: str, record: Mapping[str, Any], message: str
+    conn: Connection, now: datetime, message: str, record: Mapping[str, Any], due: Mapping[int, datetime]
 ) -> None:
-    """The shared cause is over: its control row marks it cleared; its held jobs go on after their jitter."""
-    records.set_control(conn, key, dict(record), now)
-    records.record(
-        conn,
-        now,
-        LedgerKind.FLEET_CLEARED,
-        message,
-        incident_id=inc["id"] if inc is not None else None,
-        data=dict(record),
-    )
+    """The shared cause is over (checked, or a person said so): each held job is looked at at its ``due`` time
+    (its release jitter)."""
+    for incident_id, at in due.items():
+        records.wake_incident(conn, incident_id, at)
+    records.record(conn, now, LedgerKind.FLEET_CLEARED, message, data=dict(record))
 
 
-def fleet_released_by_person(conn: Connection, now: datetime, incident_ids: Sequence[int]) -> None:
-    """A person said the shared cause is over: every job it held is looked at now."""
-    for incident_id in incident_ids:
-        records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+def fleet_probe_failed(conn: Connection, now: datetime, inc: Incident, reason: str) -> None:
+    """The probe job failed again: its attempt ends now (not at its verification's timeout) and it is looked at
+    now, to be held again."""
+    attempt_failed(conn, now, inc, reason)
+    records.wake_incident(conn, inc["id"], now)

@@ -34,6 +34,11 @@ class WorkerSource:
         deps = self.deps
         with deps.store.transaction() as conn:
             transitions.diagnosing(conn, deps.clock.now(), inc)
+        adopted = self.fleet_holds.adopted_diagnosis(inc)
+        if adopted is not None:  # a fleet incident's member: its sampled diagnosis, this job's log unread
+            with deps.store.transaction() as conn:
+                transitions.diagnosed(conn, deps.clock.now(), inc, adopted, None)
+            return
         logs = []
         for step in self.steps.materialise(inc, playbook.collect, attempt=0, phase="collect"):
             if step["status"] == StepStatus.PENDING:
@@ -86,8 +91,7 @@ class WorkerSource:
         return policy.FleetHold(self.fleet_holds.hold(inc) or self.fleet_holds.storm_wait(inc))
 
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
-        widened = self.fleet_holds.widen(inc, culprits)
-        return policy.Blame(*widened) if widened is not None else policy.Blame()
+        return self.fleet_holds.blame(inc, culprits)
 
     def progress(self, inc: Incident) -> policy.Progress:
         expr = episodes.progress_query(inc["target"])

@@ -1,9 +1,10 @@
-"""JSON API: incidents and their ledger, node repairs (read: any reader, :mod:`app.web.access`), pause/resume,
-approve, handled, and a node's release/hold (the operator token).
+"""JSON API: incidents and their ledger, node repairs, fleet incidents (read: any reader, :mod:`app.web.access`),
+pause/resume, approve, handled, a node's release/hold and a fleet incident's release (the operator token).
 
 Bounds: ``limit`` 1..1000 (default 100), ``before`` and path ids 1..2**63-1 (a path id outside is 404), filter
 values at most 255 characters, ``reason`` 500 printable characters, the operator's name 100; the checkpoint
-advice's ``gpus_per_node`` 1..64 and its job names by the scheduler's patterns.
+advice's ``gpus_per_node`` 1..64 and its job names by the scheduler's patterns; a fleet incident's key
+(``storage_io``, ``switch:leaf1``) at most 240 characters of ``[a-z_]`` then ``:`` and a domain name.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from app.web.auth import bearer, refuse_failure, same_secret
 bp = Blueprint("api", __name__, url_prefix="/api/v1")
 
 FILTERS = ("state", "outcome", "playbook", "node", "job")
+FLEET_KEY = re.compile(r"[a-z_]{1,40}(?::[A-Za-z0-9._-]{1,200})?")
 MAX_LIMIT = 1000
 MAX_FILTER = 255
 
@@ -205,6 +207,31 @@ def hold_node(node: str):
     except ValueError as exc:
         return error(409, str(exc))
     return jsonify({"status": "ok", **detail})
+
+
+@bp.get("/fleet")
+def list_fleet():
+    """Fleet incidents (one shared cause for many jobs), newest first: why, how the cause is checked, whether it
+    cleared, and up to ``limit`` of its job incidents each (state and why)."""
+    limit = int_arg("limit", 100, 1, MAX_LIMIT)
+    fleet = current_app.extensions["nightshift"].engine.fleet
+    return jsonify({"status": "ok", "fleet": fleet.fleet_incidents(limit)})
+
+
+@bp.post("/fleet/<key>/release")
+@operator_only
+def release_fleet(key: str):
+    """A person says the shared cause is over: the held jobs restart (after their jitter). Body: ``{"reason"}``."""
+    if not FLEET_KEY.fullmatch(key):
+        return error(400, f"key: {key[:100]!r} is not a fleet incident key")
+    fleet = current_app.extensions["nightshift"].engine.fleet
+    try:
+        record = fleet.release(key, by=_operator(), note=_reason())
+    except LookupError as exc:
+        return error(404, str(exc))
+    except ValueError as exc:
+        return error(409, str(exc))
+    return jsonify({"status": "ok", "fleet": record.as_json()})
 
 
 def _node_name(node: str) -> str:

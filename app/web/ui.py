@@ -17,7 +17,8 @@ import hmac
 import logging
 import re
 import secrets
-from functools import wraps
+from collections.abc import Callable
+from functools import partial, wraps
 from typing import Any
 
 from flask import (
@@ -299,18 +300,25 @@ def nodes():
     )
 
 
-@bp.post("/nodes/<node>/release")
-@operator_form
-def release_node(node: str):
+def _released(release: Callable[..., Any], done: str, page: str) -> Any:
+    """An operator's release from a page's form: ``release(by=, note=)``; 404 for what is not there, the refusal
+    (ValueError) or ``done`` flashed, then back to ``page``."""
     try:
-        _engine().repairs.release(node, by=_operator_name(), note=_text("note"))
+        release(by=_operator_name(), note=_text("note"))
     except LookupError as exc:
         abort(404, str(exc))
     except ValueError as exc:
         flash(str(exc), "error")
     else:
-        flash(f"Node {node} released: Nightshift returns what it took out.", "info")
-    return redirect(url_for(".nodes"), 303)
+        flash(done, "info")
+    return redirect(url_for(page), 303)
+
+
+@bp.post("/nodes/<node>/release")
+@operator_form
+def release_node(node: str):
+    release = partial(_engine().repairs.release, node)
+    return _released(release, f"Node {node} released: Nightshift returns what it took out.", ".nodes")
 
 
 @bp.post("/nodes/hold")
@@ -326,6 +334,18 @@ def hold_node():
     else:
         flash(f"Node {node} held: Nightshift will not repair or return it until released.", "info")
     return redirect(url_for(".nodes"), 303)
+
+
+@bp.get("/fleet")
+def fleet():
+    return render_template("fleet.html", incidents=_engine().fleet.fleet_incidents(limit=100))
+
+
+@bp.post("/fleet/<key>/release")
+@operator_form
+def release_fleet(key: str):
+    done = f"Fleet incident {key} released: its held jobs restart, spread over the release jitter."
+    return _released(partial(_engine().fleet.release, key), done, ".fleet")
 
 
 # --- login --------------------------------------------------------------------------------------------------

@@ -8,10 +8,14 @@ import pytest
 
 from app.errors import ConfigError
 from app.fleet import (
+    FleetRecord,
     FleetSettings,
     JobFailure,
+    ProbeView,
     may_share,
+    next_probe_wait,
     node_domain,
+    probe_verdict,
     release_delay,
     shared_cause,
     storm_tripped,
@@ -103,11 +107,50 @@ def test_storm_guard_counts_restarts_in_its_window():
         ("max_domain_nodes", 0),
         ("storm_max_restarts", -1),
         ("recheck_seconds", 100_000),
+        ("probe_after_seconds", 0),
+        ("probe_max_seconds", 60),  # below probe_after_seconds
+        ("diagnosis_sample", 0),
+        ("topology_refresh_seconds", 0),
+        ("clear_queries", {"cuda_oom": "up == 0"}),  # not a shared cause
+        ("clear_queries", {"storage_io": ""}),
+        ("clear_queries", {"storage_io": "x" * 2001}),
+        ("clear_queries", ["storage_io"]),
+        ("node_labels", {"row": "topology.kubernetes.io/row"}),  # not a domain kind
+        ("node_labels", {"rack": "not a label key!"}),
     ],
 )
 def test_settings_out_of_bounds_are_refused(field, value):
     with pytest.raises(ConfigError, match=f"fleet.{field}"):
         FleetSettings(**{field: value})
+
+
+def test_a_stored_record_reads_back_the_same_and_an_older_one_gets_defaults():
+    record = FleetRecord("switch:leaf1", "switch", "3 jobs", T0, held=False, incidents=[4, 5], probe_at=T0)
+    assert FleetRecord.from_json("switch:leaf1", record.as_json()) == record
+    old = FleetRecord.from_json("storage_io", {"summary": "s", "opened_at": T0.isoformat(), "incidents": [1]})
+    assert (old.kind, old.held, old.cleared_at, old.probe) == ("storage", True, None, None)
+
+
+@pytest.mark.parametrize(
+    ("view", "verdict"),
+    [
+        (None, "failed"),  # the probe's incident is gone
+        (ProbeView(7, open=True, outcome=None, attempt=1, recovering=True), "running"),
+        (ProbeView(7, open=True, outcome=None, attempt=0), "running"),  # chosen, its restart not started
+        (ProbeView(7, open=True, outcome=None, attempt=1), "failed"),  # its restart ended without recovery
+        (ProbeView(7, open=True, outcome=None, attempt=1, recovering=True, failed_again_at=T0), "failed"),
+        (ProbeView(7, open=False, outcome="recovered", attempt=1), "cleared"),
+        (ProbeView(7, open=False, outcome="needs_human", attempt=1), "failed"),
+    ],
+)
+def test_the_probe_job_tells_whether_the_cause_cleared(view, verdict):
+    record = FleetRecord("storage_io", "storage", "s", T0, probe=7, probe_at=T0, probe_attempt=0)
+    assert probe_verdict(record, view)[0] == verdict
+
+
+def test_each_failed_probe_doubles_the_wait_up_to_the_limit():
+    s = FleetSettings(probe_after_seconds=300, probe_max_seconds=1000)
+    assert [next_probe_wait(n, s).total_seconds() for n in (1, 2, 3, 50)] == [600, 1000, 1000, 1000]
 
 
 def test_a_storage_failure_waits_for_the_undiagnosed_jobs_of_its_window():
