@@ -20,13 +20,18 @@ Scenarios (``--scenarios``; every one by default):
 * ``storage-1000``, ``storage-2000``, ``storage-10000``: a shared file system fails under 1,000 / 2,000 / 10,000
   nodes (125 / 250 / 1,250 jobs of 8 nodes); every rank's reads fail (8,000 / 16,000 / 80,000 alerts).
 
-The shared cause lasts ``--outage-minutes`` (20) of simulated time, then clears (the alerts resolve); the run
-goes on for ``--horizon-minutes`` (45). Simulated time is an injected clock that advances with the real time
-the engine spends and jumps ahead when nothing is due, so latencies include Nightshift's own work and waits.
+The shared cause lasts ``--outage-minutes`` (20) of simulated time, then clears; the run goes on for
+``--horizon-minutes`` (45). A job's ``TrainingJobError`` alerts resolve five minutes after its last error (the
+rule is ``increase(training_errors_total[5m]) > 0``: a dead job stops erring whether or not the cause is over); the
+silent exporters' alerts resolve when the leaf is back. A notification answered 503 (the inbox's backlog bound) is
+sent again on the next round, as Alertmanager retries it. Simulated time is an injected clock that advances with
+the CPU time the process spends (not the wall time: on a shared machine, waiting for a core is not Nightshift's
+work) and jumps ahead when nothing is due, so latencies include Nightshift's own work and waits.
 
 Per scenario: alerts/s ingested (alerts over the CPU seconds of the webhook's accept plus the worker's
 ingestion), alert → first action latency (the first alert accepted to the first scheduler change or message
-sent), incidents opened, pages (messages that ask a person to act), requeues (and the restarts onto nodes the
+sent), incidents opened, fleet incidents, job logs read (``tail`` over SSH), pages (messages that ask a person to
+act), requeues (and the restarts onto nodes the
 cause still reaches while it lasts: into the outage), healthy nodes excluded (nodes put on a job's exclusion
 list whose hardware is fine and whose leaf works), nodes drained, and the peak RSS of the process that ran it
 (one child process a scenario). The floor, in the same run: the same bodies parsed (``json.loads``) and their
@@ -61,6 +66,7 @@ from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
 from app.engine import Engine
+from app.errors import InboxFull
 from app.hostlist import expand_hostlist
 from app.permissions import Grant, Permissions
 from app.playbooks import load_playbooks
@@ -76,6 +82,9 @@ IDLE_TICK = 5.0  # simulated seconds skipped when the engine has nothing due
 DELIVERY_AT = 40.0  # the first notification: the rule's evaluation plus Alertmanager's group_wait
 RESTART_SECONDS = 60.0  # a requeued job's wait in the queue before it runs again
 REFAIL_SECONDS = 90.0  # a restarted job meets the cause again after this long
+# TrainingJobError is `increase(training_errors_total[5m]) > 0` (rules/): a dead job's alert resolves five minutes
+# after its last error, whether or not the cause is over.
+ERRORS_RESOLVE_SECONDS = 300.0
 OUTCOMES_FOR_A_PERSON = {"needs_human", "failed", "advisory", "credential_error", "unverified"}
 BEGIN, END = "<!-- storm:begin -->", "<!-- storm:end -->"
 
@@ -116,6 +125,7 @@ class Fleet:
     requeues_into_outage: int = 0
     healthy_excluded: set[str] = field(default_factory=set)
     first_change_at: float | None = None
+    logs_read: int = 0
 
     @property
     def cause_live(self) -> bool:
@@ -220,6 +230,7 @@ class FleetSlurm:
         return f"unexpected command {argv}", 1
 
     def _log(self, path: str) -> tuple[str, int]:
+        self.fleet.logs_read += 1
         match = re.search(r"/(\d+)\.out$", path)
         job = self.fleet.jobs.get(match.group(1)) if match else None
         return (job.log + "\n", 0) if job else (f"tail: cannot open '{path}'", 1)
@@ -282,15 +293,16 @@ class Messages:
 
 
 class SimClock:
-    """Simulated time that advances with the real time spent and jumps when nothing is due."""
+    """Simulated time that advances with the CPU time the process spends and jumps when nothing is due. CPU time,
+    not wall time: on a shared machine, time spent waiting for a core is not Nightshift's work."""
 
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
-        self.origin = time.perf_counter()
+        self.origin = time.process_time()
         self.skipped = 0.0
 
     def tick(self) -> None:
-        self.fleet.now = time.perf_counter() - self.origin + self.skipped
+        self.fleet.now = time.process_time() - self.origin + self.skipped
 
     def now(self) -> datetime:
         self.tick()
@@ -546,30 +558,43 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
     horizon = args.horizon_minutes * 60.0
     clock.sleep(DELIVERY_AT)
     first_alert_at = fleet.now
+    resolves: dict[str, float] = {}  # when each job error alert stops firing
     for a in alerts:
         starts[fingerprint(a["labels"])] = first_alert_at - 30.0 + a["at"]
         firing[fingerprint(a["labels"])] = a["labels"]
+        if a["labels"]["alertname"] == "TrainingJobError":
+            resolves[fingerprint(a["labels"])] = starts[fingerprint(a["labels"])] + ERRORS_RESOLVE_SECONDS
     pending = bodies(alerts, "firing", starts, fleet.now)
     accept_cpu = ingest_cpu = 0.0
-    accepted = 0
+    accepted = refused = 0
     delivered_alerts = 0
     resolved_sent = False
     while fleet.now < horizon:
         clock.tick()
         if pending:
             begin = time.process_time()
+            retry = []
             for body in pending:
                 notification = parse_notification(body)
-                engine.accept(notification, body.encode())
+                try:
+                    engine.accept(notification, body.encode())
+                except InboxFull:
+                    refused += 1
+                    retry.append(body)  # answered 503: Alertmanager sends it again later
+                    continue
                 accepted += 1
                 delivered_alerts += len(notification.alerts)
             accept_cpu += time.process_time() - begin
-            pending = []
+            pending = retry
+        done = [k for k, at in resolves.items() if at <= fleet.now]
         if not fleet.cause_live and not resolved_sent:
             resolved_sent = True
-            done = [{"labels": labels} for labels in firing.values()]
-            firing.clear()
-            pending = bodies(done, "resolved", starts, fleet.now)
+            done = list(firing)  # the cause is over: every alert it raised resolves
+        if done:
+            ended = [{"labels": firing.pop(k)} for k in done if k in firing]
+            for k in done:
+                resolves.pop(k, None)
+            pending += bodies(ended, "resolved", starts, fleet.now) if ended else []
             continue
         begin = time.process_time()
         ingested = engine.inbox.ingest_next()
@@ -578,10 +603,12 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
         repaired = engine.repairs.work_once("storm")
         refail = advance_jobs(fleet, firing, starts)
         if refail:
-            pending = bodies(refail, "firing", starts, fleet.now)
+            pending += bodies(refail, "firing", starts, fleet.now)
+            resolves.update({fingerprint(a["labels"]): fleet.now + ERRORS_RESOLVE_SECONDS for a in refail})
         if ingested is None and ticked is None and repaired is None and not pending:
             clock.sleep(IDLE_TICK)
     incidents = engine.incidents(limit=100_000)
+    fleet_incidents = engine.fleet.fleet_incidents(limit=1)
     engine.deps.store.dispose()
     first_action = min((t for t in (fleet.first_change_at, messages.first_at) if t is not None), default=None)
     ingest_total = accept_cpu + ingest_cpu
@@ -593,11 +620,14 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
         "alerts": len(alerts),
         "alerts_delivered": delivered_alerts,
         "notifications": accepted,
+        "refused_503": refused,
         "accept_cpu_s": round(accept_cpu, 3),
         "ingest_cpu_s": round(ingest_cpu, 3),
         "alerts_per_cpu_s": round(delivered_alerts / ingest_total, 1) if ingest_total else None,
         "first_action_s": round(first_action - first_alert_at, 2) if first_action is not None else None,
         "incidents": len(incidents),
+        "fleet_incidents": len(fleet_incidents),
+        "logs_read": fleet.logs_read,
         "incidents_by_kind": _count(incidents, "kind"),
         "pages": messages.pages,
         "messages": len(messages.bodies),
@@ -696,15 +726,17 @@ def markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
         "SQLite in the same run.",
         "",
         "| scenario | alerts | alerts/CPU-s | floor alerts/CPU-s | floor / Nightshift | first action s | incidents "
-        "| pages | requeues (restarts into the cause) | healthy nodes excluded | nodes drained | peak RSS MiB |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| fleet incidents | logs read | pages | requeues (restarts into the cause) | healthy nodes excluded "
+        "| nodes drained | peak RSS MiB |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         ratio = r["floor_alerts_per_cpu_s"] / r["alerts_per_cpu_s"] if r["alerts_per_cpu_s"] else float("nan")
         first = f"{r['first_action_s']:.1f}" if r["first_action_s"] is not None else "none"
         lines.append(
             f"| {r['scenario']}: {r['description']} | {r['alerts_delivered']:,} | {r['alerts_per_cpu_s']:,.0f} "
-            f"| {r['floor_alerts_per_cpu_s']:,.0f} | {ratio:.1f}x | {first} | {r['incidents']} | {r['pages']} "
+            f"| {r['floor_alerts_per_cpu_s']:,.0f} | {ratio:.1f}x | {first} | {r['incidents']} "
+            f"| {r.get('fleet_incidents', '-')} | {r.get('logs_read', '-')} | {r['pages']} "
             f"| {r['requeues']} ({r['requeues_into_outage']}) | {r['healthy_nodes_excluded']} "
             f"| {r['nodes_drained']} | {r['peak_rss_mib']:.0f} |"
         )
