@@ -1,10 +1,12 @@
 """The fleet's topology (which nodes share a leaf switch, a rack, a block) and blame by it. Pure: no I/O.
 
-Read from Slurm's ``topology.conf`` (``SwitchName=s0 Nodes=gpu[00-63]``, ``SwitchName=s2 Switches=s[0-1]``), from
-``scontrol show topology`` (the same keys, plus ``Level`` and, on upper switches, every node below them), or from
-Kubernetes node labels named by settings (rack, block, switch). Every node is in at most one *domain* of each kind
-(its leaf switch, its rack, its block); upper switches are domains of kind ``switch`` too, holding the nodes of
-the switches below them.
+Read from Slurm's ``topology.conf`` (topology/tree: ``SwitchName=s0 Nodes=gpu[00-63]``, ``SwitchName=s2
+Switches=s[0-1]``; topology/block: ``BlockName=b1 Nodes=gpu[00-17]``, ``BlockSizes=...``), from ``scontrol show
+topology`` (the same keys, plus ``Level`` and, on upper switches, every node below them; blocks as
+``BlockName=b1 BlockIndex=0 Nodes=... BlockSize=18`` and ``AggregatedBlock=...`` for the larger blocks made of
+them), or from Kubernetes node labels named by settings (rack, block, switch). Every node is in at most one
+*domain* of each kind (its leaf switch, its rack, its base block); upper switches are domains of kind ``switch``
+too, holding the nodes of the switches below them, and aggregated blocks of kind ``block``.
 
 Blame (:func:`blame`) names the smallest set that explains the evidence: the nodes that failed themselves (an Xid,
 a node down, a silent exporter) and the peers that ranks lost (their addresses mapped to nodes by
@@ -88,10 +90,12 @@ def parse_slurm(
     known_nodes: Iterable[str] | None = None,
     max_switch_nodes: int = MAX_SWITCH_NODES,
 ) -> Topology:
-    """A topology from ``topology.conf`` or ``scontrol show topology`` output (the same ``key=value`` lines).
-    Raises :class:`TopologyError` with ``source:line``."""
+    """A topology from ``topology.conf`` or ``scontrol show topology`` output (the same ``key=value`` lines):
+    switches (topology/tree) and blocks (topology/block). Raises :class:`TopologyError` with ``source:line``."""
     direct: dict[str, frozenset[str]] = {}
     children: dict[str, tuple[str, ...]] = {}
+    blocks: dict[str, frozenset[str]] = {}
+    aggregated: dict[str, frozenset[str]] = {}
     where: dict[str, str] = {}
     for number, raw in enumerate(text.splitlines(), start=1):
         at = f"{source}:{number}"
@@ -101,14 +105,22 @@ def parse_slurm(
         if not line:
             continue
         pairs = {k.lower(): v for k, v in _PAIR.findall(line)}
-        name = pairs.get("switchname")
-        if not name:
-            raise TopologyError(f"{at}: expected SwitchName=..., got {line[:80]!r}")
-        if name in where:
-            raise TopologyError(f"{at}: switch {name} defined twice (first at {where[name]})")
+        if set(pairs) == {"blocksizes"}:
+            continue  # the block plugin's sizes: no domain
+        kind = next((k for k in ("switchname", "blockname", "aggregatedblock") if k in pairs), None)
+        if kind is None:
+            raise TopologyError(f"{at}: expected SwitchName= or BlockName=..., got {line[:80]!r}")
+        name = pairs[kind]
+        key = name if kind == "switchname" else f"block {name}"
+        if key in where:
+            raise TopologyError(f"{at}: {_what(kind)} {name} defined twice (first at {where[key]})")
         if len(where) >= MAX_SWITCHES:
-            raise TopologyError(f"{at}: more than {MAX_SWITCHES} switches")
-        where[name] = at
+            raise TopologyError(f"{at}: more than {MAX_SWITCHES} switches and blocks")
+        where[key] = at
+        if kind != "switchname":
+            members = _members(pairs, at, name, _what(kind), max_switch_nodes, base=kind == "blockname")
+            (blocks if kind == "blockname" else aggregated)[name] = members
+            continue
         below = pairs.get("switches")
         if below:
             try:
@@ -116,17 +128,62 @@ def parse_slurm(
             except ValueError as exc:
                 raise TopologyError(f"{at}: Switches={below[:80]}: {exc}") from None
             continue  # an upper switch: its nodes are those of the switches below (scontrol lists them too)
-        nodes = pairs.get("nodes")
-        if not nodes:
+        if not pairs.get("nodes"):
             raise TopologyError(f"{at}: switch {name} has neither Nodes= nor Switches=")
-        try:
-            members = expand_hostlist(nodes, limit=max_switch_nodes)
-        except ValueError as exc:
-            raise TopologyError(
-                f"{at}: switch {name}: Nodes={nodes[:80]}: {exc} (at most {max_switch_nodes} nodes a leaf)"
-            ) from None
-        direct[name] = frozenset(members)
-    return _assemble(direct, children, where, known_nodes, max_switch_nodes)
+        direct[name] = _members(pairs, at, name, "switch", max_switch_nodes, base=True)
+    topology = _assemble(direct, children, where, known_nodes, max_switch_nodes)
+    return _with_blocks(topology, blocks, aggregated, where, known_nodes)
+
+
+def _what(kind: str) -> str:
+    return {"switchname": "switch", "blockname": "block", "aggregatedblock": "aggregated block"}[kind]
+
+
+def _members(
+    pairs: Mapping[str, str], at: str, name: str, what: str, limit: int, base: bool
+) -> frozenset[str]:
+    """The nodes of one switch or block line. A leaf or a base block holds at most ``limit`` nodes; an aggregated
+    block, made of base blocks, may hold more (it is never excluded whole past the limit: :func:`blame`)."""
+    nodes = pairs.get("nodes")
+    if not nodes:
+        raise TopologyError(f"{at}: {what} {name} has no Nodes=")
+    try:
+        return frozenset(expand_hostlist(nodes, limit=limit if base else 16 * limit))
+    except ValueError as exc:
+        raise TopologyError(
+            f"{at}: {what} {name}: Nodes={nodes[:80]}: {exc} (at most {limit} nodes a leaf)"
+        ) from None
+
+
+def _with_blocks(
+    topology: Topology,
+    blocks: Mapping[str, frozenset[str]],
+    aggregated: Mapping[str, frozenset[str]],
+    where: Mapping[str, str],
+    known_nodes: Iterable[str] | None,
+) -> Topology:
+    """``topology`` with the block plugin's blocks (kind ``block``): a node in at most one base block."""
+    block_of: dict[str, str] = {}
+    for name, members in blocks.items():
+        for node in members:
+            if node in block_of:
+                raise TopologyError(
+                    f"{where['block ' + name]}: node {node} is in blocks {block_of[node]} and {name}"
+                )
+            block_of[node] = name
+    if known_nodes is not None:
+        known = set(known_nodes)
+        for name, members in [*blocks.items(), *aggregated.items()]:
+            unknown = sorted(members - known)
+            if unknown:
+                raise TopologyError(
+                    f"{where['block ' + name]}: {len(unknown)} node(s) the scheduler does not know: "
+                    f"{', '.join(unknown[:8])}"
+                )
+    domains = dict(topology.domains)
+    for name, members in [*blocks.items(), *aggregated.items()]:
+        domains[("block", name)] = Domain("block", name, members)
+    return Topology(domains, topology.addresses)
 
 
 def _assemble(

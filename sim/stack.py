@@ -296,6 +296,11 @@ NODES = ("node1", "node2", "node3", "node4")
 # Each node's NodeAddr: a loopback address of its own (all of 127.0.0.0/8 reaches this host), so a job's progress
 # endpoint is <its node's address>:<the job's port> on every node, as on a real cluster, and a requeue moves it.
 NODE_ADDRESSES = {node: f"127.0.0.{index}" for index, node in enumerate(NODES, start=1)}
+TOPOLOGY_CONF = """\
+SwitchName=leaf0 Nodes=node[1-2]
+SwitchName=leaf1 Nodes=node[3-4]
+SwitchName=spine Switches=leaf[0-1]
+"""
 
 SLURM_CONF = """\
 ClusterName=nightshift
@@ -333,6 +338,8 @@ SlurmdTimeout=30
 Prolog={base}/slurm/hpc-job-mapping.sh
 Epilog={base}/slurm/hpc-job-mapping.sh
 PrologFlags=Alloc
+# Two leaf switches under a spine (topology.conf beside this file): `scontrol show topology` answers with them.
+TopologyPlugin=topology/tree
 {node_lines}
 PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP
 """
@@ -595,6 +602,7 @@ def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCl
     slurm_conf.write_text(
         SLURM_CONF.format(base=base, ctld_port=ctld_port, node_lines=node_lines, nodes=",".join(NODES))
     )
+    (base / "slurm" / "topology.conf").write_text(TOPOLOGY_CONF)
     client_key, known_hosts = _write_ssh_files(base, ssh_port, slurm_conf, binaries["ssh-keygen"])
     (base / "slurm" / "hpc-job-mapping.sh").symlink_to(HPC_JOB_MAPPING)  # the shipped script, run by slurmd
     _write_mapping_conf(base, None)

@@ -187,16 +187,23 @@ class FakeSlurmHost:
     ``scontrol reboot ASAP nextstate=DOWN`` drains the node and flags it; after ``reboot_polls`` looks it comes back
     DOWN with the reason. Every argv is recorded in ``commands``."""
 
-    def __init__(self, *names: str, reboot_polls: int = 1):
+    def __init__(self, *names: str, reboot_polls: int = 1, topology: str = ""):
         self.nodes = {name: FakeSlurmNode(reboot_polls=reboot_polls) for name in names}
         self.reboot_polls = reboot_polls
         self.commands: list[tuple[str, ...]] = []
+        self.topology = topology  # what `scontrol show topology` prints
+        self.down = False  # the host unreachable: every command fails as SSH does
+
+    def run_all(self, argvs: Any, timeout: float | None = None) -> list[Any]:
+        return [self.run(argv, timeout) for argv in argvs]
 
     def run(self, argv: Any, timeout: float | None = None) -> Any:
         from app.clients.ssh import CommandResult
 
         argv = tuple(argv)
         self.commands.append(argv)
+        if self.down:
+            raise Unavailable("ssh slurm-login: connection refused")
         out, code = self._answer(argv)
         return CommandResult(
             argv, " ".join(argv), code, out if code == 0 else "", "" if code == 0 else out, 0.01
@@ -222,6 +229,10 @@ class FakeSlurmHost:
                 return f"PartitionName={part} AllocNodes=ALL Nodes={names} State=UP\n", 0
             case ("scontrol", "show", "hostnames", hostlist):
                 return "\n".join(hostlist.split(",")) + "\n", 0
+            case ("scontrol", "show", "topology"):
+                return self.topology or "No topology information available\n", 0
+            case ("sinfo", "--noheader", "--Node", "--format=%N %o"):
+                return "".join(f"{name} 10.1.0.{i}\n" for i, name in enumerate(self.nodes, start=1)), 0
             case ("scontrol", "update", node_arg, "State=DRAIN", reason):
                 node = self.nodes[node_arg.removeprefix("NodeName=")]
                 node.flags.add("drain")

@@ -152,6 +152,26 @@ class KubeClient:
         )
         return [item["metadata"]["name"] for item in listing.get("items") or []]
 
+    def nodes_topology(self, max_nodes: int, page: int) -> dict[str, Json]:
+        """Every node's labels and InternalIP addresses (``{name: {"labels": {...}, "addresses": [...]}}``),
+        listed ``page`` nodes a request; more than ``max_nodes`` is a :class:`~app.errors.BackendError`."""
+        found: dict[str, Json] = {}
+        token: str | None = None
+        while True:
+            paging: dict[str, Any] = {"limit": page, **({"_continue": token} if token else {})}
+            listing = self._json("list nodes", self._core.list_node, **paging)
+            for item in listing.get("items") or []:
+                addresses = (item.get("status") or {}).get("addresses") or []
+                found[item["metadata"]["name"]] = {
+                    "labels": item["metadata"].get("labels") or {},
+                    "addresses": [a["address"] for a in addresses if a.get("type") == "InternalIP"],
+                }
+            if len(found) > max_nodes:
+                raise errors.BackendError(f"list nodes: more than {max_nodes} nodes")
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                return found
+
     def cordon(self, node: str, owner_annotation: Mapping[str, str]) -> bool:
         """Mark ``node`` unschedulable and set ``owner_annotation``, atomically with the read.
 

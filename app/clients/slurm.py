@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Protocol
 
+from app.discovery import parse_node_addresses
 from app.errors import CommandFailed, CredentialRejected, NotFound, ParamError
 from app.hostlist import HostlistError, expand_hostlist
 from app.outcome import tail
@@ -210,6 +211,11 @@ def _checked_path(path: str) -> str:
 
 
 # --- argv builders: pure, validating; the actions' plan() shows exactly these ---
+
+
+# Every node and its NodeAddr, one line per node and partition (read-only).
+NODE_ADDRESSES = ("sinfo", "--noheader", "--Node", "--format=%N %o")
+TOPOLOGY = ("scontrol", "show", "topology")
 
 
 def show_node_command(node: str) -> list[str]:
@@ -405,6 +411,16 @@ class SlurmClient:
         """Set the job's ExcNodeList to the hostlist ``nodes`` (and its ReqNodeList when given).
         Slurm 22.05 only accepts this while the job is pending or completing, not while it runs."""
         return self.run(exclude_command(job_id, nodes, required_nodes))
+
+    def topology(self, *, switches: bool) -> tuple[str, dict[str, str]]:
+        """The fleet's nodes with their NodeAddr (``sinfo``) and, when ``switches``, ``scontrol show topology``'s
+        text ("" without a topology plugin), in one round trip (read-only)."""
+        argvs = [NODE_ADDRESSES, *([TOPOLOGY] if switches else [])]
+        results = [self.checked(result) for result in self.run_all([list(argv) for argv in argvs])]
+        nodes = parse_node_addresses(results[0].stdout)
+        text = results[1].stdout if switches else ""
+        # Without a topology plugin scontrol says so in words ("No topology information available"): no lines.
+        return "\n".join(line for line in text.splitlines() if "=" in line), nodes
 
     def expand_hostlist(self, hostlist: str) -> list[str]:
         """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3), expanded here

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from app import discovery
+from app.clients.slurm import NODE_ADDRESSES
 
 if TYPE_CHECKING:
     from app.clients.slurm import SlurmClient
@@ -22,7 +23,7 @@ STATES = "RUNNING,COMPLETING"
 COMMANDS = (
     ["squeue", "--noheader", f"--states={STATES}", f"--format={discovery.JOBS_FORMAT}"],
     ["squeue", "--noheader", f"--states={STATES}", f"--format={discovery.COMMENTS_FORMAT}"],
-    ["sinfo", "--noheader", "--Node", "--format=%N %o"],
+    list(NODE_ADDRESSES),
 )
 
 

@@ -13,25 +13,23 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
-import yaml
 from sqlalchemy import Connection
 
 from app import fleet
 from app import incident_policy as policy
 from app.engine import transitions
 from app.engine.deps import EngineDeps
+from app.engine.fleet_topology import TopologySource
 from app.errors import BackendError, ConfigError
 from app.paging import Notice
 from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
 from app.store import records
-from app.topology import EMPTY, Topology, TopologyError, loggers, parse_slurm, peer_nodes, with_addresses
+from app.topology import Topology, loggers, peer_nodes
 
 HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
-MAX_ADDRESSED_NODES = 100_000  # nodes in fleet.addresses_file
 RESTARTS, STORM_NOTIFIED = "fleet_restarts", "fleet_storm_notified_at"
 PREFIX = "fleet:"
 DIAGNOSIS_WAIT = timedelta(
@@ -65,7 +63,12 @@ class FleetHolds:
     def __init__(self, deps: EngineDeps, notify: Notify):
         self.deps = deps
         self.notify = notify
-        self.topology = load_topology(deps.settings.fleet)
+        self.source = TopologySource(deps)
+
+    @property
+    def topology(self) -> Topology:
+        """The fleet's topology (files, the Slurm host, Kubernetes node labels: :mod:`app.engine.fleet_topology`)."""
+        return self.source.current()
 
     def lost_peers(self, log: str) -> tuple[list[str], set[str]]:
         """The nodes of the peers the job's log says its ranks lost (never the node that wrote the line), and the
@@ -530,44 +533,3 @@ def is_held(incident: records.Row) -> bool:
         and incident["open_key"] is not None
         and (incident.get("reason") or "").startswith(HOLD_PREFIX)
     )
-
-
-def load_topology(settings: fleet.FleetSettings) -> Topology:
-    """The topology the settings name (``fleet.topology_file``, ``fleet.addresses_file``), or none. A file that
-    cannot be read or is malformed is a :class:`ConfigError` at start, with the file and line."""
-    topology = EMPTY
-    if settings.topology_file:
-        try:
-            text = Path(settings.topology_file).read_text()
-        except OSError as exc:
-            raise ConfigError(f"fleet.topology_file: {settings.topology_file}: {exc.strerror}") from None
-        try:
-            topology = parse_slurm(text, settings.topology_file, max_switch_nodes=settings.max_domain_nodes)
-        except TopologyError as exc:
-            raise ConfigError(f"fleet.topology_file: {exc}") from None
-    if settings.addresses_file:
-        topology = with_addresses(topology, _addresses(settings.addresses_file))
-    return topology
-
-
-def _addresses(path: str) -> dict[str, str]:
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except OSError as exc:
-        raise ConfigError(f"fleet.addresses_file: {path}: {exc.strerror}") from None
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"fleet.addresses_file: {path}: invalid YAML: {exc}") from None
-    if not isinstance(loaded, dict) or len(loaded) > MAX_ADDRESSED_NODES:
-        raise ConfigError(f"fleet.addresses_file: {path}: a mapping of at most {MAX_ADDRESSED_NODES} nodes")
-    addresses: dict[str, str] = {}
-    for node, values in loaded.items():
-        listed = values if isinstance(values, list) else [values]
-        if not isinstance(node, str) or not all(isinstance(v, str) for v in listed) or len(listed) > 16:
-            raise ConfigError(f"fleet.addresses_file: {path}: {node!r}: a node name and up to 16 addresses")
-        for value in listed:
-            if value in addresses and addresses[value] != node:
-                raise ConfigError(
-                    f"fleet.addresses_file: {path}: {value} is both {addresses[value]} and {node}"
-                )
-            addresses[value] = node
-    return addresses

@@ -338,7 +338,10 @@ def hold_node():
 
 @bp.get("/fleet")
 def fleet():
-    return render_template("fleet.html", incidents=_engine().fleet.fleet_incidents(limit=100))
+    fleet = _engine().fleet
+    return render_template(
+        "fleet.html", incidents=fleet.fleet_incidents(limit=100), topology=fleet.source.view()
+    )
 
 
 @bp.post("/fleet/<key>/release")

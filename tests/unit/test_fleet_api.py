@@ -40,7 +40,7 @@ def test_the_api_lists_fleet_incidents_and_an_operator_releases_one(tmp_path):
     assert client.get("/api/v1/fleet").status_code == 401  # reads need a reader
     (listed,) = client.get("/api/v1/fleet", headers=viewer).json["fleet"]
     assert (listed["key"], listed["held"], listed["cleared_at"]) == ("storage_io", True, None)
-    assert client.post("/api/v1/fleet/storage_io/release", headers=viewer).status_code == 401
+    assert client.post("/api/v1/fleet/storage_io/release", headers=viewer).status_code == 403  # reads only
     assert client.post("/api/v1/fleet/switch:leaf9/release", headers=operator).status_code == 404
     bad = client.post("/api/v1/fleet/x;rm%20-rf/release", headers=operator)
     assert bad.status_code == 400 and bad.json["status"] == "error"

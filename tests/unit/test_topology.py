@@ -59,7 +59,19 @@ def test_switches_and_the_nodes_below_them(text):
             None,
             "topology.conf:2: switch a defined twice",
         ),
-        ("Nodes=n1\n", None, "topology.conf:1: expected SwitchName="),
+        ("Nodes=n1\n", None, "topology.conf:1: expected SwitchName= or BlockName="),
+        (
+            "BlockName=b1 Nodes=n[1-2]\nBlockName=b2 Nodes=n2\n",
+            None,
+            "topology.conf:2: node n2 is in blocks b1 and b2",
+        ),
+        ("BlockName=b1 BlockSize=4\n", None, "topology.conf:1: block b1 has no Nodes="),
+        ("BlockName=b1 Nodes=n[1-2]\n", {"n1"}, "topology.conf:1: 1 node(s) the scheduler does not know: n2"),
+        (
+            "BlockName=b1 Nodes=n[1-2]\nBlockName=b1 Nodes=n3\n",
+            None,
+            "topology.conf:2: block b1 defined twice",
+        ),
         ("SwitchName=a LinkSpeed=1\n", None, "topology.conf:1: switch a has neither Nodes= nor Switches="),
         (
             "SwitchName=a Nodes=n[1-3]\n",
@@ -73,6 +85,29 @@ def test_bad_topologies_are_refused_at_load_with_where_and_why(text, known, mess
     with pytest.raises(TopologyError) as err:
         parse_slurm(text, known_nodes=known, max_switch_nodes=1024)
     assert str(err.value).startswith(message)
+
+
+# topology/block: topology.conf, and `scontrol show topology` (plugins/topology/block: BlockName or AggregatedBlock,
+# BlockIndex, Nodes, BlockSize).
+BLOCKS_CONF = """\
+BlockName=b1 Nodes=gpu[00-03]
+BlockName=b2 Nodes=gpu[04-07]
+BlockSizes=4,8
+"""
+BLOCKS_SHOW = """\
+BlockName=b1 BlockIndex=0 Nodes=gpu[00-03] BlockSize=4
+BlockName=b2 BlockIndex=1 Nodes=gpu[04-07] BlockSize=4
+AggregatedBlock=b[1-2] BlockIndex=0 Nodes=gpu[00-07] BlockSize=8
+"""
+
+
+@pytest.mark.parametrize("text", [BLOCKS_CONF, BLOCKS_SHOW])
+def test_slurm_blocks_are_domains(text):
+    topo = parse_slurm(text)
+    assert topo.domains[("block", "b2")].nodes == {f"gpu0{i}" for i in range(4, 8)}
+    assert topo.smallest_covering(["gpu04", "gpu07"]).label == "block b2"
+    covering = topo.smallest_covering(["gpu01", "gpu07"])
+    assert (covering.label if covering else None) == ("block b[1-2]" if "Aggregated" in text else None)
 
 
 def test_kubernetes_labels_make_racks_and_blocks_and_refuse_a_rack_of_thousands():
