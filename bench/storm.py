@@ -205,6 +205,13 @@ class FleetSlurm:
                 return "", 0
             case ("scontrol", "show", "hostnames", hostlist):
                 return "".join(f"{n}\n" for n in expand_hostlist(hostlist)), 0
+            case (
+                "sinfo",
+                "--noheader",
+                "--Node",
+                "--format=%N %o",
+            ):  # the nodes Slurm knows: the topology's check
+                return "".join(f"{node_name(i)} {ib_address(i)}\n" for i in range(fleet.size)), 0
             case ("setpriv", *rest) if "tail" in rest:
                 return self._log(rest[-1])
             case ("tail", *rest):
@@ -526,9 +533,8 @@ def build_engine_for(
     settings = Settings(data_dir=str(workdir))
     settings.notify.webhook_url = "http://people.example/hook"
     settings.slurm.host = "slurm-login"
-    if hasattr(settings, "fleet"):  # the topology, where the code reads one
-        settings.fleet.topology_file = str(write_topology(fleet, workdir))
-        settings.fleet.addresses_file = str(write_addresses(fleet, workdir))
+    settings.fleet.topology_file = str(write_topology(fleet, workdir))
+    settings.fleet.addresses_file = str(write_addresses(fleet, workdir))
     clock = SimClock(fleet)
     clients = Clients(
         settings,
