@@ -373,6 +373,8 @@ class FleetHolds:
         settings = self.deps.settings.fleet
         if inc["kind"] != IncidentKind.JOB or settings.storm_max_restarts == 0 or is_held(inc):
             return None
+        if self._released(inc):
+            return None
         now = self.deps.clock.now()
         with self.deps.store.read() as conn:
             restarts = [datetime.fromisoformat(t) for t in records.get_control(conn, RESTARTS) or []]
@@ -402,6 +404,15 @@ class FleetHolds:
                 ),
             )
         return until
+
+    def _released(self, inc: records.Row) -> bool:
+        """Whether ``inc`` is a job of a fleet incident that has cleared (released, whatever its reason says now:
+        a failed probe's reason is its failure)."""
+        category = _failure(inc).category
+        if category not in fleet.SHARED_CATEGORIES:
+            return False
+        record = self._current(category, inc["opened_at"])
+        return record is not None and record.cleared_at is not None and inc["id"] in record.incidents
 
     def count_restart(self, conn: Connection, now: datetime) -> None:
         """Count a job restart for the storm guard (in the caller's transaction); the newest few are kept."""

@@ -166,6 +166,24 @@ def test_a_person_releases_the_held_jobs_and_is_ledgered(tmp_path):
     assert record(w).cleared_by == "operator alice"
 
 
+def test_the_storm_guard_never_holds_the_jobs_of_a_released_fleet_incident(tmp_path):
+    w = world(tmp_path, probe_after_seconds=300, storm_max_restarts=2)
+    fail_together(w)
+    w.clock.advance(300)
+    w.run()
+    assert len(w.requeue.script.calls) == 1  # the probe
+    w.engine.fleet.release("storage_io", by="alice")  # while the probe restarts
+    w.clock.advance(61)
+    w.run()
+    assert len(w.requeue.script.calls) == 4  # the three held jobs, past the guard's two: their cause is over
+    w.clock.advance(301)  # no job trains again: every verification times out, then the budget's backoff
+    w.run()
+    w.clock.advance(601)
+    w.run()
+    assert sorted(c["job"] for c in w.requeue.script.calls) == sorted([*JOBS, *JOBS])  # each retried, unheld
+    assert not [i for i in w.incidents() if (i["reason"] or "").startswith("fleet storm guard")]
+
+
 def test_only_a_sample_of_the_jobs_logs_is_read_and_the_others_adopt_the_fleet_diagnosis(tmp_path):
     jobs = {str(j): ("FAILED", f"node{j}a,node{j}b") for j in range(201, 211)}
     w = world(tmp_path, jobs=jobs, playbooks=PLAYBOOKS + STORAGE_PLAYBOOK, diagnosis_sample=3)
