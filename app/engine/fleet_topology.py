@@ -31,6 +31,7 @@ import yaml
 from app import fleet
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
+from app.states import LedgerKind
 from app.topology import EMPTY, Domain, Topology, TopologyError, from_labels, parse_slurm, with_addresses
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ class TopologySource:
             self._tell(f"fleet.topology_file refused, its switches not used: {refused}")
         elif self.status.error is not None:
             read = f"fleet topology read again: {len(topology.domains)} domains"
-            self.deps.ledger(None, "fleet_topology", read)
+            self.deps.ledger(None, LedgerKind.FLEET_TOPOLOGY, read)
             self.status.error = None
         self._topology = topology
 
@@ -121,7 +122,7 @@ class TopologySource:
         """Log and ledger ``error`` once (not again while it stays the same); the API shows it."""
         if error != self.status.error:
             log.warning("%s", error)
-            self.deps.ledger(None, "fleet_topology", error, {"error": error})
+            self.deps.ledger(None, LedgerKind.FLEET_TOPOLOGY, error, {"error": error})
         self.status.error = error
 
     def _read(self) -> tuple[Topology, str | None]:
