@@ -395,9 +395,12 @@ class FakeSlurm:
         jobs: Mapping[str, tuple[str, str]] | None = None,
         default: tuple[str, str] | None = None,
         comments: Mapping[str, str] | None = None,
+        node_states: Mapping[str, str] | None = None,
     ) -> None:
-        """``default``: what any other job is (None: an unknown job is not found)."""
+        """``default``: what any other job is (None: an unknown job is not found). ``node_states``: what
+        ``scontrol show node`` says of these nodes (``idle``, ``idle+drain``; any other is not found)."""
         self.jobs: dict[str, tuple[str, str]] = dict(jobs or {})
+        self.node_states = dict(node_states or {})
         self.default = default
         self.lookups = 0
         self.comments = dict(comments or {})
@@ -429,7 +432,12 @@ class FakeSlurm:
         return [node for node in hostlist.split(",") if node]
 
     def node_info(self, node: str) -> Any:
-        """No node is known here: the blast radius's share of a partition is unknown (absolute limit only)."""
+        """Only the ``node_states`` nodes are known (no partition: the blast radius's share of a partition is
+        unknown, its absolute limit applies)."""
+        from app.clients.slurm import NodeInfo
         from app.errors import NotFound
 
+        if node in self.node_states:
+            state, *flags = self.node_states[node].split("+")
+            return NodeInfo(node, state, tuple(flags), "")
         raise NotFound(f"scontrol show node {node}: Node {node} not found")

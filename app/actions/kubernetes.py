@@ -13,6 +13,7 @@ import json
 import re
 from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -292,6 +293,13 @@ class RestartJob(KubernetesAction):
             required=False,
             description="nodes its pods must not run on, comma-separated (a required node affinity NotIn)",
         ),
+        "return_nodes": Param(
+            pattern=K8S_NODE_LIST,
+            max_length=NODE_LIST_CHARS,
+            required=False,
+            description="nodes Nightshift kept its pods off that are back in service: dropped from the NotIn "
+            '("{{ incident.returned }}"; never a node someone else excluded)',
+        ),
     }
     scope_keys = ("namespace",)
 
@@ -302,8 +310,9 @@ class RestartJob(KubernetesAction):
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         ns, name, kind = params["namespace"], params["name"], params["kind"]
-        nodes = _node_list(params)
+        nodes, returned = _node_list(params), _node_list(params, "return_nodes")
         off = f", its pods kept off {', '.join(nodes)} (node affinity NotIn)" if nodes else ""
+        off += f", let back on {', '.join(returned)}" if returned else ""
         recreate = f"DELETE {kind} {ns}/{name} (uid precondition); POST {kind} {ns}/{name} from its spec"
         if kind == "Job":
             return Plan(
@@ -336,6 +345,12 @@ class RestartJob(KubernetesAction):
                     reason=f"TrainJob {ns}/{name}: its pod templates are in its TrainingRuntime, so only a cordon "
                     f"keeps its pods off a node, and {', '.join(uncordoned)} is not cordoned: not restarted",
                 )
+        before = set(not_in_values(kind, current["spec"]))
+        change = Exclusion(
+            tuple(nodes),
+            tuple(n for n in _node_list(params, "return_nodes") if n in before and n not in nodes),
+            tuple(n for n in nodes if n not in before) if kind != "TrainJob" else (),
+        )
         if kind == "Job" or finished is not None:
             if finished is not None:
                 ctx.record(
@@ -343,8 +358,15 @@ class RestartJob(KubernetesAction):
                     f"{kind} {ns}/{name} has {finished[1]}: recreated, not resumed",
                     {},
                 )
-            return self._recreate(kind, current, kube, ctx, command, nodes)
-        return self._suspend_and_resume(kind, ns, name, kube, ctx, command, nodes)
+            outcome = self._recreate(kind, current, kube, ctx, command, change)
+        else:
+            outcome = self._suspend_and_resume(kind, ns, name, kube, ctx, command, change)
+        if isinstance(
+            outcome, Ok
+        ):  # what Nightshift added (not there before: ours) and dropped (app/exclusions.py)
+            added, dropped = list(change.added), list(change.dropped)
+            return replace(outcome, data={**outcome.data, "added": added, "dropped": dropped})
+        return outcome
 
     def _suspend_and_resume(
         self,
@@ -354,7 +376,7 @@ class RestartJob(KubernetesAction):
         kube: KubeClient,
         ctx: ActionContext,
         command: str,
-        exclude: Sequence[str] = (),
+        change: Exclusion,
     ) -> Outcome:
         path = SUSPEND_PATHS[kind]
         restarted_at = _stamp(ctx.clock.now())
@@ -366,10 +388,10 @@ class RestartJob(KubernetesAction):
                 return None
             annotations = {SUSPENDED_BY: OWNER, RESTARTED_AT: restarted_at}
             patch = {"metadata": {"annotations": annotations}, **_nested_patch(path, True)}
-            if exclude:  # the pods the operator creates on resume stay off these nodes
+            if change.nodes or change.dropped:  # the pods the operator creates on resume: off these nodes
                 patch["spec"] = {
                     **patch.get("spec", {}),
-                    **excluded_templates(kind, current["spec"], exclude),
+                    **excluded_templates(kind, current["spec"], change.nodes, change.dropped),
                 }
             return patch
 
@@ -420,7 +442,7 @@ class RestartJob(KubernetesAction):
         kube: KubeClient,
         ctx: ActionContext,
         command: str,
-        exclude: Sequence[str],
+        change: Exclusion,
     ) -> Outcome:
         ns, name = job["metadata"]["namespace"], job["metadata"]["name"]
         owner = next((o for o in job["metadata"].get("ownerReferences") or [] if o.get("controller")), None)
@@ -430,8 +452,8 @@ class RestartJob(KubernetesAction):
                 reason=f"{kind} {ns}/{name} is managed by {owner['kind']} {owner['name']}: restart that instead",
             )
         manifest = fresh_manifest(job, _stamp(ctx.clock.now()))
-        if exclude:
-            manifest["spec"].update(excluded_templates(kind, manifest["spec"], exclude))
+        if change.nodes or change.dropped:
+            manifest["spec"].update(excluded_templates(kind, manifest["spec"], change.nodes, change.dropped))
         old_uid = job["metadata"]["uid"]
         kube.delete_workload(kind, ns, name, uid=old_uid)
         ctx.record(LedgerKind.JOB_DELETED, f"{kind} {ns}/{name} deleted", {"uid": old_uid})
@@ -679,49 +701,101 @@ def _stranded(exc: errors.BackendError, command: str, reason: str, output: str =
     return result(command=command, reason=reason, output=output)
 
 
-def _node_list(params: Mapping[str, Any]) -> list[str]:
-    return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
+def _node_list(params: Mapping[str, Any], key: str = "exclude_nodes") -> list[str]:
+    return [node for node in (params.get(key) or "").split(",") if node]
 
 
-def excluded_templates(kind: str, job_spec: Mapping[str, Any], nodes: Sequence[str]) -> dict[str, Any]:
-    """The parts of a training job's ``spec`` holding pod templates, each template's pods kept off ``nodes``: a
-    ``kubernetes.io/hostname NotIn`` expression added to every required node-selector term (terms are ORed, so
-    each needs it), merged with one such expression already there. Returned whole, for a merge patch."""
+@dataclass(frozen=True)
+class Exclusion:
+    """What a restart changes in the job's NotIn: ``nodes`` kept off, ``dropped`` let back on (ours, back in
+    service, and on the list), ``added`` the kept-off nodes that were not on the list (ours from now on)."""
+
+    nodes: tuple[str, ...]
+    dropped: tuple[str, ...]
+    added: tuple[str, ...]
+
+
+def _templates(kind: str, spec: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pod specs of a training job's pod templates (none for a TrainJob: its TrainingRuntime holds them)."""
+    if kind == "TrainJob":
+        return []
+    if kind == "PyTorchJob":
+        return [
+            replica.setdefault("template", {}).setdefault("spec", {})
+            for replica in (spec.get("pytorchReplicaSpecs") or {}).values()
+        ]
+    if kind == "JobSet":
+        return [
+            job.setdefault("template", {})
+            .setdefault("spec", {})
+            .setdefault("template", {})
+            .setdefault("spec", {})
+            for job in spec.get("replicatedJobs") or []
+        ]
+    return [spec.setdefault("template", {}).setdefault("spec", {})]
+
+
+def not_in_values(kind: str, job_spec: Mapping[str, Any]) -> list[str]:
+    """The nodes the job's first pod template keeps its pods off (its hostname NotIn), as they are now."""
+    spec: dict[str, Any] = json.loads(json.dumps(job_spec))
+    for pod_spec in _templates(kind, spec)[:1]:
+        required = ((pod_spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+            "requiredDuringSchedulingIgnoredDuringExecution"
+        ) or {}
+        for term in required.get("nodeSelectorTerms") or []:
+            for e in term.get("matchExpressions") or []:
+                if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "NotIn":
+                    return list(e.get("values") or [])
+    return []
+
+
+def excluded_templates(
+    kind: str, job_spec: Mapping[str, Any], nodes: Sequence[str], returned: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The parts of a training job's ``spec`` holding pod templates, each template's pods kept off ``nodes`` and let
+    back on ``returned``: a ``kubernetes.io/hostname NotIn`` expression in every required node-selector term (terms
+    are ORed, so each needs it), merged with one such expression already there (and gone once it would be empty).
+    Returned whole, for a merge patch."""
     spec: dict[str, Any] = json.loads(json.dumps(job_spec))
     if kind == "TrainJob":
         return {}  # its pod templates live in the TrainingRuntime: the culprits' cordon keeps the pods off them
+    for pod_spec in _templates(kind, spec):
+        _exclude(pod_spec, nodes, returned)
     if kind == "PyTorchJob":
-        replicas = spec.get("pytorchReplicaSpecs") or {}
-        for replica in replicas.values():
-            _exclude(replica.setdefault("template", {}).setdefault("spec", {}), nodes)
-        return {"pytorchReplicaSpecs": replicas}
+        return {"pytorchReplicaSpecs": spec.get("pytorchReplicaSpecs") or {}}
     if kind == "JobSet":
-        jobs = spec.get("replicatedJobs") or []
-        for job in jobs:
-            pod = job.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {})
-            _exclude(pod.setdefault("spec", {}), nodes)
-        return {"replicatedJobs": jobs}
-    _exclude(spec.setdefault("template", {}).setdefault("spec", {}), nodes)
+        return {"replicatedJobs": spec.get("replicatedJobs") or []}
     return {"template": spec["template"]}
 
 
-def _exclude(pod_spec: dict[str, Any], nodes: Sequence[str]) -> None:
-    required = (
-        pod_spec.setdefault("affinity", {})
-        .setdefault("nodeAffinity", {})
-        .setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
-    )
+def _exclude(pod_spec: dict[str, Any], nodes: Sequence[str], returned: Sequence[str] = ()) -> None:
+    affinity = pod_spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    required = node_affinity.setdefault("requiredDuringSchedulingIgnoredDuringExecution", {})
     terms = required.get("nodeSelectorTerms") or [{}]
     for term in terms:
         expressions = term.setdefault("matchExpressions", [])
         ours = next(
             (e for e in expressions if e.get("key") == HOSTNAME_LABEL and e.get("operator") == "NotIn"), None
         )
-        if ours is None:
-            expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": sorted(set(nodes))})
-        else:
-            ours["values"] = sorted(set(ours.get("values") or []) | set(nodes))
-    required["nodeSelectorTerms"] = terms
+        values = sorted((set(ours.get("values") or []) if ours else set()) - set(returned) | set(nodes))
+        if ours is None and values:
+            expressions.append({"key": HOSTNAME_LABEL, "operator": "NotIn", "values": values})
+        elif ours is not None and values:
+            ours["values"] = values
+        elif ours is not None:
+            expressions.remove(ours)  # an empty NotIn is invalid: nothing left to keep the pods off
+        if not expressions:
+            term.pop("matchExpressions")
+    terms = [t for t in terms if t]
+    if terms:
+        required["nodeSelectorTerms"] = terms
+        return
+    node_affinity.pop("requiredDuringSchedulingIgnoredDuringExecution")  # no term left: no requirement
+    if not node_affinity:
+        affinity.pop("nodeAffinity")
+    if not affinity:
+        pod_spec.pop("affinity")
 
 
 def fresh_manifest(job: Mapping[str, Any], restarted_at: str) -> dict[str, Any]:

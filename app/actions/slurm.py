@@ -79,19 +79,23 @@ def prefixed_reason(reason: str) -> str:
     return reason if reason.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {reason}"
 
 
-def exclusion(nodes: Sequence[str], excluded: list[str], required: list[str]) -> tuple[str, str | None]:
-    """The (ExcNodeList, ReqNodeList) that keep a job off ``nodes``, given its lists expanded (``excluded``:
-    ExcNodeList, ``required``: ReqNodeList), each one hostlist expression (a leaf's 64 nodes are
-    ``gpu[00064-00127]``, not 64 names). The nodes are added to the excluded ones and removed from the required
-    ones, else the job could run nowhere. ReqNodeList is None when it needs no change."""
-    exc = compress_hostlist([*excluded, *nodes])
+def exclusion(
+    nodes: Sequence[str], excluded: list[str], required: list[str], returned: Sequence[str] = ()
+) -> tuple[str, str | None]:
+    """The (ExcNodeList, ReqNodeList) that keep a job off ``nodes`` and let it back on ``returned``, given its
+    lists expanded (``excluded``: ExcNodeList, ``required``: ReqNodeList), each one hostlist expression (a leaf's
+    64 nodes are ``gpu[00064-00127]``, not 64 names). The nodes are added to the excluded ones and removed from the
+    required ones, else the job could run nowhere; ``returned`` ones (Nightshift's own, back in service:
+    app/exclusions.py) leave the excluded ones. ReqNodeList is None when it needs no change."""
+    kept = [n for n in excluded if n not in returned or n in nodes]
+    exc = compress_hostlist([*kept, *nodes])
     req = compress_hostlist(n for n in required if n not in nodes) if set(nodes) & set(required) else None
     return exc, req
 
 
-def excluded_nodes(params: Mapping[str, Any]) -> list[str]:
-    """The ``exclude_nodes`` of a requeue, as a list."""
-    return [node for node in (params.get("exclude_nodes") or "").split(",") if node]
+def excluded_nodes(params: Mapping[str, Any], key: str = "exclude_nodes") -> list[str]:
+    """The ``exclude_nodes`` (or ``return_nodes``) of a requeue, as a list."""
+    return [node for node in (params.get(key) or "").split(",") if node]
 
 
 # The parameters of every validate_node action besides the node (Slurm: over SSH; Kubernetes: in a pod).
@@ -406,26 +410,37 @@ class RequeueJob(SlurmAction):
             required=False,
             description=f"nodes to keep the job off, comma-separated (at most {MAX_NODE_LIST}; not ALL)",
         ),
+        "return_nodes": Param(
+            pattern=SLURM_NODE_LIST,
+            max_length=NODE_LIST_CHARS,
+            required=False,
+            description="nodes Nightshift kept the job off that are back in service: dropped from its ExcNodeList "
+            '("{{ incident.returned }}"; never a node someone else excluded)',
+        ),
     }
     scope_keys = ("node", "partition")
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
         params = super().validate(raw)
-        for node in excluded_nodes(params):
-            if node.lower() in SLURM_RESERVED:
-                raise ParamError(self.name, "exclude_nodes", f"{node!r} is a reserved word of Slurm")
+        for key in ("exclude_nodes", "return_nodes"):
+            for node in excluded_nodes(params, key):
+                if node.lower() in SLURM_RESERVED:
+                    raise ParamError(self.name, key, f"{node!r} is a reserved word of Slurm")
         return params
 
     def plan(self, params: Mapping[str, Any]) -> Plan:
         commands = [shlex.join(requeue_command(params["job"]))]
         summary = f"requeue job {params['job']}"
-        nodes = excluded_nodes(params)
+        nodes, returned = excluded_nodes(params), excluded_nodes(params, "return_nodes")
         if nodes:
             commands.append(
                 shlex.join(exclude_command(params["job"], compress_hostlist(nodes)))
                 + " (merged with the job's lists)"
             )
             summary += f" and keep it off {', '.join(nodes)}"
+        if returned:
+            commands.append(f"ExcNodeList without {compress_hostlist(returned)} (back in service)")
+            summary += f"; let it back on {', '.join(returned)}"
         return Plan(summary, "\n".join(commands))
 
     def execute(
@@ -444,18 +459,21 @@ class RequeueJob(SlurmAction):
             if "is pending execution" not in str(exc):
                 raise
             notes.append(f"job {job_id} is {job.state}: already waiting to run, not requeued again")
-        if nodes:
-            required = slurm.expand_hostlist(job.req_nodes) if job.req_nodes else []
-            excluded = slurm.expand_hostlist(job.exc_nodes) if job.exc_nodes else []
-            exc_nodes, req_nodes = exclusion(nodes, excluded, required)
+        excluded = slurm.expand_hostlist(job.exc_nodes) if job.exc_nodes else []
+        added = [n for n in nodes if n not in excluded]
+        dropped = [n for n in excluded_nodes(params, "return_nodes") if n in excluded and n not in nodes]
+        required = slurm.expand_hostlist(job.req_nodes) if job.req_nodes else []
+        if added or dropped or set(nodes) & set(required):
+            exc_nodes, req_nodes = exclusion(nodes, excluded, required, dropped)
             executed.append(slurm.update_job_exclude(job_id, exc_nodes, req_nodes))
         after = slurm.job_info(job_id)
         notes.append(f"job {job_id}: {after.state}, restarts {after.restarts}, excluded: {after.exc_nodes}")
+        # What Nightshift added (not on the list before: ours from now on) and dropped (app/exclusions.py).
         return Ok(
             command=executed_commands(executed),
             output=tail("".join(r.output for r in executed) + "\n".join(notes)),
             exit_code=0,
-            data=asdict(after),
+            data={**asdict(after), "added": added, "dropped": dropped},
         )
 
 

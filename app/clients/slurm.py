@@ -295,9 +295,9 @@ def comment_command(job_id: str) -> list[str]:
 
 
 def exclude_command(job_id: str, exc_nodes: str, req_nodes: str | None = None) -> list[str]:
-    """``scontrol update`` setting ExcNodeList (and ReqNodeList when given; "" clears it)."""
+    """``scontrol update`` setting ExcNodeList (and ReqNodeList when given; "" clears either)."""
     argv = ["scontrol", "update", f"JobId={_checked(job_id, SLURM_JOB_ID, 'job')}"]
-    argv.append(f"ExcNodeList={_checked(exc_nodes, HOSTLIST, 'exclude')}")
+    argv.append(f"ExcNodeList={_checked(exc_nodes, HOSTLIST, 'exclude') if exc_nodes else ''}")
     if req_nodes is not None:
         argv.append(f"ReqNodeList={_checked(req_nodes, HOSTLIST, 'required') if req_nodes else ''}")
     return argv

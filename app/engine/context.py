@@ -19,9 +19,12 @@ def diagnosis_values(diagnosis: Mapping[str, Any] | None) -> dict[str, str]:
     }
 
 
-def template_context(inc: Mapping[str, Any], external_url: str, exclude: Sequence[str] = ()) -> Context:
+def template_context(
+    inc: Mapping[str, Any], external_url: str, exclude: Sequence[str] = (), returned: Sequence[str] = ()
+) -> Context:
     """An incident's steps: labels, annotations, target, diagnosis, incident. ``incident.culprits`` is the
-    comma-separated list of nodes the recovery excludes ("" when none)."""
+    comma-separated list of nodes the recovery excludes ("" when none); ``incident.returned`` the nodes Nightshift
+    excluded from the job before that are back in service (app/exclusions.py), dropped from its exclusions."""
     return {
         "labels": inc["labels"],
         "annotations": inc["annotations"],
@@ -32,6 +35,7 @@ def template_context(inc: Mapping[str, Any], external_url: str, exclude: Sequenc
             "playbook": inc["playbook"],
             "url": f"{external_url.rstrip('/')}/incidents/{inc.get('id', '')}",
             "culprits": ",".join(exclude),
+            "returned": ",".join(n for n in returned if n not in exclude),
         },
     }
 

@@ -89,6 +89,9 @@ class ExplainSource:
     def progress(self, inc: Incident) -> policy.Progress:
         return policy.Progress(error="explain does not read the job's progress")
 
+    def returned(self, inc: Incident) -> tuple[str, ...]:
+        return ()  # a first incident on a quiet fleet: nothing excluded before
+
     def repair(self, inc: Incident) -> policy.RepairView:
         raise AssertionError("explain decides episodes that have not started")
 

@@ -59,6 +59,9 @@ class Source(Protocol):
     def progress(self, inc: Incident) -> policy.Progress:
         """The job's step counter now and :data:`app.incident_policy.PROGRESS_WINDOW` ago."""
 
+    def returned(self, inc: Incident) -> tuple[str, ...]:
+        """The nodes Nightshift excluded from the job that are back in service (the plan lets the job back)."""
+
 
 def limits(deps: EngineDeps) -> policy.Limits:
     e = deps.settings.episodes
@@ -100,7 +103,8 @@ def gather(
     if need == policy.Need.JOB_STATUS:
         return replace(facts, job=source.job_status(inc))
     if need == policy.Need.PLAN:
-        return replace(facts, planned=tuple(plan(deps, inc, playbook, ask.exclude, ask.job_phase)))
+        planned = plan(deps, inc, playbook, ask.exclude, ask.job_phase, source.returned(inc))
+        return replace(facts, planned=tuple(planned))
     if need == policy.Need.GUARDS:
         assert facts.planned is not None
         return replace(facts, guards=guard_inputs(deps, source, inc, playbook, facts.planned))
@@ -117,10 +121,15 @@ def gather(
 
 
 def plan(
-    deps: EngineDeps, inc: Mapping[str, Any], playbook: Playbook, exclude: Sequence[str], job_phase: str
+    deps: EngineDeps,
+    inc: Mapping[str, Any],
+    playbook: Playbook,
+    exclude: Sequence[str],
+    job_phase: str,
+    returned: Sequence[str] = (),
 ) -> list[PlannedStep]:
     """What the incident would do next: a job or target incident its playbook's steps (attempt N+1, excluding
-    ``exclude``); a node incident its node's repair, take-out to return."""
+    ``exclude``, letting the job back on ``returned``); a node incident its node's repair, take-out to return."""
     if inc["kind"] == IncidentKind.NODE:
         draft = {
             "id": 0,
@@ -136,7 +145,7 @@ def plan(
         playbook.steps,
         registry=deps.registry,
         permissions=deps.permissions,
-        template_context=template_context(inc, deps.settings.external_url, exclude),
+        template_context=template_context(inc, deps.settings.external_url, exclude, returned),
         when=when_context(inc["labels"], inc["diagnosis"], inc.get("attempt", 0) + 1, job_phase),
         target=inc["target"],
     )

@@ -44,6 +44,9 @@ class Backend(Protocol):
     def pool(self, node: str) -> Pool:
         """The partition or pool of ``node``. Raises NoPool, BackendError, ConfigError."""
 
+    def in_service(self, node: str) -> bool:
+        """Whether jobs may run on ``node`` now. Raises BackendError, ConfigError."""
+
 
 class SlurmBackend:
     scheduler = schedulers.SLURM
@@ -60,6 +63,11 @@ class SlurmBackend:
         info = slurm.job_info(target["job"])
         nodes = tuple(slurm.expand_hostlist(info.nodes)) if info.nodes else ()
         return JobStatus(slurm_phase(info.state), nodes, info.state)
+
+    def in_service(self, node: str) -> bool:
+        """Not drained or draining, not down, responding."""
+        info = self.clients.slurm.node_info(node)
+        return not info.drained and info.state != "down" and "not_responding" not in info.flags
 
     def pool(self, node: str) -> Pool:
         slurm = self.clients.slurm
@@ -82,6 +90,15 @@ class KubernetesBackend:
 
     def job_status(self, target: Mapping[str, str]) -> JobStatus:
         return kubernetes_job_status(self.clients.kube, target)
+
+    def in_service(self, node: str) -> bool:
+        """Schedulable (not cordoned) and Ready."""
+        found = self.clients.kube.get_node(node)
+        ready = any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in (found.get("status") or {}).get("conditions") or ()
+        )
+        return ready and not (found.get("spec") or {}).get("unschedulable")
 
     def pool(self, node: str) -> Pool:
         kube, label = self.clients.kube, self.pool_label

@@ -9,13 +9,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app import schedulers
 from app.actions.base import Action, ActionContext
 from app.engine import transitions
 from app.engine.claims import Claim, kept
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
 from app.errors import ParamError
-from app.outcome import Failed, Outcome, tail
+from app.outcome import Failed, Ok, Outcome, tail
 from app.planning import PlannedStep, plan_steps, when_context
 from app.playbooks import Step
 from app.states import LedgerKind
@@ -93,6 +94,13 @@ class StepRunner:
                 reason=getattr(outcome, "reason", ""),
                 duration=duration,
             )
+            job = schedulers.job_identity(inc["target"])
+            changed = outcome.data if isinstance(outcome, Ok) else {}
+            if job is not None and ("added" in changed or "dropped" in changed):
+                # What the recovery added to the job's exclusion list (ours from now on) or dropped of ours.
+                transitions.exclusions_changed(
+                    conn, deps.clock.now(), inc, job, changed.get("added") or (), changed.get("dropped") or ()
+                )
         return outcome
 
 

@@ -220,6 +220,13 @@ def finish_step(
     )
 
 
+def exclusions_changed(
+    conn: Connection, now: datetime, inc: Incident, job: str, added: Sequence[str], dropped: Sequence[str]
+) -> None:
+    """A recovery step added nodes to the job's exclusion list (ours from now on) or dropped some of ours."""
+    records.note_exclusions(conn, job, added, dropped, inc["id"], now)
+
+
 def retry_step(conn: Connection, step: Mapping[str, Any]) -> None:
     records.update_step(conn, step["id"], status=StepStatus.RETRY, retries=step["retries"] + 1)
 

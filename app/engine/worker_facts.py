@@ -10,6 +10,7 @@ from app import episodes, schedulers
 from app import incident_policy as policy
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
+from app.engine.exclusions import returned_nodes
 from app.engine.fleet_hold import FleetHolds
 from app.engine.scheduler_backends import job_status, pool_facts
 from app.engine.steps import StepRunner
@@ -92,6 +93,9 @@ class WorkerSource:
 
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         return self.fleet_holds.blame(inc, culprits)
+
+    def returned(self, inc: Incident) -> tuple[str, ...]:
+        return returned_nodes(self.deps, inc)
 
     def progress(self, inc: Incident) -> policy.Progress:
         expr = episodes.progress_query(inc["target"])

@@ -11,6 +11,7 @@ from sqlalchemy import (
     CursorResult,
     String,
     bindparam,
+    delete,
     func,
     insert,
     or_,
@@ -32,6 +33,7 @@ from app.store.schema import (
     inbox_alerts,
     incident_alerts,
     incidents,
+    job_exclusions,
     ledger,
     steps,
 )
@@ -518,6 +520,34 @@ def failed_inbox(conn: Connection, limit: int = 100) -> list[Row]:
         .order_by(inbox.c.id)
         .limit(limit)
     )
+    return _all(conn, stmt)
+
+
+# --- exclusions ---------------------------------------------------------------------------------------------
+
+
+def note_exclusions(
+    conn: Connection, job: str, added: Iterable[str], dropped: Iterable[str], incident_id: int, now: datetime
+) -> None:
+    """Nightshift added ``added`` to job ``job``'s exclusion list (they were not on it) and dropped ``dropped``."""
+    gone = sorted(set(dropped))
+    if gone:
+        conn.execute(
+            delete(job_exclusions).where(job_exclusions.c.job == job, job_exclusions.c.node.in_(gone))
+        )
+    for node in sorted(set(added) - set(gone)):
+        try:
+            with conn.begin_nested():
+                conn.execute(
+                    insert(job_exclusions).values(job=job, node=node, incident_id=incident_id, added_at=now)
+                )
+        except IntegrityError:
+            pass  # added already (by an earlier recovery): it stays ours since then
+
+
+def exclusions_of_job(conn: Connection, job: str) -> list[Row]:
+    """The nodes Nightshift added to ``job``'s exclusion list and has not dropped, oldest first."""
+    stmt = select(job_exclusions).where(job_exclusions.c.job == job).order_by(job_exclusions.c.added_at)
     return _all(conn, stmt)
 
 

@@ -22,8 +22,9 @@ from sqlalchemy import (
 )
 
 # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts;
-# 6: node_repairs.tick_errors; 7: the incidents' retry counters (finalize_tries, job_status_tries, delivered)
-SCHEMA_VERSION = 7
+# 6: node_repairs.tick_errors; 7: the incidents' retry counters (finalize_tries, job_status_tries, delivered);
+# 8: job_exclusions
+SCHEMA_VERSION = 8
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -240,6 +241,19 @@ steps = Table(
     # Each step of each attempt exists once: two workers can never both run it.
     UniqueConstraint("incident_id", "attempt", "phase", "idx", name="uq_step"),
     sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
+)
+
+# The nodes Nightshift added to a job's exclusion list (they were not on it before: a node already there is someone
+# else's), one row per job and node, deleted when Nightshift drops the node again (app/exclusions.py).
+job_exclusions = Table(
+    "job_exclusions",
+    metadata,
+    Column(
+        "job", String(512), primary_key=True
+    ),  # the job identity: slurm/4242, kubernetes/<namespace>/<job>
+    Column("node", String(255), primary_key=True),
+    Column("incident_id", Integer, nullable=False),
+    Column("added_at", UtcDateTime, nullable=False),
 )
 
 ledger = Table(

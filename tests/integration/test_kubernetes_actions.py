@@ -296,7 +296,8 @@ def test_restart_job_recreates_it_from_its_spec(
     assert isinstance(outcome, Ok), outcome
     after = kube_admin.get("batch/v1", "Job", "train", kube_namespace)
     old_uid, new_uid = before["metadata"]["uid"], after["metadata"]["uid"]
-    assert outcome.data == {"previous_uid": old_uid, "uid": new_uid} and new_uid != old_uid
+    assert outcome.data == {"previous_uid": old_uid, "uid": new_uid, "added": [], "dropped": []}
+    assert new_uid != old_uid
     # The apiserver generated a fresh selector for the new uid; nothing refers to the old one.
     assert after["spec"]["selector"]["matchLabels"] == {"controller-uid": new_uid}
     assert old_uid not in json.dumps(after)
@@ -307,6 +308,34 @@ def test_restart_job_recreates_it_from_its_spec(
     assert after["spec"]["template"]["spec"]["containers"][0]["image"] == "trainer:1"
     assert after["metadata"]["annotations"]["team"] == "llm"
     assert RESTARTED_AT in after["metadata"]["annotations"]
+
+
+def test_restart_drops_the_returned_nodes_from_the_job_and_keeps_the_others(
+    kube_admin: KubeAdmin, kube_context: MakeContext, kube_namespace: str
+) -> None:
+    """gpu-a was kept off by someone else, gpu-b by Nightshift and is back in service (return_nodes), gpu-c is the
+    new culprit: the recreated Job keeps its pods off gpu-a and gpu-c."""
+    affinity = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+        {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a", "gpu-b"]}]}
+    ]}}}  # fmt: skip
+    template = {"spec": {"restartPolicy": "Never", "affinity": affinity,
+                         "containers": [{"name": "c", "image": "trainer:1"}]}}  # fmt: skip
+    kube_admin.create_job(kube_namespace, "train", spec={"template": template})
+
+    outcome = run_action(
+        "kubernetes.restart_job", kube_context(), namespace=kube_namespace, name="train", kind="Job",
+        exclude_nodes="gpu-c", return_nodes="gpu-b",
+    )  # fmt: skip
+
+    assert isinstance(outcome, Ok), outcome
+    assert (outcome.data["added"], outcome.data["dropped"]) == (["gpu-c"], ["gpu-b"])
+    after = kube_admin.get("batch/v1", "Job", "train", kube_namespace)
+    [term] = after["spec"]["template"]["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert term["matchExpressions"] == [
+        {"key": "kubernetes.io/hostname", "operator": "NotIn", "values": ["gpu-a", "gpu-c"]}
+    ]
 
 
 def test_restart_job_leaves_a_job_owned_by_a_controller(

@@ -158,6 +158,21 @@ def test_requeue_sends_the_exclusion_as_one_hostlist_and_slurm_reads_it_back(
     assert outcome.data["exc_nodes"] == "node[1-3]"  # Slurm's own hostlist of the three nodes
 
 
+def test_requeue_lets_the_job_back_on_returned_nodes_and_keeps_a_hand_exclusion(
+    clean_slurm: SlurmCluster, ctx: ActionContext
+) -> None:
+    job = clean_slurm.sbatch("sleep 300", "--requeue", "--hold", "--exclude=node1")  # someone else's
+    first = RequeueJob().run({"job": job, "exclude_nodes": "node2"}, ctx)
+    assert isinstance(first, Ok) and (first.data["added"], first.data["dropped"]) == (["node2"], [])
+
+    # node2 is back in service (the engine says so: return_nodes); node3 is the new culprit.
+    outcome = RequeueJob().run({"job": job, "exclude_nodes": "node3", "return_nodes": "node2"}, ctx)
+
+    assert isinstance(outcome, Ok), outcome
+    assert (outcome.data["added"], outcome.data["dropped"]) == (["node3"], ["node2"])
+    assert outcome.data["exc_nodes"] == "node[1,3]"  # node1, excluded by hand, stays
+
+
 def test_requeue_refuses_a_no_requeue_job(clean_slurm: SlurmCluster, ctx: ActionContext) -> None:
     job = clean_slurm.sbatch("sleep 300", "--no-requeue")
 

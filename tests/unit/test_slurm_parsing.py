@@ -268,6 +268,10 @@ def test_exclusion_merges_and_frees_required_nodes() -> None:
     assert exclusion(["node1"], ["node1"], []) == ("node1", None)
     assert exclusion(["node2"], ["node1"], ["node2", "node4"]) == ("node[1-2]", "node4")
     assert exclusion(["node2", "node3"], ["node1"], ["node2", "node4"]) == ("node[1-3]", "node4")
+    # Returned nodes leave the list; one also named again stays.
+    assert exclusion(["node3"], ["node1", "node2"], [], ["node2"]) == ("node[1,3]", None)
+    assert exclusion(["node2"], ["node1", "node2"], [], ["node2"]) == ("node[1-2]", None)
+    assert exclusion([], ["node1"], [], ["node1"]) == ("", None)
 
 
 @pytest.mark.parametrize(
