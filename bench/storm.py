@@ -120,7 +120,7 @@ class Fleet:
     cause: str  # "leaf" or "storage"
     outage_until: float
     now: float = 0.0
-    drained: set[str] = field(default_factory=set)
+    drained: dict[str, str] = field(default_factory=dict)  # node -> the drain reason set
     requeues: int = 0
     requeues_into_outage: int = 0
     healthy_excluded: set[str] = field(default_factory=set)
@@ -217,22 +217,23 @@ class FleetSlurm:
             case ("tail", *rest):
                 return self._log(rest[-1])
             case ("scontrol", "show", "node", "-o", name):
-                base = "IDLE"
-                flags = "+DRAIN" if name in fleet.drained else ""
-                return f"NodeName={name} Arch=x86_64 State={base}{flags} Partitions=gpu\n", 0
+                drained = name in fleet.drained
+                reason = f" Reason={fleet.drained[name]} [nightshift@2026-01-05T02:00:00]" if drained else ""
+                state = "IDLE+DRAIN" if drained else "IDLE"
+                return f"NodeName={name} Arch=x86_64 State={state} Partitions=gpu{reason}\n", 0
             case ("scontrol", "show", "partition", "-o", part):
                 return f"PartitionName={part} Nodes=gpu[00000-{fleet.size - 1:05d}] State=UP\n", 0
-            case ("scontrol", "update", node_arg, "State=DRAIN", _):
+            case ("scontrol", "update", node_arg, "State=DRAIN", reason):
                 fleet.changed()
-                fleet.drained.add(node_arg.removeprefix("NodeName="))
+                fleet.drained[node_arg.removeprefix("NodeName=")] = reason.removeprefix("Reason=")
                 return "", 0
             case ("scontrol", "update", node_arg, "State=RESUME"):
                 fleet.changed()
-                fleet.drained.discard(node_arg.removeprefix("NodeName="))
+                fleet.drained.pop(node_arg.removeprefix("NodeName="), None)
                 return "", 0
-            case ("scontrol", "reboot", "ASAP", "nextstate=DOWN", _, name):
+            case ("scontrol", "reboot", "ASAP", "nextstate=DOWN", reason, name):
                 fleet.changed()
-                fleet.drained.add(name)
+                fleet.drained[name] = reason.removeprefix("reason=")
                 return "", 0
         return f"unexpected command {argv}", 1
 

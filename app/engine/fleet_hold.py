@@ -332,6 +332,9 @@ class FleetHolds:
         # Nodes behind one leaf fail within seconds of each other: wait out the correlation window (a node that
         # runs no job loses nothing by it) before deciding it is the node's own fault.
         settle = inc["opened_at"] + timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
+        member = self._held_on(inc, now)
+        if member is not None:
+            return member
         with self.deps.store.read() as conn:
             failing = [
                 r["node"]
@@ -363,6 +366,29 @@ class FleetHolds:
                 write_record(conn, current, now)
                 transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
         return now + timedelta(seconds=settings.recheck_seconds)
+
+    def _held_on(self, inc: records.Row, now: datetime) -> datetime | None:
+        """For a node incident already held on its domain's fleet incident: when to look again while the domain
+        still looks down (another of its nodes' incidents open, or one closed less than the correlation window
+        ago: their alerts resolve one by one when the domain is back). None: not held on one, released by a
+        person, or the last one left (its own fault: it goes on to its repair)."""
+        if not (inc["reason"] or "").startswith(HOLD_PREFIX):
+            return None
+        grace = timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
+        later = now + timedelta(seconds=self.deps.settings.fleet.recheck_seconds)
+        for domain in self.topology.of(inc["node"]):
+            with self.deps.store.read() as conn:
+                record = read_record(conn, f"{domain.kind}:{domain.name}")
+                if record is None or inc["id"] not in record.incidents:
+                    continue
+                if record.cleared_at is not None:
+                    return None
+                others = [records.get_incident(conn, i) for i in record.incidents if i != inc["id"]]
+            if any(o is not None and o["open_key"] is not None for o in others):
+                return later
+            closed = max((o["closed_at"] for o in others if o is not None and o["closed_at"]), default=None)
+            return min(later, closed + grace) if closed is not None and now < closed + grace else None
+        return None
 
     # --- the storm guard -------------------------------------------------------------------------------------
 

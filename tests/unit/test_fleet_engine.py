@@ -281,6 +281,36 @@ def test_nodes_failing_together_behind_one_leaf_wait_for_it_and_are_never_repair
     assert all(w.repair(f"n{i}") is not None for i in (8, 9, 10, 11))
 
 
+def test_when_the_leaf_is_back_a_node_whose_alert_resolves_a_moment_later_is_not_repaired(tmp_path):
+    w = topology_world(tmp_path, {})
+    down = [alert(xid(node=f"n{i}", job="")) for i in (8, 9, 10, 11)]
+    w.send(*down)
+    w.run()
+    ended = START + timedelta(minutes=20)
+    w.clock.advance(20 * 60)
+    w.send(*(alert(a["labels"], status="resolved", ends_at=ended) for a in down[:3]))  # the leaf is back
+    w.clock.advance(31)
+    w.run()
+    assert w.repair("n11") is None  # its resolution is on its way: not the node's own fault
+    w.send(alert(down[3]["labels"], status="resolved", ends_at=ended))
+    w.run()
+    assert all(i["outcome"] == "resolved" for i in w.incidents()) and w.repair("n11") is None
+
+
+def test_a_node_still_failing_once_the_rest_of_its_leaf_is_back_is_its_own_fault(tmp_path):
+    w = topology_world(tmp_path, {})
+    down = [alert(xid(node=f"n{i}", job="")) for i in (8, 9, 10, 11)]
+    w.send(*down)
+    w.run()
+    w.clock.advance(20 * 60)
+    w.send(*(alert(a["labels"], status="resolved", ends_at=START + timedelta(minutes=20)) for a in down[:3]))
+    w.clock.advance(31)
+    w.run()
+    w.clock.advance(46)  # the correlation window after the others closed
+    w.run()
+    assert w.repair("n11") is not None and all(w.repair(f"n{i}") is None for i in (8, 9, 10))
+
+
 def test_too_many_culprits_that_no_domain_explains_are_one_fleet_incident_and_one_page(tmp_path):
     jobs = {"600": ("FAILED", "n1,n9,n2,n10"), "601": ("FAILED", "n3,n11,n4,n12")}
     w = topology_world(tmp_path, jobs, max_domain_nodes=8)  # the spine (16 nodes) is too large to exclude
