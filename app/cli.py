@@ -1,5 +1,6 @@
 """``nightshift``: init | check-config | serve | worker | lint | explain | diagnose | replay | export | actions |
-inbox (README.md, "CLI"; exit codes: 0 fine, 1 problems found or a verdict needing a person, 2 usage or settings)."""
+inbox | fleet (README.md, "CLI"; exit codes: 0 fine, 1 problems found or a verdict needing a person, 2 usage or
+settings)."""
 
 from __future__ import annotations
 
