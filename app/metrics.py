@@ -31,6 +31,7 @@ PRUNED_TABLES = (
     "alerts",
     "inbox",
     "inbox_alerts",
+    "job_exclusions",
     "incidents",
     "incident_alerts",
     "attempts",

@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from app import fleet
+from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.errors import BackendError, ConfigError
 from app.states import LedgerKind
@@ -114,7 +115,7 @@ class TopologySource:
             self._tell(f"fleet.topology_file refused, its switches not used: {refused}")
         elif self.status.error is not None:
             read = f"fleet topology read again: {len(topology.domains)} domains"
-            self.deps.ledger(None, LedgerKind.FLEET_TOPOLOGY, read)
+            self._ledger(read)
             self.status.error = None
         self._topology = topology
 
@@ -122,8 +123,12 @@ class TopologySource:
         """Log and ledger ``error`` once (not again while it stays the same); the API shows it."""
         if error != self.status.error:
             log.warning("%s", error)
-            self.deps.ledger(None, LedgerKind.FLEET_TOPOLOGY, error, {"error": error})
+            self._ledger(error, {"error": error})
         self.status.error = error
+
+    def _ledger(self, message: str, data: Mapping[str, Any] | None = None) -> None:
+        with self.deps.store.transaction() as conn:
+            transitions.note(conn, self.deps.clock.now(), None, LedgerKind.FLEET_TOPOLOGY, message, data)
 
     def _read(self) -> tuple[Topology, str | None]:
         """The topology from every live source and the file checked against the nodes they know; and why the

@@ -10,7 +10,8 @@ Groups, each deleted with what depends on it (docs/reliability.md, "Retention"):
   links to closed incidents (those keep their own labels and ledger);
 - ``inbox``: notifications set aside (their ingestion failed) before the alerts cutoff, with the new alert
   instances they carried (``inbox_alerts``);
-- ``incidents``: incidents closed before the incidents cutoff, with their links, attempts, steps and ledger rows,
+- ``incidents``: incidents closed before the incidents cutoff, with their links, attempts, steps and ledger rows
+  and the exclusions they added (app/exclusions.py: a node whose row is gone is never dropped from its job),
   unless one of their alerts is still notified or a repair they asked for is open or settled after the cutoff;
 - ``node_repairs``: repairs settled before the incidents cutoff whose incident is closed;
 - ``ledger``: rows of no incident, per-alert ones (received, unmatched...) after the alerts cutoff, the rest
@@ -37,6 +38,7 @@ from app.store.schema import (
     inbox_alerts,
     incident_alerts,
     incidents,
+    job_exclusions,
     ledger,
     node_repairs,
     steps,
@@ -186,6 +188,7 @@ def batch(conn: Connection, group: str, ids: Sequence[int]) -> Batch:
         found["attempts"] = _rows(conn, attempts, attempts.c.incident_id, ids)
         found["steps"] = _rows(conn, steps, steps.c.incident_id, ids)
         found["ledger"] = _rows(conn, ledger, ledger.c.incident_id, ids)
+        found["job_exclusions"] = _rows(conn, job_exclusions, job_exclusions.c.incident_id, ids)
     return Batch(group, found)
 
 
@@ -210,6 +213,7 @@ def delete_batch(conn: Connection, group: str, ids: Sequence[int]) -> dict[str, 
             (attempts, attempts.c.incident_id),
             (steps, steps.c.incident_id),
             (ledger, ledger.c.incident_id),
+            (job_exclusions, job_exclusions.c.incident_id),  # forgotten: such a node is never dropped then
         ):
             drop(child, column)
     table = _SELECTORS[group][0]
@@ -238,6 +242,8 @@ def prunable(conn: Connection, cut: Cutoffs, batch_rows: int) -> Iterator[Batch]
 def _key(table: str, row: Row) -> Any:
     if table == "inbox_alerts":
         return (row["inbox_id"], row["fingerprint"], row["starts_at"])
+    if table == "job_exclusions":
+        return (row["job"], row["node"])
     return (row["incident_id"], row["alert_id"]) if table == "incident_alerts" else row["id"]
 
 

@@ -259,7 +259,7 @@ def test_the_pruned_tables_are_the_metrics_label_values():
     tables = {
         t
         for group in prunable.GROUPS
-        for t in (group, "incident_alerts", "inbox_alerts", "attempts", "steps", "ledger")
+        for t in (group, "incident_alerts", "inbox_alerts", "job_exclusions", "attempts", "steps", "ledger")
     }
     assert tables == set(PRUNED_TABLES)
 
