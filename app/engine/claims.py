@@ -80,9 +80,9 @@ def work_once(deps: EngineDeps, lifecycle: Lifecycle[Row], worker: str) -> int |
         following = lifecycle.failed(row, exc)
     with deps.store.transaction() as conn:
         if isinstance(following, Schedule):
-            queue.release(conn, row_id, worker)
+            queue.release(conn, row_id, worker, deps.clock.now())
         else:
-            queue.release_to(conn, row_id, worker, following)
+            queue.release_to(conn, row_id, worker, following, deps.clock.now())
     return row_id
 
 

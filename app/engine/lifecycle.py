@@ -32,7 +32,7 @@ from app.engine.context import template_context
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
 from app.engine.facts import decide_with
-from app.engine.fleet_hold import FleetHolds
+from app.engine.fleet_hold import FleetHolds, is_held
 from app.engine.scheduler_backends import job_status
 from app.engine.steps import StepRunner
 from app.engine.worker_facts import WorkerSource
@@ -44,6 +44,7 @@ from app.playbooks import Playbook
 from app.promql_window import clamp_ranges
 from app.states import (
     DONE_STEP_STATUSES,
+    NOT_ACTED,
     Guard,
     IncidentKind,
     IncidentOutcome,
@@ -102,6 +103,9 @@ class Lifecycle:
             )
         if self._recover_in_flight(inc):
             return self._close(inc, IncidentOutcome.NEEDS_HUMAN, inc["reason"])
+        if self._resolved_before_acting(inc):
+            outcome = IncidentOutcome.BLOCKED if inc["held_by_guard"] else IncidentOutcome.RESOLVED
+            return self._close(inc, outcome, "its alerts resolved while a worker held it, before any action")
         self.effects.open_annotation(inc)
         if inc["kind"] == IncidentKind.NODE and inc["state"] in (State.OPEN, State.DIAGNOSING, State.WAITING):
             held_until = self.fleet.hold_node(inc)
@@ -111,6 +115,14 @@ class Lifecycle:
                 inc["state"] = State.OPEN  # released from behind a failing domain before it was diagnosed
         decision, _ = decide_with(self.deps, self.source, inc, playbook)
         return self._apply(inc, playbook, decision)
+
+    def _resolved_before_acting(self, inc: Incident) -> bool:
+        """Whether every alert resolved while a worker held the incident, before it acted (ingestion closes an
+        unheld one itself; a held one it pokes). A job held by a shared cause is released then, not closed."""
+        if not inc["alert_resolved"] or inc["acted"] or inc["state"] not in NOT_ACTED or is_held(inc):
+            return False
+        with self.deps.store.read() as conn:
+            return records.firing_alert_count(conn, inc["id"]) == 0
 
     def _closed_tick(self, inc: Incident) -> datetime | None:
         if inc["on_resolved_state"] == UndoState.PENDING:

@@ -155,7 +155,7 @@ class NodeRepairs:
             note = f"{following.note}" + (f" ({note})" if note else "")
             values: dict[str, Any] = {"state": following.state, "step": following.step, "held_reason": None}
             if following.step is not None:
-                values.update(step_status=StepStatus.PENDING, next_run_at=now, released_by=by)
+                values.update(step_status=StepStatus.PENDING, next_run_at=now, poked=True, released_by=by)
             repairs.write_transition(
                 conn, repair, now, kind=LedgerKind.REPAIR_RELEASED, message=note, data={"by": by}, **values
             )

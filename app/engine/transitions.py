@@ -508,7 +508,7 @@ def await_approval(
 def approve_step(conn: Connection, now: datetime, incident_id: int, step: Mapping[str, Any], by: str) -> None:
     """An operator approves a step that waits for approval: the worker runs it on its next look."""
     records.update_step(conn, step["id"], status=StepStatus.PENDING, approved_by=by, approved_at=now)
-    records.update_incident(conn, incident_id, next_run_at=now, updated_at=now)
+    records.update_incident(conn, incident_id, next_run_at=now, poked=True, updated_at=now)
     note(
         conn,
         now,
@@ -586,7 +586,7 @@ def finalize_retried(conn: Connection, now: datetime, inc: Incident, delivered: 
 
 def fleet_released(conn: Connection, now: datetime, inc: Incident) -> None:
     """A job held by a shared cause died (its alerts resolved): its recovery is released, looked at now."""
-    _write(conn, now, inc, alert_resolved=True, next_run_at=now)
+    _write(conn, now, inc, alert_resolved=True, next_run_at=now, poked=True)
 
 
 def open_incident(
@@ -652,6 +652,8 @@ def attach(
         changes["culprits"] = [dict(c) for c in culprits]
     if act_now:
         changes["next_run_at"] = now
+    if act_now or leading is not None:
+        changes["poked"] = True  # a worker deciding on the row as it was looks again when it lets go
     if changes:
         _write(conn, now, inc, **changes)
     if not (linked or changes):
@@ -670,8 +672,17 @@ def resolved_before_acting(
 
 
 def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
-    """Every alert resolved while the incident acts: its verification finishes; a failed attempt is not retried."""
-    _write(conn, now, inc, ledger=(LedgerKind.ALERT_RESOLVED, message, None), alert_resolved=True)
+    """Every alert resolved while the incident acts (its verification finishes; a failed attempt is not retried),
+    or while a worker holds it before acting (it closes at the worker's next look, which is now: poked)."""
+    _write(
+        conn,
+        now,
+        inc,
+        ledger=(LedgerKind.ALERT_RESOLVED, message, None),
+        alert_resolved=True,
+        next_run_at=now,
+        poked=True,
+    )
 
 
 def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) -> None:

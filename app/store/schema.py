@@ -23,8 +23,8 @@ from sqlalchemy import (
 
 # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts;
 # 6: node_repairs.tick_errors; 7: the incidents' retry counters (finalize_tries, job_status_tries, delivered);
-# 8: job_exclusions
-SCHEMA_VERSION = 8
+# 8: job_exclusions; 9: poked (incidents, node_repairs)
+SCHEMA_VERSION = 9
 
 # Columns added to existing tables since version 2, by the version that added them: an older store gets them with
 # ALTER TABLE ... ADD COLUMN (each nullable or with a server default), new tables come from create_all.
@@ -39,6 +39,7 @@ ADDED_COLUMNS: dict[int, tuple[tuple[str, str], ...]] = {
     5: (("inbox", "lane"),),
     6: (("node_repairs", "tick_errors"),),
     7: (("incidents", "finalize_tries"), ("incidents", "job_status_tries"), ("incidents", "delivered")),
+    9: (("incidents", "poked"), ("node_repairs", "poked")),
 }
 
 
@@ -180,6 +181,9 @@ incidents = Table(
     Column("next_run_at", UtcDateTime),
     Column("claimed_by", String(200)),
     Column("claim_expires_at", UtcDateTime),
+    # Set by whatever wakes the row from outside its worker (a culprit joined, an approval, a release) while a
+    # worker may hold it: the claim's release then looks again at once (app/store/claims.py).
+    Column("poked", Boolean, nullable=False, default=False, server_default="0"),
     sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_incidents_due", incidents.c.next_run_at)
@@ -319,6 +323,9 @@ node_repairs = Table(
     Column("next_run_at", UtcDateTime),
     Column("claimed_by", String(200)),
     Column("claim_expires_at", UtcDateTime),
+    # Set by whatever wakes the row from outside its worker (a culprit joined, an approval, a release) while a
+    # worker may hold it: the claim's release then looks again at once (app/store/claims.py).
+    Column("poked", Boolean, nullable=False, default=False, server_default="0"),
     sqlite_autoincrement=True,  # AUTOINCREMENT: see NEVER_REUSED
 )
 Index("ix_node_repairs_due", node_repairs.c.next_run_at)

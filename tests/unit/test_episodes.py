@@ -24,6 +24,7 @@ from app.params import NODE_NAME, SLURM_JOB_ID, Param
 from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
+from app.store.claims import INCIDENTS
 from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, Script
 from tests.payloads import alert, payload, xid
 
@@ -665,3 +666,54 @@ def test_a_straggler_whose_requeue_never_ran_was_not_excluded_and_does_not_count
     assert w.repair("node2") is None  # the third incident excluded it for the first time
     ledger = [row["message"] for i in w.incidents() for row in w.engine.incident(i["id"])["ledger"]]
     assert any("node2 excluded from job 53 without a repair (1 of 3" in m for m in ledger), ledger
+
+
+# -- what reaches an incident while a worker holds it ---------------------------------------------------------------
+def held_by_a_worker(w: World) -> int:
+    """Claim the one due incident as a worker deciding it would (it decides on the row as it reads it now)."""
+    with w.engine.deps.store.transaction() as conn:
+        claimed = INCIDENTS.claim_next(conn, "deciding", w.clock.now(), timedelta(minutes=2))
+    assert claimed is not None
+    return claimed
+
+
+def release(w: World, incident_id: int, after: float) -> None:
+    """The worker lets go, meaning to look again ``after`` seconds later (its decision on the row it had read)."""
+    now = w.clock.now()
+    with w.engine.deps.store.transaction() as conn:
+        INCIDENTS.release_to(conn, incident_id, "deciding", now + timedelta(seconds=after), now)
+
+
+def test_a_culprit_that_joins_while_a_worker_decides_is_acted_on_at_once(tmp_path):
+    """The worker decided to wait out the correlation window on the row without the Xid; the Xid joined meanwhile:
+    its release must not put the next look back at the window's end (a lost update seen in make demo: 45 s)."""
+    w = make_world(tmp_path, correlation_seconds=45)
+    w.send(alert(nccl("node1", 0)))
+    incident_id = held_by_a_worker(w)
+    w.send(alert(xid(node="node2", job="4242")))
+    release(w, incident_id, after=45)
+    w.run()
+    assert w.requeue.script.calls == [{"job": "4242", "exclude_nodes": "node2"}]
+
+
+def test_alerts_that_resolve_while_a_worker_decides_close_the_incident_before_it_acts(tmp_path):
+    w = make_world(tmp_path, correlation_seconds=0)
+    w.send(alert(nccl("node1", 0)))
+    incident_id = held_by_a_worker(w)
+    w.send(alert(nccl("node1", 0), status="resolved", ends_at=w.clock.now()))
+    release(w, incident_id, after=0)
+    w.run()
+    assert (w.only()["outcome"], w.requeue.script.calls) == ("resolved", [])
+    assert "resolved while a worker held it" in w.only()["reason"]
+
+
+def test_a_poke_while_nobody_holds_the_incident_changes_nothing_at_its_next_claim(tmp_path):
+    """An unheld incident's release after its next claim follows that tick's decision, not an old poke."""
+    w = make_world(tmp_path, correlation_seconds=45)
+    w.send(alert(nccl("node1", 0)))
+    incident_id = w.only()["id"]
+    with w.engine.deps.store.transaction() as conn:
+        INCIDENTS.poke(conn, incident_id, w.clock.now())
+    w.run()  # claims it (the poke is spent), decides to wait out the window
+    inc = w.only()
+    assert inc["state"] == "open" and inc["next_run_at"] == w.clock.now() + timedelta(seconds=45)
