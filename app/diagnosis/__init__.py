@@ -650,9 +650,8 @@ def _pattern_votes(
             culprit = None
             if len(recorded.missing) == 1:
                 (rank,) = recorded.missing
-                culprit = Culprit(
-                    reading.rank_hosts.get(rank), rank, reading.rank_gpus.get(rank), recorded.evidence
-                )
+                node = reading.rank_hosts.get(rank) or flight.nodes(lines).get(rank)
+                culprit = Culprit(node, rank, reading.rank_gpus.get(rank), recorded.evidence)
             who = ", ".join(map(str, recorded.missing))
             tallies["hang"].add_fact(
                 None,
@@ -886,10 +885,12 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
         return _completed(odd, reading)
     if category in _NO_NODE_AT_FAULT:
         return None
-    if category in _SHARED_SERVICES and len({(v.line.rank, v.line.host) for v in tally.votes}) > 1:
+    if category in _SHARED_SERVICES and _several_reporters(tally.votes, reading):
         return None  # several ranks lost the same file system or endpoint: the service, not a node
     if category in _WORKER_DEATH and (worker := _failed_worker(reading)):
         return _completed(worker, reading)
+    if category == "nccl_network" and (killed := _killed_node(reading)):
+        return killed
     if category == "nccl_network" and len(reading.unreachable) == 1:
         ((host, line),) = reading.unreachable.items()
         return Culprit(
@@ -943,6 +944,28 @@ def _failed_worker(reading: Reading) -> Culprit | None:
             reason = f"rank {rank} {why.format(signal=first.signal_name)} (the launcher: {first.text})"
             return Culprit(_host(first), rank, None, (reason,))
     return None
+
+
+def _several_reporters(votes: Sequence[Vote], reading: Reading) -> bool:
+    """Whether the evidence comes from more than one rank or more than one host (a node's own kernel lines and its
+    rank's traceback are one reporter when nothing says they differ)."""
+    ranks = {v.line.rank for v in votes if v.line.rank is not None}
+    hosts = {
+        host
+        for v in votes
+        if (host := v.line.host or (reading.rank_hosts.get(v.line.rank) if v.line.rank is not None else None))
+    }
+    return len(ranks) > 1 or len(hosts) > 1
+
+
+def _killed_node(reading: Reading) -> Culprit | None:
+    """The one node whose task srun saw killed by SIGKILL while the others' exited on their own: its processes
+    died from outside (the node lost, the OOM killer), and the others' network errors are the consequence (a lost
+    rendezvous store, a lost peer). None when more than one was killed (a cancel) or none exited."""
+    if len(reading.srun_killed) != 1 or not reading.srun_exited - set(reading.srun_killed):
+        return None
+    ((host, line),) = reading.srun_killed.items()
+    return Culprit(host, None, None, (f"srun: the task on {host} was killed (SIGKILL)", line.raw.strip()))
 
 
 def _host(failure: launchers.Failure) -> str | None:

@@ -52,6 +52,11 @@ _UNREACHABLE = re.compile(
 # JAX's coordination barrier names the tasks that never arrived, one a line after this.
 _JAX_TIMED_OUT = "Timed out task names:"
 _JAX_TASK_LINE = re.compile(r"^\s*/job:[\w-]+/replica:\d+/task:(?P<task>\d+)\s*$")
+# srun's end of one node's tasks (slurm/src/srun: "srun: error: node7: task 3: Killed", "... tasks 0-3: Exited with
+# exit code 1"); Killed is SIGKILL, which nothing in the job sends itself.
+_SRUN_TASK_END = re.compile(
+    r"^srun: error: (?P<host>[\w.-]+): tasks? [\d,-]+: (?P<end>Killed|Exited with exit code \d+|Terminated)\s*$"
+)
 # kubectl describe pod: the node the pod ran on, for every line of that section.
 _K8S_NODE = re.compile(r"^Node:\s+(?P<host>[A-Za-z0-9][\w.-]*)")
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -107,6 +112,10 @@ class Reading:
     barrier_failed: dict[int, LogLine] = field(default_factory=dict)
     enqueued: dict[int, tuple[int, LogLine]] = field(default_factory=dict)  # rank -> last enqueued NCCL work
     unreachable: dict[str, LogLine] = field(default_factory=dict)  # store hosts the ranks could not reach
+    # srun's word on each node's task: the nodes whose task was killed by SIGKILL (from outside: the node lost, the
+    # OOM killer), and the nodes whose task exited with a status of its own.
+    srun_killed: dict[str, LogLine] = field(default_factory=dict)
+    srun_exited: set[str] = field(default_factory=set)
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -157,6 +166,11 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         elif raw.startswith("Node:") and (k8s_node := _K8S_NODE.match(raw)):
             section_nodes[section_starts[-1]] = k8s_node["host"]
             section_host = k8s_node["host"]
+        if probe.startswith("srun: error: ") and (task := _SRUN_TASK_END.match(probe)):
+            if task["end"] == "Killed":
+                reading.srun_killed.setdefault(task["host"], parse_line(index, probe))
+            else:
+                reading.srun_exited.add(task["host"])
         if jax_barrier is not None and (task := _JAX_TASK_LINE.match(probe)):
             reading.barrier_failed.setdefault(int(task["task"]), jax_barrier)
         elif jax_barrier is not None and probe.strip():

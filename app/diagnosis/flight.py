@@ -28,6 +28,17 @@ MAX_DUMP_CHARS = 4 * 1024 * 1024  # one rank's dump; bigger ones are cut, and un
 MAX_DUMPS = 4096
 
 _HEADER = re.compile(r"^==> flight-recorder rank=(?P<rank>\d+)\b.*<==")
+_NODE = re.compile(r"\bnode=(?P<node>[A-Za-z0-9][A-Za-z0-9._-]{0,252})(?=\s)")
+
+
+def nodes(lines: Sequence[str]) -> dict[int, str]:
+    """The node each rank's dump came from, as the collect step's headers say (``node=N``)."""
+    found: dict[int, str] = {}
+    for line in lines:
+        header = _HEADER.match(line) if line.startswith("==> flight-recorder") else None
+        if header and (node := _NODE.search(line)):
+            found.setdefault(int(header["rank"]), node["node"])
+    return found
 
 
 @dataclass(frozen=True)

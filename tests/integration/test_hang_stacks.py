@@ -88,7 +88,7 @@ def test_without_py_spy_on_the_nodes_the_action_says_so(
     job, _ = hung_job
     outcome = JobStacks().run({"job": job, "py_spy": "/nonexistent/py-spy"}, ctx)
     assert isinstance(outcome, Failed), outcome
-    assert f"job {job}: no Python stack could be dumped" in outcome.reason
+    assert f"job {job}: no Python stack or Flight Recorder could be dumped" in outcome.reason
     assert "/nonexistent/py-spy" in outcome.reason
 
 

@@ -143,6 +143,13 @@ def test_the_flight_recorder_names_the_rank_that_did_not_answer_while_the_others
     verdict = flight.judge(flight.parse_dumps(lines), flight.silent_ranks(lines))
     assert verdict is not None and (verdict.missing, verdict.waiting) == ((1,), (0, 2))
     assert any("rank 1 did not answer" in line for line in verdict.evidence)
+    result = diagnose(
+        {"alertname": "TrainingHang"}, "\n".join(lines)
+    )  # the node from the collect step's header
+    assert (result.category, result.culprit and (result.culprit.node, result.culprit.rank)) == (
+        "hang",
+        ("node2", 1),
+    )
     # Not when the answering ranks disagree, nor for a rank the group does not have.
     split = [*fr_dump(0, 21, config), "==> flight-recorder rank=1 <==", *fr_dump(2, 20, config)]
     assert flight.judge(flight.parse_dumps(split), flight.silent_ranks(split)).missing == (
@@ -169,3 +176,20 @@ def test_a_real_log_cut_anywhere_still_gets_a_diagnosis(log: Path):
             result = diagnose({}, piece.decode("utf-8", errors="replace"))
             assert result.category in (*CATEGORIES, BENIGN, UNKNOWN)
             assert result.summary
+
+
+def test_srun_names_the_one_node_whose_task_was_killed_and_not_a_cancel_that_killed_them_all():
+    """The rendezvous host lost (a real Slurm log): srun saw node1's task killed and node2's exit on its own, so
+    node2's network errors are the consequence and node1 the culprit. A cancel kills every node's task: srun then
+    names no node."""
+    log = (REAL / "slurm_rendezvous_host_lost.log").read_text()
+    lost = diagnose({"alertname": "TrainingJobError"}, log)
+    assert lost.culprit is not None and lost.culprit.node == "node1", lost.summary
+    assert any("the task on node1 was killed" in line for line in lost.culprit.evidence)
+    cancelled = log.replace(
+        "srun: error: node2: task 1: Exited with exit code 1", "srun: error: node2: task 1: Killed"
+    )
+    both = diagnose({"alertname": "TrainingJobError"}, cancelled)
+    assert both.culprit is None or not any("was killed" in line for line in both.culprit.evidence), (
+        both.summary
+    )
