@@ -371,7 +371,7 @@ class RepairBench:
         with self.store.read() as conn:
             row = repairs.get_repair(conn, repair_id)
         assert row is not None
-        return row
+        return row.as_dict()
 
     def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
         from app.store import records

@@ -82,11 +82,11 @@ class Engine:
         """Approve a step that waits for approval; the worker runs it on its next look at the incident."""
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
-            step = next((s for s in records.get_steps(conn, incident_id) if s["id"] == step_id), None)
+            step = next((s for s in records.get_steps(conn, incident_id) if s.id == step_id), None)
             if step is None:
                 raise LookupError(f"incident {incident_id} has no step {step_id}")
-            if step["status"] != StepStatus.AWAITING_APPROVAL:
-                raise ValueError(f"step {step_id} is {step['status']}, not awaiting approval")
+            if step.status != StepStatus.AWAITING_APPROVAL:
+                raise ValueError(f"step {step_id} is {step.status}, not awaiting approval")
             transitions.approve_step(conn, now, incident_id, step, by)
             return records.get_incident(conn, incident_id) or {}
 
@@ -135,7 +135,7 @@ class Engine:
             return {
                 "incident": row,
                 "alerts": records.get_alerts_for_incident(conn, incident_id),
-                "steps": records.get_steps(conn, incident_id),
+                "steps": [step.as_dict() for step in records.get_steps(conn, incident_id)],
                 "ledger": records.ledger_for(conn, incident_id),
             }
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app.store.rows import Repair
+
 Context = dict[str, Mapping[str, Any]]
 
 
@@ -40,9 +42,7 @@ def template_context(
     }
 
 
-def repair_context(
-    repair: Mapping[str, Any], incident: Mapping[str, Any], node: Mapping[str, str]
-) -> Context:
+def repair_context(repair: Repair, incident: Mapping[str, Any], node: Mapping[str, str]) -> Context:
     """A node repair's steps: ``node`` (name, repair id, scheduler, reason) and the requesting incident's labels,
     annotations, target and diagnosis."""
     return {
@@ -51,5 +51,5 @@ def repair_context(
         "annotations": incident.get("annotations") or {},
         "target": incident.get("target") or {},
         "diagnosis": diagnosis_values(incident.get("diagnosis")),
-        "incident": {"id": str(repair["incident_id"] or ""), "playbook": repair["playbook"] or ""},
+        "incident": {"id": str(repair.incident_id or ""), "playbook": repair.playbook or ""},
     }

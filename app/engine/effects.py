@@ -15,6 +15,7 @@ from app.errors import BackendError, ConfigError
 from app.paging import Notice
 from app.states import IncidentOutcome, LedgerKind, NoticeKind, StepStatus
 from app.store import records
+from app.store.rows import StepRow
 
 # Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign, self-recovered) or that
 # a person took over (handled) say nothing.
@@ -139,9 +140,9 @@ class Effects:
             f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}",
         ]
         for step in steps:
-            if step["phase"] == "collect":
+            if step.phase == "collect":
                 continue
-            lines.append(f"- [{step['status']}] {step['name']}: {step['summary'] or step['reason']}")
+            lines.append(f"- [{step.status}] {step.name}: {step.summary or step.reason}")
         subject = f"[nightshift] {inc.get('outcome')}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"
         return subject, "\n".join(lines)
 
@@ -191,16 +192,16 @@ class Effects:
         """A shared cause held job recoveries (app/engine/fleet_hold.py): told once, asking a person."""
         self._notify(incident_id, notice)
 
-    def approval_requested(self, inc: Mapping[str, Any], step: Mapping[str, Any]) -> None:
+    def approval_requested(self, inc: Mapping[str, Any], step: StepRow) -> None:
         url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"
         self._notify(
             inc["id"],
             Notice(
                 NoticeKind.APPROVAL,
-                f"[nightshift] approval needed: {step['name']} on {inc.get('node') or inc.get('job')}",
-                f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step['name']}:\n"
-                f"{step['command']}\nApprove: {url}",
-                {"incident": inc["id"], "step": step["id"]},
+                f"[nightshift] approval needed: {step.name} on {inc.get('node') or inc.get('job')}",
+                f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step.name}:\n"
+                f"{step.command}\nApprove: {url}",
+                {"incident": inc["id"], "step": step.id},
             ),
         )
 

@@ -15,7 +15,7 @@ from app import exclusions, schedulers
 from app.engine.deps import EngineDeps
 from app.engine.scheduler_backends import backend
 from app.errors import BackendError, ConfigError
-from app.states import IncidentKind, RepairState
+from app.states import IncidentKind
 from app.store import records, repairs
 
 MAX_ASKED = 64  # nodes the scheduler is asked about in one recovery's plan
@@ -31,10 +31,8 @@ def returned_nodes(deps: EngineDeps, inc: Mapping[str, Any]) -> tuple[str, ...]:
     with deps.store.read() as conn:
         for row in records.exclusions_of_job(conn, job):
             latest = repairs.list_repairs(conn, node=row["node"], limit=1)
-            closed = latest[0]["closed_at"] if latest else None
-            state = (
-                RepairState(latest[0]["state"]) if latest and closed and closed >= row["added_at"] else None
-            )
+            closed = latest[0].closed_at if latest else None
+            state = latest[0].state if latest and closed and closed >= row["added_at"] else None
             found.append(exclusions.Excluded(row["node"], row["added_at"], state))
     candidates = [n for n in found if n.repair in exclusions.IN_SERVICE_AFTER_REPAIR][:MAX_ASKED]
     asked = backend(deps, scheduler.name)

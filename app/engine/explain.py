@@ -32,7 +32,8 @@ from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError, ParamError
 from app.planning import PlannedStep
 from app.playbooks import Playbook
-from app.states import Guard, GuardDecision, IncidentKind, State, StepStatus
+from app.states import Guard, GuardDecision, IncidentKind, RepairState, State, StepStatus
+from app.store.rows import Repair
 from app.templates import render_promql
 
 Incident = dict[str, Any]
@@ -240,15 +241,14 @@ def _outcome(decision: policy.Decision) -> str:
 
 
 def _node_plan(deps: EngineDeps, node: str, playbook: str | None, inc: Mapping[str, Any]) -> dict[str, Any]:
-    repair = {
-        "id": 0,
-        "node": node,
-        "scheduler": schedulers.of_incident(inc["target"]).name,
-        "playbook": playbook,
-        "incident_id": None,
-        "reason": f"culprit named by {playbook or 'the diagnosis'}",
-        "repairs": 1,
-    }
+    repair = Repair(
+        id=0,
+        node=node,
+        scheduler=schedulers.of_incident(inc["target"]).name,
+        state=RepairState.REQUESTED,
+        playbook=playbook,
+        reason=f"culprit named by {playbook or 'the diagnosis'}",
+    )
     planned = plan_repair(deps, repair, inc)
     granted = all(p.runs or p.status == StepStatus.SKIPPED for p in planned.values())
     return {

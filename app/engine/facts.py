@@ -22,7 +22,8 @@ from app.engine.deps import EngineDeps
 from app.engine.repair import plan_repair
 from app.planning import PlannedStep, nodes_taken_out, plan_steps, when_context
 from app.playbooks import Playbook
-from app.states import IncidentKind
+from app.states import IncidentKind, RepairState
+from app.store.rows import Repair
 from app.templates import render_promql
 
 Incident = dict[str, Any]
@@ -131,15 +132,15 @@ def plan(
     """What the incident would do next: a job or target incident its playbook's steps (attempt N+1, excluding
     ``exclude``, letting the job back on ``returned``); a node incident its node's repair, take-out to return."""
     if inc["kind"] == IncidentKind.NODE:
-        draft = {
-            "id": 0,
-            "node": inc["node"],
-            "scheduler": schedulers.of_incident(inc["target"]).name,
-            "playbook": playbook.name,
-            "incident_id": inc.get("id") or None,
-            "reason": policy.repair_reason(policy.Subject.of(inc, False)),
-            "repairs": 1,
-        }
+        draft = Repair(
+            id=0,
+            node=inc["node"],
+            scheduler=schedulers.of_incident(inc["target"]).name,
+            state=RepairState.REQUESTED,
+            playbook=playbook.name,
+            incident_id=inc.get("id") or None,
+            reason=policy.repair_reason(policy.Subject.of(inc, False)),
+        )
         return list(plan_repair(deps, draft, inc).values())
     return plan_steps(
         playbook.steps,

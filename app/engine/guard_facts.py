@@ -22,6 +22,7 @@ from app.planning import PlannedStep, nodes_taken_out
 from app.playbooks import Playbook
 from app.states import IncidentKind, RepairState, StepStatus
 from app.store import records, repairs
+from app.store.rows import Repair
 
 
 @dataclass(frozen=True)
@@ -95,23 +96,21 @@ def read_node_history(
     latest one that returned it a recovery (cooldown, and the stale signal: an alert older than that take-out is
     the fault it repaired, not a new one)."""
     taken_out = [
-        r
+        _repair_past(r)
         for r in repairs.list_repairs(conn, node=inc["node"], limit=repairs.MAX_LIST)
-        if r["taken_out_by_us"] and r["taken_out_at"] is not None
+        if r.taken_out_by_us and r.taken_out_at is not None
     ]
     since = now - playbook.budget.window
-    attempts = sorted(
-        (_repair_past(r) for r in taken_out if r["taken_out_at"] >= since), key=lambda a: a.started_at
-    )
-    returned = [r for r in taken_out if r["state"] in (RepairState.RETURNED, RepairState.RELEASED)]
-    last = max(returned, key=lambda r: r["taken_out_at"], default=None)
+    attempts = sorted((a for a in taken_out if a.started_at >= since), key=lambda a: a.started_at)
+    returned = [a for a in taken_out if a.outcome in (RepairState.RETURNED, RepairState.RELEASED)]
+    last = max(returned, key=lambda a: a.started_at, default=None)
     ahead = (
         records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
     )
     paused, reason = pause_state
     return History(
         attempts=tuple(attempts),
-        last_recovery=_repair_past(last) if last is not None else None,
+        last_recovery=last,
         taken_out=taken_out_nodes(conn, settings, registry, now),
         ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
         paused=paused,
@@ -170,10 +169,9 @@ def build(
     )
 
 
-def _repair_past(row: Mapping[str, Any]) -> guards.PastAttempt:
-    return guards.PastAttempt(
-        started_at=row["taken_out_at"], finished_at=row["closed_at"], outcome=row["state"]
-    )
+def _repair_past(row: Repair) -> guards.PastAttempt:
+    assert row.taken_out_at is not None
+    return guards.PastAttempt(started_at=row.taken_out_at, finished_at=row.closed_at, outcome=row.state)
 
 
 def _past(row: Mapping[str, Any]) -> guards.PastAttempt:

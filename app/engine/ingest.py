@@ -187,10 +187,10 @@ def _join(
             transitions.note(
                 conn,
                 now,
-                repair["incident_id"],
+                repair.incident_id,
                 LedgerKind.ALERT_ABSORBED,
-                f"{name} on node {episode.culprit}: the node is already in repair #{repair['id']} ({repair['state']})",
-                {**facts, "node": episode.culprit, "repair_id": repair["id"]},
+                f"{name} on node {episode.culprit}: the node is already in repair #{repair.id} ({repair.state})",
+                {**facts, "node": episode.culprit, "repair_id": repair.id},
             )
             return
     if incident is None:

@@ -55,6 +55,7 @@ from app.states import (
 )
 from app.store import records
 from app.store.claims import INCIDENTS
+from app.store.rows import StepRow
 from app.templates import render_promql
 
 log = logging.getLogger(__name__)
@@ -237,7 +238,7 @@ class Lifecycle:
     def _run_advisory(self, inc: Incident, planned: Sequence[PlannedStep]) -> None:
         """Advisory mode: record every step as it would run; run only the granted read-only ones (notices, logs)."""
         for step in self.steps.persist(inc, planned, attempt=0, phase="steps"):
-            if step["status"] == StepStatus.PENDING:
+            if step.status == StepStatus.PENDING:
                 self.steps.execute(inc, step)
 
     # --- acting -----------------------------------------------------------------------------------------------
@@ -245,32 +246,30 @@ class Lifecycle:
     def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
         for step in self.steps.rows(inc, attempt=inc["attempt"], phase="steps"):
-            if step["status"] in DONE_STEP_STATUSES:
+            if step.status in DONE_STEP_STATUSES:
                 continue
-            if step["status"] not in (StepStatus.PENDING, StepStatus.RETRY, StepStatus.AWAITING_APPROVAL):
-                return self._close(
-                    inc, IncidentOutcome.NEEDS_HUMAN, f"step {step['name']} is {step['status']}"
-                )
-            if step["approval"] and not step["approved_by"]:
+            if step.status not in (StepStatus.PENDING, StepStatus.RETRY, StepStatus.AWAITING_APPROVAL):
+                return self._close(inc, IncidentOutcome.NEEDS_HUMAN, f"step {step.name} is {step.status}")
+            if step.approval and not step.approved_by:
                 return self._await_approval(inc, step)
             outcome = self.steps.execute(inc, step)
             if isinstance(outcome, Ok):
                 continue
-            if isinstance(outcome, Retry) and step["retries"] < deps.settings.worker.step_retry_limit:
+            if isinstance(outcome, Retry) and step.retries < deps.settings.worker.step_retry_limit:
                 self._transition(lambda conn, now, step=step: transitions.retry_step(conn, step))
                 return deps.clock.now() + timedelta(seconds=outcome.after)
             if isinstance(outcome, Ambiguous):
                 return self._close(
                     inc,
                     IncidentOutcome.NEEDS_HUMAN,
-                    f"step {step['name']}: outcome unknown: {outcome.reason}",
+                    f"step {step.name}: outcome unknown: {outcome.reason}",
                 )
             if isinstance(outcome, CredentialError):
-                self.effects.credential_error(step["action"], outcome.reason)
+                self.effects.credential_error(step.action, outcome.reason)
                 return self._close(
-                    inc, IncidentOutcome.CREDENTIAL_ERROR, f"step {step['name']}: {outcome.reason}"
+                    inc, IncidentOutcome.CREDENTIAL_ERROR, f"step {step.name}: {outcome.reason}"
                 )
-            return self._attempt_failed(inc, f"step {step['name']} failed: {getattr(outcome, 'reason', '')}")
+            return self._attempt_failed(inc, f"step {step.name} failed: {getattr(outcome, 'reason', '')}")
         if playbook.verify is None:
             return self._close(
                 inc, IncidentOutcome.UNVERIFIED, "steps done; the playbook has no verification"
@@ -284,10 +283,10 @@ class Lifecycle:
         )
         return deps.clock.now() + verify.interval
 
-    def _await_approval(self, inc: Incident, step: dict[str, Any]) -> datetime:
+    def _await_approval(self, inc: Incident, step: StepRow) -> datetime:
         """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
-        if step["status"] != StepStatus.AWAITING_APPROVAL:
-            reason = f"step {step['name']} awaits operator approval"
+        if step.status != StepStatus.AWAITING_APPROVAL:
+            reason = f"step {step.name} awaits operator approval"
 
             self._transition(lambda conn, now: transitions.await_approval(conn, now, inc, step, reason))
             self.effects.approval_requested(inc, step)
@@ -374,7 +373,7 @@ class Lifecycle:
             for step in self.steps.materialise(
                 inc, playbook.on_resolved, attempt=inc["attempt"], phase="on_resolved"
             ):
-                if step["status"] == StepStatus.PENDING:
+                if step.status == StepStatus.PENDING:
                     self.steps.execute(inc, step)
         self._transition(lambda conn, now: transitions.undo_done(conn, now, inc))
         return None
@@ -383,7 +382,7 @@ class Lifecycle:
         """Steps left ``running`` by a dead worker: read-only ones run again, the others are ambiguous (one
         transaction). True when the incident goes to a person."""
         with self.deps.store.read() as conn:  # nearly always none: spare the write lock
-            if not any(s["status"] == StepStatus.RUNNING for s in records.get_steps(conn, inc["id"])):
+            if not any(s.status == StepStatus.RUNNING for s in records.get_steps(conn, inc["id"])):
                 return False
         read_only = [action.name for action in self.deps.registry if action.read_only]
         reason = self._transition(lambda conn, now: transitions.recover_in_flight(conn, now, inc, read_only))

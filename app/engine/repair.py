@@ -44,10 +44,11 @@ from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
 from app.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
 from app.store.claims import REPAIRS
+from app.store.rows import Repair
 
 log = logging.getLogger(__name__)
 
-Repair = dict[str, Any]
+RepairView = dict[str, Any]  # what the API shows of a node's repairs
 _UNSAFE_REASON = re.compile(r"[^A-Za-z0-9 _.,:/=@+#%()\[\]-]")
 RETRY_LEDGER_EVERY = 20  # looks at one wait between two of its ledger rows
 
@@ -63,15 +64,13 @@ def default_steps(scheduler: str) -> dict[str, Step]:
     }
 
 
-def plan_repair(
-    deps: EngineDeps, repair: Mapping[str, Any], incident: Mapping[str, Any]
-) -> dict[str, PlannedStep]:
-    """Every step of a repair of ``repair["node"]``, rendered, validated and checked against the grants, by step
+def plan_repair(deps: EngineDeps, repair: Repair, incident: Mapping[str, Any]) -> dict[str, PlannedStep]:
+    """Every step of a repair of ``repair.node``, rendered, validated and checked against the grants, by step
     marker; ``incident`` is the one that asked for it (its labels and diagnosis fill the templates). Used by the
     repair worker and by ``nightshift explain``."""
-    scheduler = repair["scheduler"]
+    scheduler = repair.scheduler
     defaults = default_steps(scheduler)
-    playbook = deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
+    playbook = deps.playbooks.get(repair.playbook) if repair.playbook else None
     node_repair = playbook.node_repair if playbook is not None else None
     validate = (
         node_repair.validate if node_repair is not None and node_repair.validate else defaults[VALIDATE]
@@ -88,10 +87,10 @@ def plan_repair(
     labels = incident.get("labels") or {}
     diagnosis = incident.get("diagnosis") or {}
     node = {
-        "name": repair["node"],
-        "repair_id": str(repair["id"]),
+        "name": repair.node,
+        "repair_id": str(repair.id),
         "scheduler": scheduler,
-        "reason": safe_reason(repair["reason"]),
+        "reason": safe_reason(repair.reason),
     }
     context = repair_context(repair, incident, node)
     planned = plan_steps(
@@ -99,8 +98,8 @@ def plan_repair(
         registry=deps.registry,
         permissions=deps.permissions,
         template_context=context,
-        when=when_context(labels, diagnosis, repair["repairs"]),
-        target={"scheduler": scheduler, "node": repair["node"]},
+        when=when_context(labels, diagnosis, repair.repairs),
+        target={"scheduler": scheduler, "node": repair.node},
     )
     return dict(zip(steps, planned, strict=True))
 
@@ -128,8 +127,8 @@ class NodeRepairs:
         in a row the node is held for a person (as an incident goes to one)."""
         deps = self.deps
         with deps.store.read() as conn:
-            repair = repairs.get_repair(conn, claimed["id"]) or claimed
-        errors, limit = (repair["tick_errors"] or 0) + 1, deps.settings.worker.max_tick_errors
+            repair = repairs.get_repair(conn, claimed.id) or claimed
+        errors, limit = repair.tick_errors + 1, deps.settings.worker.max_tick_errors
         if errors >= limit:
             held = policy.held(f"processing failed {errors} times in a row: {exc!r}")
             self._transition(repair, held, kind=LedgerKind.ENGINE_ERROR, tick_errors=errors)
@@ -145,13 +144,13 @@ class NodeRepairs:
 
     # --- operator controls and views ------------------------------------------------------------------------------
 
-    def release(self, node: str, by: str, note: str = "") -> Repair:
+    def release(self, node: str, by: str, note: str = "") -> RepairView:
         """Release a held node: the worker returns what we took out; nothing else is touched. Raises LookupError
         (no open repair) or ValueError (not held)."""
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
             repair = self._open(conn, node)
-            following = policy.release(RepairState(repair["state"]), repair["taken_out_by_us"], by)
+            following = policy.release(repair.state, repair.taken_out_by_us, by)
             note = f"{following.note}" + (f" ({note})" if note else "")
             values: dict[str, Any] = {"state": following.state, "step": following.step, "held_reason": None}
             if following.step is not None:
@@ -163,21 +162,25 @@ class NodeRepairs:
             self.deps.metrics.node_repairs.labels(following.state).inc()
         return self.node(node)
 
-    def hold(self, node: str, by: str, note: str = "", scheduler: str | None = None) -> Repair:
+    def hold(self, node: str, by: str, note: str = "", scheduler: str | None = None) -> RepairView:
         """Hold a node for a person: an open repair stops where it is; a node with none gets a held record, so no
         later request repairs or returns it until released. Raises ValueError (already held, or a step in
         flight right now)."""
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
             repair = repairs.open_repair_of(conn, node)
-            following = policy.hold(RepairState(repair["state"]) if repair else None, by, note)
+            following = policy.hold(repair.state if repair else None, by, note)
             if repair is None:
                 scheduler = scheduler or hold_default(self.deps.settings)
                 repairs.insert_held(
                     conn, node=node, scheduler=scheduler, reason=following.held_reason or "", now=now
                 )
             else:
-                if repair["claimed_by"] is not None and repair["claim_expires_at"] > now:
+                if (
+                    repair.claimed_by is not None
+                    and repair.claim_expires_at
+                    and repair.claim_expires_at > now
+                ):
                     raise ValueError(
                         f"a step of node {node}'s repair is running right now; try again in a moment"
                     )
@@ -200,16 +203,16 @@ class NodeRepairs:
             rows = repairs.list_repairs(conn, limit=repairs.MAX_LIST)
         latest: dict[str, Repair] = {}
         for row in rows:
-            latest.setdefault(row["node"], row)
-        nodes = list(latest.values())[:limit]
+            latest.setdefault(row.node, row)
+        nodes = [row.as_dict() for row in list(latest.values())[:limit]]
         # Every held repair, also one that a newer repair of the node (or the listing's limit) hides above.
-        held = [row for row in rows if row["state"] == RepairState.HELD]
+        held = [row.as_dict() for row in rows if row.state == RepairState.HELD]
         return {"nodes": nodes, "held": held}
 
-    def node(self, node: str, limit: int = 50) -> Repair:
+    def node(self, node: str, limit: int = 50) -> RepairView:
         """A node's repairs, newest first, and its current one (the open repair, else the latest)."""
         with self.deps.store.read() as conn:
-            rows = repairs.list_repairs(conn, node=node, limit=limit)
+            rows = [row.as_dict() for row in repairs.list_repairs(conn, node=node, limit=limit)]
         return {"node": node, "current": rows[0] if rows else None, "repairs": rows}
 
     def held(self) -> int:
@@ -220,16 +223,16 @@ class NodeRepairs:
 
     def _tick(self, repair: Repair) -> claims.Schedule:
         """One look at a claimed repair; every way through writes the repair's next look itself."""
-        crashed = policy.in_flight(repair["step"], repair["step_status"])
+        crashed = policy.in_flight(repair.step, repair.step_status)
         if crashed is not None:
             self._transition(repair, crashed, kind=LedgerKind.REPAIR_AMBIGUOUS)
-        elif repair["state"] == RepairState.REQUESTED:
+        elif repair.state == RepairState.REQUESTED:
             self._start(repair)
-        elif repair["step"]:
+        elif repair.step:
             self._run_step(repair)
         else:  # settled or held: nothing is due
             with self.deps.store.transaction() as conn:
-                repairs.update_repair(conn, repair["id"], self.deps.clock.now(), next_run_at=None)
+                repairs.update_repair(conn, repair.id, self.deps.clock.now(), next_run_at=None)
         return claims.Schedule.WRITTEN
 
     def _start(self, repair: Repair) -> None:
@@ -250,23 +253,23 @@ class NodeRepairs:
             state, reason = problem
             settle = policy.held(reason) if state == RepairState.HELD else policy.Next(state, None, reason)
             return self._transition(repair, settle, kind=LedgerKind.REPAIR_PLAN, data={"plan": described})
-        facts, note = pool_facts(deps, schedulers.named(repair["scheduler"]), repair["node"])
+        facts, note = pool_facts(deps, schedulers.named(repair.scheduler), repair.node)
         window = guard_facts.blast_window(deps.settings)
         with deps.store.read() as conn:
             out = guard_facts.taken_out_nodes(conn, deps.settings, deps.registry, now)
             earlier = repairs.earlier_repairs(
                 conn,
-                repair["node"],
+                repair.node,
                 now - timedelta(seconds=deps.settings.repair.lemon_window_seconds),
-                repair["id"],
+                repair.id,
             )
         verdict = guards.blast_radius(
             guards.GuardFacts(
                 now=now,
-                playbook=repair["playbook"] or "node-repair",
-                node=repair["node"],
+                playbook=repair.playbook or "node-repair",
+                node=repair.node,
                 alert_starts_at=now,
-                takes_out=frozenset({repair["node"]}),
+                takes_out=frozenset({repair.node}),
                 taken_out=out,
                 blast_max_nodes=deps.settings.guards.blast_radius_max_nodes,
                 blast_window=window,
@@ -292,10 +295,10 @@ class NodeRepairs:
         """Held by a guard: look again at ``until``; the ledger says why once per reason, not once per look."""
         deps = self.deps
         with deps.store.transaction() as conn:
-            quiet = repair["held_reason"] == verdict.reason
+            quiet = repair.held_reason == verdict.reason
             values = {"next_run_at": until, "held_reason": verdict.reason}
             if quiet:
-                repairs.update_repair(conn, repair["id"], deps.clock.now(), **values)
+                repairs.update_repair(conn, repair.id, deps.clock.now(), **values)
             else:
                 repairs.write_transition(
                     conn, repair, deps.clock.now(), kind=LedgerKind.GUARD, message=f"{verdict.guard}: {verdict.reason}",
@@ -304,7 +307,8 @@ class NodeRepairs:
 
     def _run_step(self, repair: Repair) -> None:
         deps = self.deps
-        marker = repair["step"]
+        marker = repair.step
+        assert marker is not None  # _tick runs a step only when one is due
         planned = self._plan(repair).get(marker)
         if planned is None:
             return self._transition(
@@ -318,30 +322,30 @@ class NodeRepairs:
             return self._transition(repair, policy.held(reason), kind=LedgerKind.REPAIR_HELD)
         else:
             with deps.store.transaction() as conn:
-                repairs.update_repair(conn, repair["id"], deps.clock.now(), step_status=StepStatus.RUNNING)
+                repairs.update_repair(conn, repair.id, deps.clock.now(), step_status=StepStatus.RUNNING)
             outcome = self._execute(repair, planned)
-            result = _result(marker, outcome, schedulers.named(repair["scheduler"]))
+            result = _result(marker, outcome, schedulers.named(repair.scheduler))
         lemon = None
         if marker == TAKE_OUT:
             limits = self._limits()
-            lemon = policy.lemon_reason(max(repair["repairs"] - 1, 0), limits)
+            lemon = policy.lemon_reason(max(repair.repairs - 1, 0), limits)
         following = policy.after_step(
             marker,
             result,
             now=deps.clock.now(),
             repair_steps=len(self._repair_steps(repair)),
-            retries=repair["retries"],
+            retries=repair.retries,
             limits=self._limits(),
-            deadline=repair["deadline"],
+            deadline=repair.deadline,
             lemon=lemon,
-            released_by=repair["released_by"],
+            released_by=repair.released_by,
         )
         record = _step_record(marker, planned, outcome, result)
         extra: dict[str, Any] = {}
         if result.status == StepStatus.RETRY:
-            extra["retries"] = repair["retries"] + 1
+            extra["retries"] = repair.retries + 1
         else:
-            extra.update(retries=0, steps=[*(repair["steps"] or []), record])
+            extra.update(retries=0, steps=[*(repair.steps or []), record])
         if marker == VALIDATE and outcome is not None:
             extra["validation"] = {**record, "verdict": (outcome.data or {}).get("verdict")}
         if following.taken_out:
@@ -355,7 +359,7 @@ class NodeRepairs:
         else:
             # A wait (a reboot, a running validation) is ledgered when it starts and every RETRY_LEDGER_EVERY
             # looks after: a 30-minute wait polled every 15 s leaves 6 rows, not 120.
-            quiet = repair["retries"] % RETRY_LEDGER_EVERY != 0 and following.state != RepairState.HELD
+            quiet = repair.retries % RETRY_LEDGER_EVERY != 0 and following.state != RepairState.HELD
             self._transition(
                 repair, following, kind=LedgerKind.REPAIR_RETRY, data={"step": record}, quiet=quiet, **extra
             )
@@ -363,27 +367,27 @@ class NodeRepairs:
     # --- steps --------------------------------------------------------------------------------------------------
 
     def _repair_steps(self, repair: Repair) -> tuple[Step, ...]:
-        playbook = self.deps.playbooks.get(repair["playbook"]) if repair["playbook"] else None
+        playbook = self.deps.playbooks.get(repair.playbook) if repair.playbook else None
         node_repair = playbook.node_repair if playbook is not None else None
         return node_repair.repair if node_repair is not None else ()
 
     def _plan(self, repair: Repair) -> dict[str, PlannedStep]:
         """Every step of the repair, rendered, validated and checked against the grants, by step marker."""
         incident: Mapping[str, Any] = {}
-        if repair["incident_id"] is not None:
+        if repair.incident_id is not None:
             with self.deps.store.read() as conn:
-                incident = records.get_incident(conn, repair["incident_id"]) or {}
+                incident = records.get_incident(conn, repair.incident_id) or {}
         return plan_repair(self.deps, repair, incident)
 
     def _execute(self, repair: Repair, planned: PlannedStep) -> Outcome:
         deps = self.deps
-        about = {"node": repair["node"], "repair_id": repair["id"]}
+        about = {"node": repair.node, "repair_id": repair.id}
         outcome, _ = run_action(
             deps,
             planned.action,
             planned.params,
-            action_context(deps, repair["incident_id"], about=about),
-            Claim(REPAIRS, repair["id"], repair["claimed_by"]),
+            action_context(deps, repair.incident_id, about=about),
+            Claim(REPAIRS, repair.id, repair.claimed_by or ""),  # claimed: the worker's name
         )
         return outcome
 
@@ -416,15 +420,15 @@ class NodeRepairs:
             values["held_reason"] = following.held_reason
         with deps.store.transaction() as conn:
             if quiet:
-                repairs.update_repair(conn, repair["id"], now, **values)
+                repairs.update_repair(conn, repair.id, now, **values)
             else:
                 repairs.write_transition(
                     conn, repair, now, kind=kind, message=following.note, data=data, **values
                 )
-        if following.state in REPAIR_SETTLED and repair["state"] != following.state:
+        if following.state in REPAIR_SETTLED and repair.state != following.state:
             deps.metrics.node_repairs.labels(following.state).inc()
-        if following.state == RepairState.HELD and repair["state"] != RepairState.HELD:
-            taken_out = bool(repair["taken_out_by_us"] or following.taken_out)
+        if following.state == RepairState.HELD and repair.state != RepairState.HELD:
+            taken_out = bool(repair.taken_out_by_us or following.taken_out)
             self._tell_people(repair, following.held_reason or following.note, taken_out)
 
     def _tell_people(self, repair: Repair, reason: str, taken_out: bool) -> None:
@@ -432,15 +436,15 @@ class NodeRepairs:
         when we took it out (a take-out refused or failed left it in service: evidence, not a page)."""
         deps = self.deps
         notice = paging.node_held(
-            node=repair["node"],
-            scheduler=repair["scheduler"],
+            node=repair.node,
+            scheduler=repair.scheduler,
             reason=reason,
-            repair_id=repair["id"],
-            incident_id=repair["incident_id"],
+            repair_id=repair.id,
+            incident_id=repair.incident_id,
             external_url=deps.settings.external_url,
             taken_out=taken_out,
         )
-        tell(deps, repair["incident_id"], notice, about={"node": repair["node"], "repair_id": repair["id"]})
+        tell(deps, repair.incident_id, notice, about={"node": repair.node, "repair_id": repair.id})
 
 
 def _result(marker: str, outcome: Outcome, scheduler: schedulers.Scheduler) -> policy.Result:

@@ -22,6 +22,7 @@ from app.playbooks import Step
 from app.states import LedgerKind
 from app.store import records
 from app.store.claims import INCIDENTS
+from app.store.rows import StepRow
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +44,13 @@ class StepRunner:
             target=inc["target"],
         )
 
-    def materialise(
-        self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str
-    ) -> list[dict[str, Any]]:
+    def materialise(self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str) -> list[StepRow]:
         """The phase's steps as rows (written once per attempt and phase)."""
         return self.persist(inc, self.plan(inc, steps, attempt), attempt, phase)
 
     def persist(
         self, inc: Incident, planned: Sequence[PlannedStep], attempt: int, phase: str
-    ) -> list[dict[str, Any]]:
+    ) -> list[StepRow]:
         with self.deps.store.transaction() as conn:
             rows = transitions.persist_plan(
                 conn, self.deps.clock.now(), inc, planned, attempt=attempt, phase=phase
@@ -64,19 +63,19 @@ class StepRunner:
             if not p.runs:
                 self.deps.metrics.steps.labels(p.action.name, p.status).inc()
 
-    def rows(self, inc: Incident, attempt: int, phase: str) -> list[dict[str, Any]]:
+    def rows(self, inc: Incident, attempt: int, phase: str) -> list[StepRow]:
         with self.deps.store.read() as conn:
             return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
 
-    def execute(self, inc: Incident, step: dict[str, Any]) -> Outcome:
+    def execute(self, inc: Incident, step: StepRow) -> Outcome:
         """Run one step: marked ``running`` durably first, then the action, then its outcome and output."""
         deps = self.deps
         with deps.store.transaction() as conn:
             transitions.start_step(conn, deps.clock.now(), step)
         outcome, duration = run_action(
             deps,
-            deps.registry.get(step["action"]),
-            step["params"],
+            deps.registry.get(step.action),
+            step.params,
             action_context(deps, inc["id"], labels=inc["labels"]),
             Claim(INCIDENTS, inc["id"], inc["claimed_by"]),
         )
@@ -87,7 +86,7 @@ class StepRunner:
                 inc,
                 step,
                 status=outcome.status,
-                command=outcome.command or step["command"],
+                command=outcome.command or step.command,
                 exit_code=outcome.exit_code,
                 output=tail(outcome.output),
                 ledger_output=tail(outcome.output, 2000),

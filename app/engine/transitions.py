@@ -34,6 +34,7 @@ from app.states import (
     UndoState,
 )
 from app.store import records, repairs
+from app.store.rows import StepRow
 
 Incident = dict[str, Any]
 
@@ -85,7 +86,7 @@ def note(
 
 def persist_plan(
     conn: Connection, now: datetime, inc: Incident, planned: Sequence[PlannedStep], attempt: int, phase: str
-) -> list[dict[str, Any]]:
+) -> list[StepRow]:
     """Write the plan as step rows (idempotent per attempt and phase), ledger the steps that will not run (once),
     and return the rows of that attempt and phase."""
     for p in planned:
@@ -134,7 +135,7 @@ def start_attempt(
     *,
     playbook: str,
     note: str = "",
-) -> list[dict[str, Any]]:
+) -> list[StepRow]:
     """Attempt N+1: its attempt row, the incident acting, its ledger row and its planned steps, together."""
     number = inc["attempt"] + 1
     records.insert_attempt(
@@ -168,16 +169,16 @@ def start_attempt(
     return persist_plan(conn, now, inc, planned, attempt=number, phase="steps")
 
 
-def start_step(conn: Connection, now: datetime, step: Mapping[str, Any]) -> None:
+def start_step(conn: Connection, now: datetime, step: StepRow) -> None:
     """Mark a step running before its action starts: a step found running later is ambiguous, never re-run."""
-    records.update_step(conn, step["id"], status=StepStatus.RUNNING, started_at=now)
+    records.update_step(conn, step.id, status=StepStatus.RUNNING, started_at=now)
 
 
 def finish_step(
     conn: Connection,
     now: datetime,
     inc: Incident,
-    step: Mapping[str, Any],
+    step: StepRow,
     *,
     status: str,
     command: str,
@@ -190,7 +191,7 @@ def finish_step(
     """A step's outcome and its ledger row."""
     records.update_step(
         conn,
-        step["id"],
+        step.id,
         status=status,
         command=command,
         exit_code=exit_code,
@@ -203,13 +204,13 @@ def finish_step(
         conn,
         now,
         LedgerKind.STEP,
-        f"{step['name']}: {status}" + (f": {reason}" if reason else ""),
+        f"{step.name}: {status}" + (f": {reason}" if reason else ""),
         incident_id=inc["id"],
         data={
-            "action": step["action"],
-            "params": step["params"],
-            "phase": step["phase"],
-            "attempt": step["attempt"],
+            "action": step.action,
+            "params": step.params,
+            "phase": step.phase,
+            "attempt": step.attempt,
             "status": status,
             "command": command,
             "exit_code": exit_code,
@@ -227,8 +228,8 @@ def exclusions_changed(
     records.note_exclusions(conn, job, added, dropped, inc["id"], now)
 
 
-def retry_step(conn: Connection, step: Mapping[str, Any]) -> None:
-    records.update_step(conn, step["id"], status=StepStatus.RETRY, retries=step["retries"] + 1)
+def retry_step(conn: Connection, step: StepRow) -> None:
+    records.update_step(conn, step.id, status=StepStatus.RETRY, retries=step.retries + 1)
 
 
 def wait(
@@ -491,31 +492,29 @@ def request_repairs(
         )
 
 
-def await_approval(
-    conn: Connection, now: datetime, inc: Incident, step: Mapping[str, Any], reason: str
-) -> None:
+def await_approval(conn: Connection, now: datetime, inc: Incident, step: StepRow, reason: str) -> None:
     """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
-    records.update_step(conn, step["id"], status=StepStatus.AWAITING_APPROVAL)
+    records.update_step(conn, step.id, status=StepStatus.AWAITING_APPROVAL)
     _write(
         conn,
         now,
         inc,
-        ledger=(LedgerKind.APPROVAL_REQUESTED, f"{reason}: {step['command']}", {"step_id": step["id"]}),
+        ledger=(LedgerKind.APPROVAL_REQUESTED, f"{reason}: {step.command}", {"step_id": step.id}),
         reason=reason,
     )
 
 
-def approve_step(conn: Connection, now: datetime, incident_id: int, step: Mapping[str, Any], by: str) -> None:
+def approve_step(conn: Connection, now: datetime, incident_id: int, step: StepRow, by: str) -> None:
     """An operator approves a step that waits for approval: the worker runs it on its next look."""
-    records.update_step(conn, step["id"], status=StepStatus.PENDING, approved_by=by, approved_at=now)
+    records.update_step(conn, step.id, status=StepStatus.PENDING, approved_by=by, approved_at=now)
     records.update_incident(conn, incident_id, next_run_at=now, poked=True, updated_at=now)
     note(
         conn,
         now,
         incident_id,
         LedgerKind.APPROVED,
-        f"step {step['name']} approved by {by}",
-        {"step_id": step["id"], "by": by},
+        f"step {step.name} approved by {by}",
+        {"step_id": step.id, "by": by},
     )
 
 
@@ -529,18 +528,18 @@ def recover_in_flight(conn: Connection, now: datetime, inc: Incident, read_only:
     ambiguous and never re-run. Returns why the incident goes to a person (None: nothing ambiguous)."""
     ambiguous = []
     for step in records.get_steps(conn, inc["id"]):
-        if step["status"] != StepStatus.RUNNING:
+        if step.status != StepStatus.RUNNING:
             continue
-        if step["action"] in read_only:
-            records.update_step(conn, step["id"], status=StepStatus.PENDING)
+        if step.action in read_only:
+            records.update_step(conn, step.id, status=StepStatus.PENDING)
             continue
         records.update_step(
             conn,
-            step["id"],
+            step.id,
             status=StepStatus.AMBIGUOUS,
             reason="in flight when its worker stopped; outcome unknown, not re-run",
         )
-        ambiguous.append(step["name"])
+        ambiguous.append(step.name)
     if not ambiguous:
         return None
     reason = f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"

@@ -17,7 +17,7 @@ from app.engine.steps import StepRunner
 from app.errors import BackendError, ConfigError
 from app.outcome import Ok
 from app.playbooks import Playbook
-from app.states import IncidentKind, RepairState, StepStatus
+from app.states import IncidentKind, StepStatus
 from app.store import repairs
 
 Incident = dict[str, Any]
@@ -42,7 +42,7 @@ class WorkerSource:
             return
         logs = []
         for step in self.steps.materialise(inc, playbook.collect, attempt=0, phase="collect"):
-            if step["status"] == StepStatus.PENDING:
+            if step.status == StepStatus.PENDING:
                 outcome = self.steps.execute(inc, step)
                 if isinstance(outcome, Ok) and outcome.data.get("log"):
                     logs.append(str(outcome.data["log"]))
@@ -117,4 +117,4 @@ class WorkerSource:
             repair = repairs.get_repair(conn, repair_id) if repair_id else None
         if repair is None:
             return policy.RepairView(repair_id, None)
-        return policy.RepairView(repair["id"], RepairState(repair["state"]), repair["reason"])
+        return policy.RepairView(repair.id, repair.state, repair.reason)

@@ -24,6 +24,7 @@ from sqlalchemy.exc import IntegrityError
 from app.alertmanager import Alert, Notification
 from app.ledger_log import log_entry
 from app.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
+from app.store.rows import StepRow
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -358,9 +359,10 @@ def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> R
 
 def get_steps(
     conn: Connection, incident_id: int, *, attempt: int | None = None, phase: str | None = None
-) -> list[Row]:
+) -> list[StepRow]:
     stmt = _STEPS[(attempt is not None, phase is not None)]
-    return _all(conn, stmt, {"incident_id_": incident_id, "attempt_": attempt, "phase_": phase})
+    params = {"incident_id_": incident_id, "attempt_": attempt, "phase_": phase}
+    return [StepRow.from_row(dict(row._mapping)) for row in conn.execute(stmt, params)]
 
 
 def insert_step(conn: Connection, values: Mapping[str, Any]) -> int | None:

@@ -17,9 +17,9 @@ from sqlalchemy.exc import IntegrityError
 
 from app.states import REPAIR_OPEN, LedgerKind, RepairState, StepStatus
 from app.store import records
+from app.store.rows import Repair
 from app.store.schema import node_repairs, steps
 
-Row = dict[str, Any]
 MAX_LIST = 1000  # rows one listing returns at most (API ``limit`` is clamped to this)
 
 
@@ -30,29 +30,37 @@ def open_key(scheduler: str, node: str) -> str:
     return f"node/{node}"
 
 
-def _one(conn: Connection, stmt: Any) -> Row | None:
+def _one(conn: Connection, stmt: Any) -> Repair | None:
     row = conn.execute(stmt).first()
-    return dict(row._mapping) if row is not None else None
+    return Repair.from_row(dict(row._mapping)) if row is not None else None
 
 
 def _ledger(
-    conn: Connection, repair: Mapping[str, Any], now: datetime, kind: LedgerKind, message: str, **data: Any
+    conn: Connection,
+    now: datetime,
+    kind: LedgerKind,
+    message: str,
+    *,
+    node: str,
+    repair_id: int,
+    incident_id: int | None,
+    **data: Any,
 ) -> None:
     records.record(
         conn,
         now,
         kind,
-        f"node {repair['node']}: {message}",
-        incident_id=repair.get("incident_id"),
-        data={"node": repair["node"], "repair_id": repair["id"], **data},
+        f"node {node}: {message}",
+        incident_id=incident_id,
+        data={"node": node, "repair_id": repair_id, **data},
     )
 
 
-def get_repair(conn: Connection, repair_id: int) -> Row | None:
+def get_repair(conn: Connection, repair_id: int) -> Repair | None:
     return _one(conn, select(node_repairs).where(node_repairs.c.id == repair_id))
 
 
-def open_repair(conn: Connection, scheduler: str, node: str) -> Row | None:
+def open_repair(conn: Connection, scheduler: str, node: str) -> Repair | None:
     """The node's open repair (held included) under any scheduler, if any (rows written before open keys named
     the node alone carry ``<scheduler>/<node>``: found by the node too)."""
     del scheduler
@@ -60,7 +68,7 @@ def open_repair(conn: Connection, scheduler: str, node: str) -> Row | None:
     return _one(conn, stmt.order_by(node_repairs.c.id.desc()).limit(1))
 
 
-def open_repair_of(conn: Connection, node: str) -> Row | None:
+def open_repair_of(conn: Connection, node: str) -> Repair | None:
     """The open repair of ``node`` whatever its scheduler, locked until the transaction ends (an operator's
     change must not interleave with a worker claiming it; SQLite's writer lock does the same)."""
     stmt = select(node_repairs).where(node_repairs.c.node == node, node_repairs.c.open_key.is_not(None))
@@ -107,22 +115,24 @@ def request_repair(
             assert existing is not None
         else:
             _ledger(
-                conn, {**values, "id": repair_id}, now, LedgerKind.REPAIR_REQUESTED, f"repair requested: {reason}",
-                playbook=playbook,
+                conn, now, LedgerKind.REPAIR_REQUESTED, f"repair requested: {reason}",
+                node=node, repair_id=repair_id, incident_id=incident_id, playbook=playbook,
             )  # fmt: skip
             return repair_id
     _ledger(
         conn,
-        {**existing, "incident_id": incident_id},
         now,
         LedgerKind.REPAIR_ABSORBED,
-        f"repair already {existing['state']} (repair #{existing['id']}): request absorbed ({reason})",
-        state=existing["state"],
+        f"repair already {existing.state} (repair #{existing.id}): request absorbed ({reason})",
+        node=node,
+        repair_id=existing.id,
+        incident_id=incident_id,
+        state=existing.state,
     )
-    return int(existing["id"])
+    return existing.id
 
 
-def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now: datetime) -> Row:
+def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now: datetime) -> Repair:
     """A held record for a node with no open repair (an operator's hold): no later request repairs it."""
     values = {
         "node": node,
@@ -143,14 +153,16 @@ def insert_held(conn: Connection, *, node: str, scheduler: str, reason: str, now
             repair_id = records.inserted_id(conn.execute(insert(node_repairs).values(values)))
     except IntegrityError:  # a request opened a repair of the node meanwhile
         raise ValueError(f"node {node} has an open repair now; try again") from None
-    row = {**values, "id": repair_id, "incident_id": None}
-    _ledger(conn, row, now, LedgerKind.REPAIR_HELD, reason, state=RepairState.HELD)
-    return row
+    _ledger(conn, now, LedgerKind.REPAIR_HELD, reason, node=node, repair_id=repair_id, incident_id=None,
+            state=RepairState.HELD)  # fmt: skip
+    held = get_repair(conn, repair_id)
+    assert held is not None
+    return held
 
 
 def write_transition(
     conn: Connection,
-    repair: Mapping[str, Any],
+    repair: Repair,
     now: datetime,
     *,
     kind: LedgerKind,
@@ -165,10 +177,9 @@ def write_transition(
         values.update(open_key=None, closed_at=now, next_run_at=None, step=None, step_status=None)
     if state == RepairState.HELD:
         values.update(next_run_at=None, step=None, step_status=None)
-    conn.execute(
-        update(node_repairs).where(node_repairs.c.id == repair["id"]).values(updated_at=now, **values)
-    )
-    _ledger(conn, repair, now, kind, message, **{"state": state or repair["state"], **(data or {})})
+    conn.execute(update(node_repairs).where(node_repairs.c.id == repair.id).values(updated_at=now, **values))
+    _ledger(conn, now, kind, message, node=repair.node, repair_id=repair.id, incident_id=repair.incident_id,
+            **{"state": state or repair.state, **(data or {})})  # fmt: skip
 
 
 def update_repair(conn: Connection, repair_id: int, now: datetime, **values: Any) -> None:
@@ -212,7 +223,7 @@ def list_repairs(
     state: str | None = None,
     open_only: bool = False,
     limit: int = 100,
-) -> list[Row]:
+) -> list[Repair]:
     """Repairs, newest first, at most ``limit`` (clamped to ``MAX_LIST``)."""
     stmt = select(node_repairs).order_by(node_repairs.c.id.desc()).limit(max(1, min(limit, MAX_LIST)))
     if node:
@@ -221,7 +232,7 @@ def list_repairs(
         stmt = stmt.where(node_repairs.c.state == state)
     if open_only:
         stmt = stmt.where(node_repairs.c.open_key.is_not(None))
-    return [dict(row._mapping) for row in conn.execute(stmt)]
+    return [Repair.from_row(dict(row._mapping)) for row in conn.execute(stmt)]
 
 
 def held_count(conn: Connection) -> int:

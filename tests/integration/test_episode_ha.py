@@ -109,14 +109,15 @@ def test_one_episode_on_three_replicas_is_one_recovery_one_drain_and_one_return(
                 with store.read() as conn:
                     closed = conn.execute(select(incidents.c.open_key)).scalars().all()
                     repair = repairs.list_repairs(conn, node="node2", limit=5)
-                return closed == [None] and len(repair) == 1 and repair[0]["state"] == "returned"
+                return closed == [None] and len(repair) == 1 and repair[0].state == "returned"
 
             logs = "\n".join(serve.daemon.log_tail() for serve in replicas)
             wait_until(settled, 150, f"one closed job incident and node2 returned\n{logs}")
             with store.read() as conn:
                 rows = conn.execute(select(incidents)).mappings().all()
                 step_rows = conn.execute(select(steps.c.action, steps.c.status)).all()
-                (repair,) = repairs.list_repairs(conn, node="node2")
+                (found,) = repairs.list_repairs(conn, node="node2")
+                repair = found.as_dict()
         finally:
             store.dispose()
     finally:

@@ -219,7 +219,7 @@ def test_a_gpu_fault_kills_the_pods_and_nightshift_restarts_the_job_off_the_node
                 again = time.monotonic()
             with nightshift.deps.store.read() as conn:
                 repair = repairs.list_repairs(conn, node=faulty, limit=1)
-            if again and incident["outcome"] and repair and repair[0]["state"] == RepairState.RETURNED:
+            if again and incident["outcome"] and repair and repair[0].state == RepairState.RETURNED:
                 break
             time.sleep(0.5)
         second = wait_until(lambda: all_running(operator), RUNNING_SECONDS, "the restarted pods Running", 0.5)
@@ -248,8 +248,8 @@ def test_a_gpu_fault_kills_the_pods_and_nightshift_restarts_the_job_off_the_node
     assert {pod["spec"]["nodeName"] for pod in second.values()} == set(stack.nodes) - {faulty}
     assert resumed_from >= CHECKPOINT_EVERY  # the first incarnation's checkpoint, from the shared volume
     (repair,) = repair
-    assert [s["step"] for s in repair["steps"] if s["status"] == "ok"] == ["take_out", "validate", "return"]
-    validate = next(s for s in repair["steps"] if s["step"] == "validate" and s["status"] == "ok")
+    assert [s["step"] for s in repair.steps if s["status"] == "ok"] == ["take_out", "validate", "return"]
+    validate = next(s for s in repair.steps if s["step"] == "validate" and s["status"] == "ok")
     assert VALIDATION_OUTPUT in json.dumps(validate), validate  # the log the faulty node's kubelet served
     assert not admin.node(faulty)["spec"].get("unschedulable")  # returned after validation
     assert not admin.node(healthy)["spec"].get("unschedulable")  # never touched

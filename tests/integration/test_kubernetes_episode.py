@@ -128,7 +128,7 @@ def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_afte
             (incident,) = nccl_engine.incidents()
             with nccl_engine.deps.store.read() as conn:
                 repair = repairs.list_repairs(conn, node=faulty, limit=1)
-            if incident["outcome"] and repair and repair[0]["state"] == RepairState.RETURNED:
+            if incident["outcome"] and repair and repair[0].state == RepairState.RETURNED:
                 break
             time.sleep(0.2)
     finally:
@@ -145,7 +145,7 @@ def test_one_restart_off_the_culprit_node_which_is_cordoned_then_uncordoned_afte
             {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "NotIn", "values": [faulty]}]}
         ]
     (repair,) = repair
-    assert [s["step"] for s in repair["steps"] if s["status"] == "ok"] == ["take_out", "validate", "return"]
+    assert [s["step"] for s in repair.steps if s["status"] == "ok"] == ["take_out", "validate", "return"]
     assert not kube_admin.node(faulty)["spec"].get("unschedulable")  # uncordoned after validation
     assert not kube_admin.node(healthy)["spec"].get("unschedulable")  # never touched
     with nccl_engine.deps.store.read() as conn:

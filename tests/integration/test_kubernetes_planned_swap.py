@@ -136,7 +136,7 @@ def the_incident(run: KubeEngine) -> tuple[dict[str, Any], dict[str, dict[str, A
 def repair_of(run: KubeEngine, node: str) -> dict[str, Any] | None:
     with run.engine.deps.store.read() as conn:
         found = repairs.list_repairs(conn, node=node, limit=1)
-    return found[0] if found else None
+    return found[0].as_dict() if found else None
 
 
 def test_a_warning_node_is_swapped_out_at_a_checkpoint(

@@ -106,7 +106,7 @@ def in_service(cluster: SlurmCluster, node: str) -> bool:
 
 def repairs_of(b: Bench, node: str) -> list[dict[str, Any]]:
     with b.store.read() as conn:
-        return repairs.list_repairs(conn, node=node)
+        return [row.as_dict() for row in repairs.list_repairs(conn, node=node)]
 
 
 def guards_of(b: Bench, incident_id: int) -> list[str]:

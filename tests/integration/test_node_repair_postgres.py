@@ -50,7 +50,7 @@ def test_concurrent_requests_open_one_repair_and_one_worker_claims_it(postgres_u
         with stores[0].read() as conn:
             rows = repairs.list_repairs(conn, node="node2")
             absorbed = [r for r in repairs.records.iter_ledger(conn) if r["kind"] == "repair_absorbed"]
-        assert [r["state"] for r in rows] == [RepairState.REQUESTED]
+        assert [r.state for r in rows] == [RepairState.REQUESTED]
         assert len(absorbed) == len(stores) - 1
     finally:
         for store in stores:

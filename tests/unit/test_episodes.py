@@ -100,7 +100,7 @@ class World:
         """The node's newest repair (advisory here: the repair's steps are not granted)."""
         with self.engine.deps.store.read() as conn:
             found = repairs.list_repairs(conn, node=node, limit=1)
-        return found[0] if found else None
+        return found[0].as_dict() if found else None
 
 
 def requeue_action() -> FakeAction:

@@ -49,7 +49,7 @@ class World(RepairBench):
         for _ in range(limit):
             if self.worker.work_once("w1") is None:
                 with self.store.read() as conn:
-                    waiting = [r for r in repairs.list_repairs(conn, open_only=True) if r["next_run_at"]]
+                    waiting = [r for r in repairs.list_repairs(conn, open_only=True) if r.next_run_at]
                 if not waiting:
                     return
                 self.clock.advance(step_seconds)
