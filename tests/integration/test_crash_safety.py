@@ -25,8 +25,7 @@ from app.store import Store
 from app.store.schema import alerts
 from tests.fixtures.procs import wait_until
 from tests.fixtures.reader import api_get
-from tests.fixtures.slurm import SlurmCluster
-from tests.integration.test_replicas import (
+from tests.fixtures.serve import (
     HookSink,
     Serve,
     only_incident,
@@ -35,6 +34,7 @@ from tests.integration.test_replicas import (
     wait_ready,
     write_settings,
 )
+from tests.fixtures.slurm import SlurmCluster
 from tests.payloads import alert, body
 
 pytestmark = pytest.mark.integration

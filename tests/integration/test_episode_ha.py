@@ -15,8 +15,8 @@ from sqlalchemy import select
 from app.store import Store, repairs
 from app.store.schema import incidents, steps
 from tests.fixtures.procs import wait_until
+from tests.fixtures.serve import start_serve, wait_ready, write_settings
 from tests.fixtures.slurm import SlurmCluster
-from tests.integration.test_replicas import start_serve, wait_ready, write_settings
 from tests.payloads import alert, body, xid
 
 pytestmark = pytest.mark.integration

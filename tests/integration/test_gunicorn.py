@@ -2,35 +2,19 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import requests
-import yaml
 
 from sim.webhook_sink import WebhookSink
-from tests.fixtures.procs import Daemon, free_port, wait_until
-from tests.fixtures.reader import api_get, viewer_access
-from tests.integration.test_replicas import only_incident
+from tests.fixtures.procs import Daemon, wait_until
+from tests.fixtures.reader import api_get
+from tests.fixtures.serve import nightshift_argv, only_incident, post
+from tests.fixtures.serve import start_gunicorn as start_serve
 from tests.payloads import alert, body, xid
-
-TOKEN = "gunicorn-test-token"
-PLAYBOOK = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: gpu-xid-79, description: "Xid 79: drain the node, requeue the job"}
-match: ['alertname="GpuXidError"', 'xid="79"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
-serialize: node
-steps:
-  - action: slurm.drain_node
-    with: {node: "{{ target.node }}", reason: "Xid {{ labels.xid }}"}
-  - action: slurm.requeue_job
-    with: {job: "{{ target.job }}", exclude_nodes: "{{ target.node }}"}
-"""
 
 
 @pytest.fixture
@@ -41,50 +25,6 @@ def sink() -> Iterator[WebhookSink]:
     receiver.close()
 
 
-def start_serve(tmp_path: Path, sink: WebhookSink, **settings: object) -> tuple[Daemon, str]:
-    """``nightshift serve`` with 2 gunicorn workers on a free port, once ready; ``settings`` override the test's."""
-    (tmp_path / "playbooks").mkdir()
-    (tmp_path / "playbooks" / "gpu.yaml").write_text(PLAYBOOK)
-    (tmp_path / "token").write_text(TOKEN)
-    config = {
-        "data_dir": str(tmp_path / "var"),
-        "playbook_paths": [str(tmp_path / "playbooks")],
-        "webhook": {"token_file": str(tmp_path / "token")},
-        "access": viewer_access(tmp_path),
-        "notify": {"webhook_url": sink.url("/hook")},
-        "worker": {"poll_seconds": 0.2},
-        "episodes": {"correlation_seconds": 0},  # act at once: the episode window is tested elsewhere
-        **settings,
-    }
-    (tmp_path / "settings.yaml").write_text(yaml.safe_dump(config))
-    port = free_port()
-    argv = [
-        *nightshift_argv(tmp_path, "serve"),
-        "--bind",
-        f"127.0.0.1:{port}",
-        "--workers",
-        "2",
-        "--threads",
-        "4",
-    ]
-    daemon = Daemon("nightshift", argv, tmp_path)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_until(
-            lambda: requests.get(f"{url}/readyz", timeout=1).status_code == 200,
-            30,
-            f"nightshift serve to be ready (log: {daemon.log_path})",
-        )
-    except BaseException:
-        daemon.stop()
-        raise
-    return daemon, url
-
-
-def nightshift_argv(tmp_path: Path, command: str) -> list[str]:
-    return [sys.executable, "-m", "app.cli", command, "--config", str(tmp_path / "settings.yaml")]
-
-
 @pytest.fixture
 def server(tmp_path, sink):
     daemon, url = start_serve(tmp_path, sink)
@@ -93,15 +33,6 @@ def server(tmp_path, sink):
     finally:
         daemon.stop()
         print(daemon.log_tail())
-
-
-def post(url: str, data: bytes, token: str = TOKEN) -> requests.Response:
-    return requests.post(
-        f"{url}/api/v1/alerts",
-        data=data,
-        timeout=10,
-        headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-    )
 
 
 def test_real_gunicorn_webhook_to_advisory_incident_with_notification(server, sink):

@@ -18,7 +18,9 @@ import requests
 
 from sim.webhook_sink import WebhookSink
 from tests.fixtures.reader import VIEWER_TOKEN
-from tests.integration.test_gunicorn import TOKEN, post, start_serve
+from tests.fixtures.serve import GUNICORN_TOKEN as TOKEN
+from tests.fixtures.serve import post
+from tests.fixtures.serve import start_gunicorn as start_serve
 from tests.payloads import alert, body, xid
 
 pytestmark = pytest.mark.integration

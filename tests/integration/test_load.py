@@ -22,7 +22,7 @@ from app.alertmanager import am_fingerprint, parse_notification
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, payload, xid
-from tests.unit.test_engine import GRANTS, PLAYBOOK, make_world
+from tests.worlds import GRANTS, PLAYBOOK, make_world
 
 NOTIFICATIONS = 10_000
 Instance = tuple[str, str]  # (fingerprint, startsAt) as Alertmanager identifies an alert instance

@@ -25,10 +25,11 @@ from app.clients import Clients
 from app.clock import SystemClock
 from app.states import IncidentOutcome
 from app.store import repairs
-from tests.fakes import FakePrometheus, FakeSample, RepairBench, node_repair_playbook
+from tests.fakes import FakePrometheus, FakeSample, node_repair_playbook
 from tests.fixtures.procs import wait_until
 from tests.fixtures.slurm import SlurmCluster
 from tests.payloads import alert, payload
+from tests.worlds import World
 
 pytestmark = pytest.mark.integration
 
@@ -51,7 +52,7 @@ def xid_on_idle_node(starts_at: datetime, fingerprint: str) -> dict[str, Any]:
     return {**alert(labels, starts_at=starts_at), "fingerprint": fingerprint}
 
 
-class Bench(RepairBench):
+class Bench(World):
     prometheus: FakePrometheus
     verdicts: Path
 
@@ -138,7 +139,7 @@ def test_the_same_alert_still_firing_is_repaired_and_an_older_one_after_it_is_st
     assert inc["outcome"] == IncidentOutcome.RECOVERED, inc  # drained, validated, resumed: the control
     assert [r["state"] for r in repairs_of(bench, "node3")] == ["returned"]
     assert in_service(clean_slurm, "node3")
-    drains = [c for c in bench.ledger("repair_step") if "State=DRAIN" in (c["data"]["step"]["command"] or "")]
+    drains = [c for c in bench.rows("repair_step") if "State=DRAIN" in (c["data"]["step"]["command"] or "")]
     assert len(drains) == 1
     # A second instance of the fault that started before the repair took the node out: the fault repaired.
     (second,) = bench.send(xid_on_idle_node(fault - timedelta(minutes=1), "00000000000000a2"))

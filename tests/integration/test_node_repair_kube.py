@@ -14,9 +14,10 @@ import pytest
 from app.clients import Clients
 from app.clock import SystemClock
 from app.states import RepairState
-from tests.fakes import RepairBench, node_repair_playbook
+from tests.fakes import node_repair_playbook
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import KubeAdmin, KubeCluster
+from tests.worlds import World
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +31,7 @@ PLAYBOOK = node_repair_playbook(
 )
 
 
-class Repairs(RepairBench):
+class Repairs(World):
     """The repair worker on the test apiserver; the test plays the kubelet of the nodes in ``exit_codes``."""
 
     admin: KubeAdmin

@@ -16,10 +16,11 @@ from app.clients import Clients
 from app.clock import SystemClock
 from app.states import RepairState
 from sim import faults
-from tests.fakes import RepairBench, node_repair_playbook
+from tests.fakes import node_repair_playbook
 from tests.fixtures.procs import wait_until
 from tests.fixtures.sim import SimCluster
 from tests.fixtures.slurm import SlurmCluster
+from tests.worlds import World
 
 pytestmark = pytest.mark.integration
 
@@ -57,7 +58,7 @@ def drained(cluster: SlurmCluster, node: str) -> bool:
     return base == "idle" and "drain" in flags
 
 
-class Repairs(RepairBench):
+class Repairs(World):
     """The repair worker on the test cluster; ``verdicts`` holds the files the validation command tests."""
 
     verdicts: Path

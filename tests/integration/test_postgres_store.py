@@ -22,9 +22,10 @@ from app.store.claims import INCIDENTS
 from app.store.schema import alerts, incident_alerts, incidents, store_probe
 from tests.bounded import store_unavailable_after
 from tests.fakes import START, FakeClock
-from tests.payloads import alert, payload, xid
+from tests.payloads import HOSTILE, alert, payload, xid
 from tests.unit import test_engine as scenarios
-from tests.unit.test_hostile_input import HOSTILE, build_app, headers
+from tests.webapps import build_app, headers
+from tests.worlds import World
 
 pytestmark = pytest.mark.integration
 
@@ -64,7 +65,7 @@ def backend_worlds(store_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     built: list[Store] = []
     make_sqlite_world = scenarios.make_world
 
-    def make_world(tmp_path: Any, *args: Any, **kwargs: Any) -> scenarios.World:
+    def make_world(tmp_path: Any, *args: Any, **kwargs: Any) -> World:
         world = make_sqlite_world(tmp_path, *args, **kwargs)
         store = Store.from_url(store_url, world.clock)
         store.create_schema()
@@ -101,7 +102,7 @@ def test_postgres_store_keeps_aware_utc_times_and_json(postgres_url):
         store.dispose()
 
 
-def _ingest_concurrently(world: scenarios.World, body: str, copies: int) -> list[Any]:
+def _ingest_concurrently(world: World, body: str, copies: int) -> list[Any]:
     notification = parse_notification(body)
     barrier = threading.Barrier(copies)
 

@@ -9,7 +9,7 @@ import yaml
 
 from tests.fixtures.procs import nightshift_cli as nightshift
 from tests.payloads import alert, body, xid
-from tests.unit.test_engine import PLAYBOOK
+from tests.worlds import PLAYBOOK
 
 ROOT = Path(__file__).parents[2]
 

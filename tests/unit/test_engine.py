@@ -2,140 +2,18 @@
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable
-from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 import pytest
 
-from app import build_engine
-from app.actions.registry import ActionRegistry
-from app.alertmanager import parse_notification
 from app.clients import Clients
-from app.config import Settings
-from app.engine import Engine
 from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
-from app.permissions import Grant, Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import records
 from app.store.claims import INCIDENTS
-from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
-from tests.payloads import alert, payload, xid
-
-PLAYBOOK = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: gpu-xid-79, description: "Xid 79: move the job, take the node out"}
-match: ['alertname="GpuXidError"', 'xid=~"79|48"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
-serialize: node
-budget: {attempts: 3, window: 24h, backoff: 10m}
-cooldown: 30m
-recheck: 'DCGM_EXP_XID_ERRORS_COUNT{Hostname="{{ labels.Hostname }}",xid="{{ labels.xid }}"} > 0'
-collect:
-  - action: fake.logs
-    with: {job: "{{ target.job }}"}
-steps:
-  - action: fake.drain
-    with: {node: "{{ target.node }}", reason: "Xid {{ labels.xid }}"}
-  - action: fake.requeue
-    with: {job: "{{ target.job }}"}
-  - action: fake.notice
-    with: {text: "{{ diagnosis.summary }}"}
-    when: ['diagnosis=~"gpu_.*"']
-verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
-         interval: 30s}
-on_resolved:
-  - action: fake.resume
-    with: {node: "{{ target.node }}"}
-"""
-# The same, for alerts without a job: a per-(playbook, target) incident on the node, serialised per node.
-NODE_PLAYBOOK = (
-    PLAYBOOK.replace(', job: "{{ labels.slurm_job_id }}"', "")
-    .replace('collect:\n  - action: fake.logs\n    with: {job: "{{ target.job }}"}\n', "")
-    .replace('  - action: fake.requeue\n    with: {job: "{{ target.job }}"}\n', "")
-)
-RECHECK = 'DCGM_EXP_XID_ERRORS_COUNT{Hostname="node1",xid="79"} > 0'
-VERIFY = 'increase(training_step_total{slurm_job_id="1234"}[2m]) > 0'
-
-
-@dataclass
-class World:
-    engine: Engine
-    clock: FakeClock
-    prometheus: FakePrometheus
-    actions: dict[str, Any]
-    notifications: list[tuple[str, str]] = field(default_factory=list)
-
-    def send(self, *alerts: dict[str, Any]):
-        return self.engine.ingest(parse_notification(json.dumps(payload(*alerts))))
-
-    def run(self, ticks: int = 100) -> int:
-        return self.engine.run_until_idle(limit=ticks)
-
-    def incident(self, incident_id: int) -> dict[str, Any]:
-        detail = self.engine.incident(incident_id)
-        assert detail is not None
-        return detail["incident"]
-
-    def steps(self, incident_id: int, phase: str = "steps") -> list[tuple[str, str]]:
-        detail = self.engine.incident(incident_id)
-        assert detail is not None
-        return [(s["action"], s["status"]) for s in detail["steps"] if s["phase"] == phase]
-
-    def ledger(self, incident_id: int, kind: str | None = None) -> list[dict[str, Any]]:
-        detail = self.engine.incident(incident_id)
-        assert detail is not None
-        return [row for row in detail["ledger"] if kind is None or row["kind"] == kind]
-
-    def calls(self, action: str) -> list[dict[str, Any]]:
-        return self.actions[action].script.calls
-
-
-def make_world(
-    tmp_path,
-    grants: Iterable[str] = (),
-    playbooks: str = PLAYBOOK,
-    correlation_seconds: int = 0,
-    **guard_settings: Any,
-) -> World:
-    """``correlation_seconds`` 0: a job incident acts at once (the window has its own tests, test_episodes.py).
-    Every job runs, on no node the alerts name: culprits stay evidence (test_episodes.py covers exclusion)."""
-    clock = FakeClock()
-    actions = fake_actions()
-    registry = ActionRegistry(actions.values())
-    settings = Settings(data_dir=str(tmp_path))
-    settings.episodes.correlation_seconds = correlation_seconds
-    for key, value in guard_settings.items():
-        setattr(settings.guards, key, value)
-    prometheus = FakePrometheus()
-    prometheus.answers[RECHECK] = [FakeSample({"Hostname": "node1"}, 1)]
-    world_notifications: list[tuple[str, str]] = []
-
-    class Notifier:
-        """Collects engine notifications through the real send_notification path (webhook channel)."""
-
-        def post_json(self, url, body, headers=None):
-            world_notifications.append((url, body["text"]))
-            return 200
-
-    settings.notify.webhook_url = "http://chat.example/hook"
-    engine = build_engine(
-        settings,
-        clock=clock,
-        registry=registry,
-        playbooks=PlaybookSet(parse_playbooks(playbooks, "test.yaml", registry)),
-        permissions=Permissions(Grant(action=name) for name in grants),
-        clients=Clients(
-            settings, prometheus=prometheus, http=Notifier(), slurm=FakeSlurm(default=("RUNNING", ""))
-        ),
-    )
-    return World(engine, clock, prometheus, actions, world_notifications)
-
-
-GRANTS = ("fake.drain", "fake.requeue", "fake.resume")
+from tests.fakes import FakeSample, FakeSlurm
+from tests.payloads import alert, xid
+from tests.worlds import GRANTS, NODE_PLAYBOOK, PLAYBOOK, RECHECK, VERIFY, make_world
 
 
 def test_default_is_advisory_every_change_would_run_and_nothing_is_called(tmp_path):

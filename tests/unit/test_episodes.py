@@ -3,9 +3,7 @@ recovery of the job that excludes the culprit node, whatever order and replica t
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -13,146 +11,19 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import build_engine, episodes
-from app.actions import default_registry
-from app.alertmanager import parse_notification
-from app.clients import Clients
-from app.config import Settings
-from app.engine import Engine
+from app import episodes
 from app.outcome import Failed, Ok
-from app.params import NODE_NAME, SLURM_JOB_ID, Param
-from app.permissions import Grant, Permissions
+from app.permissions import Permissions
 from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
 from app.store.claims import INCIDENTS
-from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, Script
-from tests.payloads import alert, payload, xid
-
-PLAYBOOKS = """
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: nccl, description: "every rank reports it"}
-match: ['alertname="TrainingJobError"', 'error_class="nccl"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
-priority: 50
-steps:
-  - action: fake.requeue
-    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
-verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
-         interval: 30s}
----
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: xid, description: "node-scoped"}
-match: ['alertname="GpuXidError"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
-priority: 100
-steps:
-  - action: fake.requeue
-    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
-verify: {promql: 'increase(training_step_total{slurm_job_id="{{ target.job }}"}[2m]) > 0', timeout: 5m,
-         interval: 30s}
-node_repair: {}
----
-apiVersion: nightshift/v1
-kind: Playbook
-metadata: {name: straggler, description: "excluded from the job, not repaired until the third time"}
-match: ['alertname="TrainingStraggler"']
-target: {scheduler: slurm, node: "{{ labels.Hostname }}", job: "{{ labels.slurm_job_id }}"}
-priority: 20
-exclude_node: {repair_after: 3, window: 24h}
-steps:
-  - action: fake.requeue
-    with: {job: "{{ target.job }}", exclude_nodes: "{{ incident.culprits }}"}
-"""
-VERIFY = 'increase(training_step_total{slurm_job_id="4242"}[2m]) > 0'
-COLLECT_LOG = 'collect: [{action: fake.logs, with: {job: "{{ target.job }}"}}]\n'  # make_world(log=...)
-
-
-def nccl(node: str, rank: int, job: str = "4242") -> dict[str, str]:
-    return {"alertname": "TrainingJobError", "error_class": "nccl", "Hostname": node, "rank": str(rank),
-            "slurm_job_id": job}  # fmt: skip
-
-
-@dataclass
-class World:
-    engine: Engine
-    clock: FakeClock
-    prometheus: FakePrometheus
-    slurm: FakeSlurm
-    requeue: FakeAction
-
-    def send(self, *alerts: dict[str, Any]):
-        return self.engine.ingest(parse_notification(json.dumps(payload(*alerts))))
-
-    def run(self) -> None:
-        self.engine.run_until_idle(limit=500)
-
-    def incidents(self) -> list[dict[str, Any]]:
-        return self.engine.incidents(limit=100)
-
-    def only(self) -> dict[str, Any]:
-        incidents = self.incidents()
-        assert len(incidents) == 1, [(i["id"], i["kind"], i["open_key"]) for i in incidents]
-        return incidents[0]
-
-    def repair(self, node: str) -> dict[str, Any] | None:
-        """The node's newest repair (advisory here: the repair's steps are not granted)."""
-        with self.engine.deps.store.read() as conn:
-            found = repairs.list_repairs(conn, node=node, limit=1)
-        return found[0].as_dict() if found else None
-
-
-def requeue_action() -> FakeAction:
-    return FakeAction(
-        "fake.requeue",
-        params={
-            "job": Param(pattern=SLURM_JOB_ID),
-            "exclude_nodes": Param(pattern=rf"{NODE_NAME}(,{NODE_NAME})*", required=False),
-        },
-    )
-
-
-def make_world(
-    tmp_path,
-    *,
-    playbooks: str = PLAYBOOKS,
-    url: str | None = None,
-    clock: FakeClock | None = None,
-    slurm: FakeSlurm | None = None,
-    log: str | None = None,
-    **episode_settings: Any,
-) -> World:
-    """``url``: the store's (default: SQLite in ``tmp_path``); ``log``: what the nccl playbook's collect step reads
-    for the diagnosis (None: it collects nothing, and the diagnosis reads the labels alone)."""
-    clock = clock or FakeClock()
-    requeue = requeue_action()
-    # The repair lifecycle plans with the scheduler's own actions (not granted here).
-    registry = default_registry()
-    registry.register(requeue)
-    if log is not None:
-        registry.register(FakeAction("fake.logs", read_only=True, params={"job": Param(pattern=SLURM_JOB_ID)},
-                                     script=Script([Ok(output="log", data={"log": log})])))  # fmt: skip
-        assert "priority: 50\n" in playbooks
-        playbooks = playbooks.replace("priority: 50\n", f"priority: 50\n{COLLECT_LOG}", 1)
-    settings = Settings(data_dir=str(tmp_path), store_url=url)
-    for key, value in episode_settings.items():
-        setattr(settings.episodes, key, value)
-    prometheus = FakePrometheus()
-    slurm = slurm or FakeSlurm({"4242": ("RUNNING", "node1,node2")})
-    engine = build_engine(
-        settings,
-        clock=clock,
-        registry=registry,
-        playbooks=PlaybookSet(parse_playbooks(playbooks, "episodes.yaml", registry)),
-        permissions=Permissions([Grant(action="fake.requeue")]),
-        clients=Clients(settings, prometheus=prometheus, slurm=slurm),
-    )
-    return World(engine, clock, prometheus, slurm, requeue)
+from tests.fakes import FakeClock, FakeSample, FakeSlurm
+from tests.payloads import alert, xid
+from tests.worlds import EPISODE_VERIFY, PLAYBOOKS, World, episode_world, nccl
 
 
 def test_every_rank_and_the_xid_make_one_job_incident_and_one_requeue_off_the_culprit(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     result = w.send(alert(nccl("node1", 0)), alert(nccl("node2", 1)), alert(xid(node="node2", job="4242")))
     assert len(result.opened) == 1 and len(result.attached) == 2
     w.run()
@@ -163,7 +34,7 @@ def test_every_rank_and_the_xid_make_one_job_incident_and_one_requeue_off_the_cu
     repair = w.repair("node2")
     assert repair is not None and repair["incident_id"] == inc["id"] and repair["playbook"] == "xid"
     assert w.repair("node1") is None
-    w.prometheus.answers[VERIFY] = [FakeSample({"slurm_job_id": "4242"}, 3)]
+    w.prometheus.answers[EPISODE_VERIFY] = [FakeSample({"slurm_job_id": "4242"}, 3)]
     w.clock.advance(30)
     w.run()
     assert w.only()["outcome"] == "recovered"
@@ -171,7 +42,7 @@ def test_every_rank_and_the_xid_make_one_job_incident_and_one_requeue_off_the_cu
 
 
 def test_without_a_culprit_the_window_is_waited_out_then_one_requeue_excludes_nothing(tmp_path):
-    w = make_world(tmp_path, correlation_seconds=45)
+    w = episode_world(tmp_path, correlation_seconds=45)
     w.send(alert(nccl("node1", 0)))
     w.run()
     inc = w.only()
@@ -187,7 +58,7 @@ def test_without_a_culprit_the_window_is_waited_out_then_one_requeue_excludes_no
 
 
 def test_a_node_alert_is_decisive_inside_the_window(tmp_path):
-    w = make_world(tmp_path, correlation_seconds=45)
+    w = episode_world(tmp_path, correlation_seconds=45)
     w.send(alert(nccl("node1", 0)))
     w.run()
     w.clock.advance(5)
@@ -198,7 +69,7 @@ def test_a_node_alert_is_decisive_inside_the_window(tmp_path):
 
 
 def test_a_culprit_outside_the_jobs_allocation_is_evidence_never_excluded_or_repaired(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     w.send(alert(xid(node="node9", job="4242")))
     w.run()
     inc = w.only()
@@ -211,7 +82,7 @@ def test_a_culprit_outside_the_jobs_allocation_is_evidence_never_excluded_or_rep
 
 def test_too_many_culprits_exclude_none_and_go_to_a_person(tmp_path):
     slurm = FakeSlurm({"4242": ("RUNNING", "node1,node2,node3,node4")})
-    w = make_world(tmp_path, slurm=slurm, max_culprits=2)
+    w = episode_world(tmp_path, slurm=slurm, max_culprits=2)
     w.send(*(alert(xid(node=f"node{n}", job="4242", gpu=str(n))) for n in (1, 2, 3)))
     w.run()
     inc = w.only()  # held for a person on the fleet incident of culprits no domain explains (docs/fleet.md)
@@ -222,7 +93,7 @@ def test_too_many_culprits_exclude_none_and_go_to_a_person(tmp_path):
 
 
 def test_a_node_alert_without_a_job_opens_a_node_incident_handed_to_repair(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     idle = {k: v for k, v in xid(node="node3").items() if k != "slurm_job_id"}
     w.send(alert(idle))
     w.run()
@@ -237,13 +108,13 @@ def test_a_node_alert_without_a_job_opens_a_node_incident_handed_to_repair(tmp_p
 
 
 def test_alerts_without_job_or_node_scope_stay_per_target(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     w.send(alert({k: v for k, v in nccl("node1", 0).items() if k != "slurm_job_id"}))
     assert w.only()["kind"] == "target"
 
 
 def test_a_requeued_job_waiting_for_resources_is_not_a_failed_attempt(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     w.send(alert(xid(node="node2", job="4242")))
     w.run()
     w.slurm.jobs["4242"] = ("PENDING", "")
@@ -256,14 +127,14 @@ def test_a_requeued_job_waiting_for_resources_is_not_a_failed_attempt(tmp_path):
     w.clock.advance(30)
     w.run()
     assert w.only()["state"] == "verifying"
-    w.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+    w.prometheus.answers[EPISODE_VERIFY] = [FakeSample({}, 1)]
     w.clock.advance(30)
     w.run()
     assert w.only()["outcome"] == "recovered" and len(w.requeue.script.calls) == 1
 
 
 def test_verification_sees_only_samples_after_the_action(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     w.send(alert(xid(node="node2", job="4242")))
     w.run()
     w.clock.advance(30)
@@ -283,7 +154,7 @@ SURVIVED = "\n".join(
 
 
 def test_a_benign_diagnosis_closes_without_acting(tmp_path):
-    w = make_world(tmp_path, log=SURVIVED, correlation_seconds=0)
+    w = episode_world(tmp_path, log=SURVIVED, correlation_seconds=0)
     w.send(alert(nccl("node1", 0)))
     w.run()
     inc = w.only()
@@ -318,7 +189,7 @@ def test_no_interleaving_of_the_episode_yields_two_job_recoveries(
     url = f"sqlite:///{path}/shared.db"
     clock = FakeClock()
     slurm = FakeSlurm({"4242": ("RUNNING", "node1,node2")})
-    worlds = [make_world(path, url=url, clock=clock, slurm=slurm) for _ in range(3)]
+    worlds = [episode_world(path, url=url, clock=clock, slurm=slurm) for _ in range(3)]
 
     def requeues() -> list[dict]:
         return [call for w in worlds for call in w.requeue.script.calls]
@@ -374,12 +245,12 @@ def crashing_store(store: Store, at: int) -> list[int]:
 def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finishes(tmp_path):
     def episode(w: World) -> None:
         w.send(alert(nccl("node1", 0)), alert(xid(node="node2", job="4242")))
-        w.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+        w.prometheus.answers[EPISODE_VERIFY] = [FakeSample({}, 1)]
         w.run()
         w.clock.advance(30)
         w.run()
 
-    clean = make_world(tmp_path / "clean")
+    clean = episode_world(tmp_path / "clean")
     count = crashing_store(clean.engine.deps.store, at=0)
     episode(clean)
     assert clean.only()["outcome"] == "recovered"
@@ -387,15 +258,15 @@ def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finish
     assert total > 10
     for at in range(1, total + 1):
         base = tmp_path / f"crash{at}"
-        w = make_world(base)
+        w = episode_world(base)
         crashing_store(w.engine.deps.store, at)
         with pytest.raises(Killed):
             episode(w)
         # A new process on the same store, after the dead worker's lease has run out.
         clock = w.clock
         clock.advance(seconds=w.engine.deps.settings.worker.lease_seconds + 1)
-        after = make_world(base, clock=clock, slurm=w.slurm)
-        after.prometheus.answers[VERIFY] = [FakeSample({}, 1)]
+        after = episode_world(base, clock=clock, slurm=w.slurm)
+        after.prometheus.answers[EPISODE_VERIFY] = [FakeSample({}, 1)]
         after.send(alert(nccl("node1", 0)), alert(xid(node="node2", job="4242")))  # Alertmanager re-sends
         for _ in range(4):
             after.run()
@@ -432,7 +303,7 @@ def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_exc
             self.lookups += 1
             raise Unavailable("ssh: connection refused")
 
-    w = make_world(tmp_path, slurm=Unreachable())
+    w = episode_world(tmp_path, slurm=Unreachable())
     w.send(alert(xid(node="node2", job="4242")))
     for _ in range(3):
         w.run()
@@ -445,7 +316,7 @@ def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_exc
 
 
 def test_a_node_alert_on_a_node_already_in_repair_opens_nothing_new(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     with w.engine.deps.store.transaction() as conn:
         repair_id = repairs.request_repair(
             conn,
@@ -466,7 +337,9 @@ def test_a_node_alert_on_a_node_already_in_repair_opens_nothing_new(tmp_path):
 
 
 def test_a_job_the_scheduler_says_finished_is_completed_never_requeued(tmp_path):
-    w = make_world(tmp_path, slurm=FakeSlurm({"4242": ("COMPLETED", "node1,node2")}), correlation_seconds=0)
+    w = episode_world(
+        tmp_path, slurm=FakeSlurm({"4242": ("COMPLETED", "node1,node2")}), correlation_seconds=0
+    )
     w.send(
         alert(
             {
@@ -484,7 +357,9 @@ def test_a_job_the_scheduler_says_finished_is_completed_never_requeued(tmp_path)
 
 
 def test_a_job_that_died_is_recovered_like_a_crash(tmp_path):
-    w = make_world(tmp_path, slurm=FakeSlurm({"4242": ("NODE_FAIL", "node1,node2")}), correlation_seconds=0)
+    w = episode_world(
+        tmp_path, slurm=FakeSlurm({"4242": ("NODE_FAIL", "node1,node2")}), correlation_seconds=0
+    )
     w.send(alert(nccl("node1", 0)))
     w.run()
     assert w.requeue.script.calls == [{"job": "4242"}]
@@ -513,7 +388,7 @@ steps:
     ],
 )
 def test_steps_can_ask_what_the_scheduler_said_of_the_job(tmp_path, state, outcome, requeues):
-    w = make_world(tmp_path, slurm=FakeSlurm({"4242": (state, "node1")}), correlation_seconds=0)
+    w = episode_world(tmp_path, slurm=FakeSlurm({"4242": (state, "node1")}), correlation_seconds=0)
     w.engine.deps.playbooks = PlaybookSet(parse_playbooks(GONE, "gone.yaml", w.engine.deps.registry))
     w.send(alert({"alertname": "TrainingMetricsAbsent", "slurm_job_id": "4242", "train_job": "llama"}))
     w.run()
@@ -521,7 +396,7 @@ def test_steps_can_ask_what_the_scheduler_said_of_the_job(tmp_path, state, outco
 
 
 def test_an_advisory_job_incident_records_its_culprits_repair_plan_too(tmp_path):
-    w = make_world(tmp_path)
+    w = episode_world(tmp_path)
     w.engine.deps.permissions = Permissions()  # nothing granted: advisory
     w.send(alert(xid(node="node2", job="4242")))
     w.run()
@@ -539,7 +414,7 @@ def test_the_failed_tick_limit_must_be_positive():
 
 def test_a_straggler_is_excluded_without_a_repair_until_its_third_exclusion_in_the_window(tmp_path):
     jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53", "54")}
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    w = episode_world(tmp_path, slurm=FakeSlurm(jobs))
     straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
     for job in ("51", "52"):
         w.send(alert({**straggler, "slurm_job_id": job}))
@@ -561,7 +436,7 @@ def test_a_straggler_is_excluded_without_a_repair_until_its_third_exclusion_in_t
 
 def test_exclusions_older_than_the_window_do_not_count(tmp_path):
     jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53")}
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    w = episode_world(tmp_path, slurm=FakeSlurm(jobs))
     straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
     for job in ("51", "52"):
         w.send(alert({**straggler, "slurm_job_id": job}))
@@ -595,7 +470,7 @@ def steps_over_time(w: World, *, restart_after: float | None) -> None:
 
 
 def test_a_job_its_launcher_restarts_is_left_alone_and_closes_self_recovered(tmp_path):
-    w = make_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
+    w = episode_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
     steps_over_time(w, restart_after=40)
     w.send(alert(nccl("node1", 0)))
     w.run()
@@ -609,7 +484,7 @@ def test_a_job_its_launcher_restarts_is_left_alone_and_closes_self_recovered(tmp
 
 
 def test_a_job_its_launcher_does_not_bring_back_is_requeued_once_the_grace_ends(tmp_path):
-    w = make_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
+    w = episode_world(tmp_path, playbooks=RELAUNCHED, correlation_seconds=0)
     steps_over_time(w, restart_after=None)
     w.send(alert(nccl("node1", 0)))
     w.run()
@@ -625,7 +500,7 @@ def test_a_job_its_launcher_does_not_bring_back_is_requeued_once_the_grace_ends(
 
 
 def test_a_job_that_died_is_requeued_at_once_whatever_its_launcher(tmp_path):
-    w = make_world(
+    w = episode_world(
         tmp_path,
         playbooks=RELAUNCHED,
         correlation_seconds=0,
@@ -642,7 +517,7 @@ def test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits(tmp_path, u
     """Issue 23 item 7: ``?node=`` read the incident's node column, which holds its first confirmed culprit
     only: a job incident whose second culprit was the node was missed. (PostgreSQL:
     tests/integration/test_postgres_store.py runs this with ``url``.)"""
-    w = make_world(tmp_path, url=url)
+    w = episode_world(tmp_path, url=url)
     w.send(alert(xid(node="node1", job="4242")), alert(xid(node="node2", job="4242")))
     w.run()
     inc = w.only()
@@ -656,7 +531,7 @@ def test_a_straggler_whose_requeue_never_ran_was_not_excluded_and_does_not_count
     """Three strikes count exclusions that happened: an incident whose requeue failed (or never ran: its job did
     not answer the checkpoint request) excluded nothing, so the third straggler incident is the first exclusion."""
     jobs = {job: ("RUNNING", "node1,node2,node3") for job in ("51", "52", "53")}
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs))
+    w = episode_world(tmp_path, slurm=FakeSlurm(jobs))
     w.requeue.script.outcomes = [Failed(reason="refused"), Failed(reason="refused"), Ok(output="done")]
     straggler = {"alertname": "TrainingStraggler", "Hostname": "node2"}
     for job in ("51", "52", "53"):
@@ -687,7 +562,7 @@ def release(w: World, incident_id: int, after: float) -> None:
 def test_a_culprit_that_joins_while_a_worker_decides_is_acted_on_at_once(tmp_path):
     """The worker decided to wait out the correlation window on the row without the Xid; the Xid joined meanwhile:
     its release must not put the next look back at the window's end (a lost update seen in make demo: 45 s)."""
-    w = make_world(tmp_path, correlation_seconds=45)
+    w = episode_world(tmp_path, correlation_seconds=45)
     w.send(alert(nccl("node1", 0)))
     incident_id = held_by_a_worker(w)
     w.send(alert(xid(node="node2", job="4242")))
@@ -697,7 +572,7 @@ def test_a_culprit_that_joins_while_a_worker_decides_is_acted_on_at_once(tmp_pat
 
 
 def test_alerts_that_resolve_while_a_worker_decides_close_the_incident_before_it_acts(tmp_path):
-    w = make_world(tmp_path, correlation_seconds=0)
+    w = episode_world(tmp_path, correlation_seconds=0)
     w.send(alert(nccl("node1", 0)))
     incident_id = held_by_a_worker(w)
     w.send(alert(nccl("node1", 0), status="resolved", ends_at=w.clock.now()))
@@ -709,7 +584,7 @@ def test_alerts_that_resolve_while_a_worker_decides_close_the_incident_before_it
 
 def test_a_poke_while_nobody_holds_the_incident_changes_nothing_at_its_next_claim(tmp_path):
     """An unheld incident's release after its next claim follows that tick's decision, not an old poke."""
-    w = make_world(tmp_path, correlation_seconds=45)
+    w = episode_world(tmp_path, correlation_seconds=45)
     w.send(alert(nccl("node1", 0)))
     incident_id = w.only()["id"]
     with w.engine.deps.store.transaction() as conn:

@@ -19,7 +19,7 @@ from app.states import RepairState
 from app.store import records, repairs
 from tests.fakes import START, FakeAction, FakeSample, FakeSlurm
 from tests.payloads import alert, xid
-from tests.unit.test_episodes import VERIFY, make_world
+from tests.worlds import EPISODE_VERIFY, episode_world
 
 T0 = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)
 
@@ -94,7 +94,7 @@ class ListedRequeue(FakeAction):
 
 def listed_world(tmp_path, hand_excluded: set[str], node2: str):
     slurm = FakeSlurm({"4242": ("FAILED", "node1,node2,node3")}, node_states={"node2": node2})
-    w = make_world(tmp_path, slurm=slurm)
+    w = episode_world(tmp_path, slurm=slurm)
     action = ListedRequeue(set(hand_excluded))
     deps = w.engine.deps
     deps.registry.register(action)
@@ -108,10 +108,10 @@ def episode(w, node: str, minutes: int) -> None:
     """An Xid on ``node`` of job 4242: its recovery, verified."""
     w.send(alert(xid(node=node, job="4242"), starts_at=START + timedelta(minutes=minutes)))
     w.run()
-    w.prometheus.answers[VERIFY] = [FakeSample({"slurm_job_id": "4242"}, 3)]
+    w.prometheus.answers[EPISODE_VERIFY] = [FakeSample({"slurm_job_id": "4242"}, 3)]
     w.clock.advance(31)
     w.run()
-    w.prometheus.answers.pop(VERIFY)
+    w.prometheus.answers.pop(EPISODE_VERIFY)
 
 
 def return_to_service(w, node: str) -> None:

@@ -11,7 +11,7 @@ from app import fleet
 from app.engine.fleet_hold import read_record, write_record
 from app.store import Store, records
 from tests.fixtures.procs import nightshift_cli as nightshift
-from tests.unit.test_webhook import OPERATOR, VIEWER, make_app, webhook_settings
+from tests.webapps import OPERATOR, VIEWER, make_app, webhook_settings
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
 

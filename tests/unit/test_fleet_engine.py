@@ -14,7 +14,7 @@ from app.engine.fleet_hold import read_record
 from app.store import records
 from tests.fakes import START, FakeHttpPoster, FakeSample, FakeSlurm
 from tests.payloads import alert, xid
-from tests.unit.test_episodes import COLLECT_LOG, PLAYBOOKS, make_world, nccl
+from tests.worlds import COLLECT_LOG, PLAYBOOKS, episode_world, nccl
 
 JOBS = {str(j): ("FAILED", f"node{j}a,node{j}b") for j in (101, 102, 103, 104)}
 STORAGE_PLAYBOOK = (
@@ -43,7 +43,7 @@ EIO = "\n".join(f"OSError: [Errno 5] Input/output error: /datasets/shard-{i:04d}
 
 
 def world(tmp_path, jobs=JOBS, playbooks=PLAYBOOKS, **fleet: Any):
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs), log=EIO, playbooks=playbooks)
+    w = episode_world(tmp_path, slurm=FakeSlurm(jobs), log=EIO, playbooks=playbooks)
     settings = w.engine.deps.settings
     settings.fleet.release_jitter_seconds = 60
     settings.notify.webhook_url = None
@@ -213,7 +213,7 @@ def test_two_jobs_are_not_a_fleet_incident(tmp_path):
 
 def test_the_storm_guard_counts_job_restarts_across_the_fleet(tmp_path):
     three = dict(list(JOBS.items())[:3])
-    w = make_world(tmp_path, slurm=FakeSlurm(three))  # the jobs' own failures (NCCL), not a shared cause
+    w = episode_world(tmp_path, slurm=FakeSlurm(three))  # the jobs' own failures (NCCL), not a shared cause
     w.engine.deps.settings.fleet.storm_max_restarts = 2
     w.engine.deps.settings.fleet.storm_window_seconds = 600
     w.send(*(firing(j) for j in three))
@@ -237,7 +237,7 @@ LEAVES = (
 def topology_world(tmp_path, jobs, **fleet: Any):
     path = tmp_path / "topology.conf"
     path.write_text(LEAVES)
-    w = make_world(tmp_path, slurm=FakeSlurm(jobs), max_culprits=2)
+    w = episode_world(tmp_path, slurm=FakeSlurm(jobs), max_culprits=2)
     deps = w.engine.deps
     settings = deps.settings
     settings.notify.webhook_url = "http://people.example/hook"

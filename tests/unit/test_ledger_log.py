@@ -10,12 +10,12 @@ import pytest
 from app.ledger_log import log_entry
 from app.logging_setup import TEXT_FORMAT, JsonFormatter
 from tests.payloads import alert, xid
-from tests.unit.test_engine import GRANTS, make_world
+from tests.worlds import GRANTS
 
 
-def test_an_incident_logs_each_guard_step_and_its_closing_with_its_id(tmp_path, caplog):
+def test_an_incident_logs_each_guard_step_and_its_closing_with_its_id(world, caplog):
     caplog.set_level(logging.INFO, logger="app.ledger")
-    w = make_world(tmp_path, GRANTS)
+    w = world(GRANTS)
     incident_id = w.send(alert(xid())).opened[0]
     w.run()
     lines = [

@@ -17,7 +17,8 @@ from app.config import Settings
 from app.metrics import Metrics
 from app.states import NoticeKind, RepairState, StepStatus
 from app.store import repairs
-from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, RepairBench, node_repair_playbook
+from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, node_repair_playbook
+from tests.worlds import World
 
 PLAYBOOK = node_repair_playbook(
     "xid-reboot",
@@ -33,8 +34,8 @@ STORE_URL: str | None = (
 )
 
 
-class World(RepairBench):
-    """The repair worker with a fake Slurm host and a fake shell per node."""
+class RepairWorld(World):
+    """The repair worker with a fake Slurm host and a fake shell per node; requests node2's repair by default."""
 
     slurm: FakeSlurmHost
     shells: dict[str, FakeNodeShell]
@@ -44,33 +45,10 @@ class World(RepairBench):
     ) -> int:
         return super().request(node, "slurm", playbook, incident_id)
 
-    def run(self, limit: int = 50, step_seconds: float = 20) -> None:
-        """Tick until nothing is due, advancing the clock past each wait (bounded)."""
-        for _ in range(limit):
-            if self.worker.work_once("w1") is None:
-                with self.store.read() as conn:
-                    waiting = [r for r in repairs.list_repairs(conn, open_only=True) if r.next_run_at]
-                if not waiting:
-                    return
-                self.clock.advance(step_seconds)
-        raise AssertionError("repair did not settle")
 
-    def spin(self, rounds: int, step_seconds: float = 20) -> None:
-        """Work until idle, then advance the clock, ``rounds`` times (for repairs that wait on purpose)."""
-        for _ in range(rounds):
-            self.tick(20)
-            self.clock.advance(step_seconds)
-
-    def tick(self, times: int) -> None:
-        for _ in range(times):
-            self.worker.work_once("w1")
-
-    def counter(self, outcome: str) -> float:
-        sample = self.metrics.registry.get_sample_value("nightshift_node_repairs_total", {"outcome": outcome})
-        return sample or 0.0
-
-
-def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any) -> World:
+def make_world(
+    tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any
+) -> RepairWorld:
     clock = FakeClock()
     config = Settings(data_dir=str(tmp_path), store_url=STORE_URL)
     config.repair.poll_seconds = 15
@@ -81,7 +59,7 @@ def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1
     slurm = FakeSlurmHost(*NODES, reboot_polls=reboot_polls)
     shells = {node: FakeNodeShell(*validate, clock=clock) for node in NODES}
     clients = Clients(config, slurm=SlurmClient(slurm), **{f"node:{n}": shell for n, shell in shells.items()})
-    world = World(
+    world = RepairWorld(
         config,
         playbooks=PLAYBOOK,
         grants=grants,
@@ -96,7 +74,7 @@ def make_world(tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1
 def test_drain_reboot_validate_resume(tmp_path):
     w = make_world(tmp_path)
     repair_id = w.request()
-    w.run()
+    w.settle()
     repair = w.row(repair_id)
     assert (repair["state"], repair["open_key"], repair["taken_out_by_us"]) == (
         RepairState.RETURNED,
@@ -118,7 +96,7 @@ def test_drain_reboot_validate_resume(tmp_path):
     assert repair["validation"]["verdict"] == "pass"
     assert [s["step"] for s in repair["steps"]] == ["take_out", "repair:0", "validate", "return"]
     # Every transition is ledgered for the requesting incident, naming the node and the repair.
-    rows = [r for r in w.ledger() if r["data"].get("repair_id") == repair_id]
+    rows = [r for r in w.rows() if r["data"].get("repair_id") == repair_id]
     assert rows and all(r["incident_id"] == 7 and r["data"]["node"] == "node2" for r in rows)
     assert "node node2: node back in service" in [r["message"] for r in rows]
     assert w.counter("returned") == 1
@@ -127,7 +105,7 @@ def test_drain_reboot_validate_resume(tmp_path):
 def test_validation_fails_node_held_and_stays_out(tmp_path):
     w = make_world(tmp_path, validate=(226,))
     repair_id = w.request()
-    w.run()
+    w.settle()
     repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert repair["held_reason"] == "validation failed: validation `dcgmi diag -r 2` exited 226 on node2"
@@ -138,13 +116,13 @@ def test_validation_fails_node_held_and_stays_out(tmp_path):
     assert [n["node"] for n in w.worker.nodes()["held"]] == ["node2"]
     # A new request for the held node is absorbed: it is not repaired again behind the person's back.
     assert w.request() == repair_id
-    assert w.ledger("repair_absorbed")
+    assert w.rows("repair_absorbed")
 
 
 def test_validation_timeout_counts_as_failed(tmp_path):
     w = make_world(tmp_path, validate=(None,))
     repair_id = w.request()
-    w.run()
+    w.settle()
     assert w.row(repair_id)["held_reason"] == (
         "validation failed: validation on node2 timed out after 60s: counts as failed"
     )
@@ -155,7 +133,7 @@ def test_a_node_drained_by_someone_else_is_never_resumed(tmp_path):
     w.slurm.nodes["node2"].flags.add("drain")
     w.slurm.nodes["node2"].reason = "alice: bad fan"
     repair_id = w.request()
-    w.run()
+    w.settle()
     repair = w.row(repair_id)
     assert (repair["state"], repair["taken_out_by_us"]) == (RepairState.NOT_OURS, False)
     assert w.slurm.changes("node2") == []  # not drained again, not rebooted, not resumed
@@ -165,7 +143,7 @@ def test_a_node_drained_by_someone_else_is_never_resumed(tmp_path):
 def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
     w = make_world(tmp_path, reboot_polls=-1)
     repair_id = w.request()
-    w.run(limit=100)
+    w.settle(limit=100)
     repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert repair["held_reason"].startswith("node not back and validated by ")
@@ -175,7 +153,7 @@ def test_a_node_that_never_comes_back_is_held_at_the_deadline(tmp_path):
     )
     assert w.shells["node2"].started == []
     # Every look at the rebooting node is counted, one in 20 ledgered (and the last, which holds it).
-    retries = [r for r in w.ledger("repair_retry") if r["data"]["repair_id"] == repair_id]
+    retries = [r for r in w.rows("repair_retry") if r["data"]["repair_id"] == repair_id]
     looks = repair["retries"]
     assert looks >= 30 and len(retries) == (looks - 1) // 20 + 2, (looks, len(retries))
     assert "reboot_requested" in retries[0]["message"]
@@ -185,11 +163,11 @@ def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
     w = make_world(tmp_path, repair__lemon_repairs=2)
     for _ in range(2):
         repair_id = w.request()
-        w.run()
+        w.settle()
         assert w.row(repair_id)["state"] == RepairState.RETURNED
         w.clock.advance(hours=1)
     third = w.request()
-    w.run()
+    w.settle()
     repair = w.row(third)
     assert repair["state"] == RepairState.HELD and repair["taken_out_by_us"]
     assert repair["held_reason"].startswith("lemon node: repaired 2 time(s) in the last 7d (limit 2)")
@@ -198,10 +176,10 @@ def test_lemon_rule_holds_a_node_repaired_too_often(tmp_path):
     # Outside the window the count starts over.
     w.clock.advance(days=8)
     w.worker.release("node2", by="alice")
-    w.run()
+    w.settle()
     assert w.row(third)["state"] == RepairState.RELEASED
     fourth = w.request()
-    w.run()
+    w.settle()
     assert w.row(fourth)["state"] == RepairState.RETURNED
 
 
@@ -214,7 +192,7 @@ def test_a_step_in_flight_at_a_crash_is_held_never_rerun(tmp_path):
     ):  # a worker died in the middle of the next step: marked, never finished
         repairs.update_repair(conn, repair_id, w.clock.now(), step="repair:0", step_status=StepStatus.RUNNING)
     reboots = sum(1 for c in w.slurm.commands if c[1] == "reboot")
-    w.run()
+    w.settle()
     repair = w.row(repair_id)
     assert repair["state"] == RepairState.HELD
     assert (
@@ -227,10 +205,10 @@ def test_a_step_in_flight_at_a_crash_is_held_never_rerun(tmp_path):
 def test_not_whitelisted_is_advisory_and_touches_nothing(tmp_path):
     w = make_world(tmp_path, grants=("slurm.drain_node", "slurm.resume_node"))
     repair_id = w.request()
-    w.run()
+    w.settle()
     repair = w.row(repair_id)
     assert repair["state"] == RepairState.ADVISORY and repair["open_key"] is None
-    assert "slurm.reboot_node" in w.ledger("repair_plan")[0]["message"]
+    assert "slurm.reboot_node" in w.rows("repair_plan")[0]["message"]
     assert w.slurm.changes("node2") == []
 
 
@@ -248,9 +226,9 @@ def test_blast_radius_counts_nodes_and_the_partition_share(tmp_path):
     assert third_row["held_reason"].startswith(
         "2 of the 8 nodes of partition gpu taken out in the last 1h (limit 2"
     )
-    assert len([r for r in w.ledger("guard") if r["data"]["repair_id"] == third]) == 1
+    assert len([r for r in w.rows("guard") if r["data"]["repair_id"] == third]) == 1
     w.clock.advance(hours=1)
-    w.run()
+    w.settle()
     assert w.row(third)["state"] == RepairState.RETURNED
 
 
@@ -258,7 +236,7 @@ def test_a_held_node_counts_for_the_blast_radius_past_the_window(tmp_path):
     w = make_world(tmp_path, guards__blast_radius_max_share=0.25, guards__blast_radius_max_nodes=3)
     w.shells["node1"].exit_codes = [226]
     held = w.request("node1")
-    w.run()
+    w.settle()
     assert w.row(held)["state"] == RepairState.HELD
     w.clock.advance(hours=2)  # the take-out is outside the window, the node still out
     first, second = w.request("node2"), w.request("node3")
@@ -274,18 +252,18 @@ def test_operator_hold_and_release(tmp_path):
     w.worker.hold("node5", by="bob", note="vendor RMA", scheduler="slurm")
     assert w.worker.node("node5")["current"]["held_reason"] == "held by bob: vendor RMA"
     w.request("node5")
-    w.run()
+    w.settle()
     assert w.slurm.changes("node5") == []
     w.worker.release("node5", by="bob")
     assert w.worker.node("node5")["current"]["state"] == RepairState.RELEASED
     # A held node we took out: release returns it (resume), as released.
     repair_id = w.request("node2")
-    w.run()
+    w.settle()
     assert w.row(repair_id)["state"] == RepairState.HELD
     with pytest.raises(ValueError, match="already held"):
         w.worker.hold("node2", by="bob")
     w.worker.release("node2", by="alice", note="replaced the GPU")
-    w.run()
+    w.settle()
     assert w.row(repair_id)["state"] == RepairState.RELEASED
     assert w.slurm.changes("node2")[-1][-1] == "State=RESUME"
     with pytest.raises(LookupError):
@@ -304,7 +282,7 @@ def test_request_is_idempotent_per_node(tmp_path):
     w = make_world(tmp_path)
     first = w.request("node3", incident_id=1)
     assert w.request("node3", incident_id=2) == first
-    absorbed = w.ledger("repair_absorbed")
+    absorbed = w.rows("repair_absorbed")
     assert absorbed[0]["incident_id"] == 2 and absorbed[0]["data"]["repair_id"] == first
 
 
@@ -464,13 +442,13 @@ def test_a_held_node_is_told_to_people_once(tmp_path):
     )  # fmt: skip
     w.worker = type(w.worker)(w.deps)
     repair_id = w.request()
-    w.run()
+    w.settle()
     assert w.row(repair_id)["state"] == RepairState.HELD
     (notice,) = posted
     assert "node node2 held for a person" in notice["text"] and "exited 226" in notice["text"]
-    assert w.ledger("notification")
+    assert w.rows("notification")
     w.request()  # absorbed by the held repair
-    w.run()
+    w.settle()
     assert len(posted) == 1
 
 
@@ -494,12 +472,12 @@ def test_a_node_nothing_took_out_is_never_called_out_of_service_and_never_paged(
     )  # fmt: skip
     w.worker = type(w.worker)(w.deps)
     repair_id = w.request(node)
-    w.run()
+    w.settle()
     row = w.row(repair_id)
     assert row["state"] == RepairState.HELD and not row["taken_out_by_us"]
     (notice,) = posted
     assert "out of service and held" not in notice["text"] and "did not take" in notice["text"]
-    (sent,) = w.ledger("notification")
+    (sent,) = w.rows("notification")
     kind = NoticeKind(sent["data"]["notice"])
     assert kind == NoticeKind.NODE_NOT_TAKEN_OUT
     assert paging.page_for(paging.Notice(kind, "s", notice["text"], notice["nightshift"])) is None
@@ -517,7 +495,7 @@ def test_an_operators_hold_holds_the_node_against_either_schedulers_faults(tmp_p
             conn, node="node2", scheduler=fault_under, playbook="xid-reboot", incident_id=9,
             reason="Xid 79", now=w.clock.now(),
         )  # fmt: skip
-    w.run()
+    w.settle()
     row = w.row(absorbed)
     assert row["state"] == RepairState.HELD and row["scheduler"] == held_under
     assert w.slurm.changes("node2") == []
@@ -535,8 +513,8 @@ def test_a_repair_whose_tick_keeps_failing_is_held_for_a_person(tmp_path, monkey
     monkeypatch.setattr(w.slurm, "run", broken)
     repair_id = w.request()
     limit = w.deps.settings.worker.max_tick_errors
-    w.run()
+    w.settle()
     row = w.row(repair_id)
     assert (row["state"], row["tick_errors"], row["taken_out_by_us"]) == (RepairState.HELD, limit, False)
     assert f"processing failed {limit} times in a row" in row["held_reason"]
-    assert len(w.ledger("engine_error")) == limit
+    assert len(w.rows("engine_error")) == limit

@@ -530,7 +530,7 @@ def test_channels_that_delivered_are_skipped(slack: SlackFake, smtp_server: Smtp
 
 def test_a_retried_finalisation_sends_each_channel_once_and_ledgers_the_failures_reason(tmp_path) -> None:
     from tests.payloads import alert, xid
-    from tests.unit.test_engine import make_world
+    from tests.worlds import make_world
 
     w = make_world(tmp_path)
     settings = w.engine.deps.settings

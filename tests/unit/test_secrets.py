@@ -28,7 +28,7 @@ from aiosmtpd.smtp import AuthResult, LoginPassword
 from app.config import load_settings
 from app.store import records
 from tests.fixtures.procs import free_port, wait_until
-from tests.integration.test_replicas import (
+from tests.fixtures.serve import (
     HookSink,
     running_hook_sink,
     start_serve,
@@ -36,8 +36,8 @@ from tests.integration.test_replicas import (
     write_settings,
 )
 from tests.payloads import alert, body, xid
-from tests.unit.test_engine import PLAYBOOK
-from tests.unit.test_webhook import make_app
+from tests.webapps import make_app
+from tests.worlds import PLAYBOOK
 
 # A real playbook for the real server: its read-only step posts to the configured (secret) webhook URL.
 NOTICE_PLAYBOOK = """

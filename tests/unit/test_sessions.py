@@ -9,7 +9,7 @@ import pytest
 from flask.testing import FlaskClient
 
 from app.errors import ConfigError
-from tests.unit.test_webhook import OPERATOR, VIEWER, make_app, webhook_settings
+from tests.webapps import OPERATOR, VIEWER, make_app, webhook_settings
 
 PROXY = "10.9.8.7"
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.payloads import alert, body, xid
-from tests.unit.test_webhook import OPERATOR, TOKEN, VIEWER, auth, make_app, webhook_settings
+from tests.webapps import OPERATOR, TOKEN, VIEWER, auth, make_app, webhook_settings
 
 SHARED = {"REMOTE_ADDR": "10.1.2.3"}
 

@@ -8,7 +8,7 @@ from app.outcome import Ambiguous, CredentialError, Failed, Ok
 from app.web import views
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, xid
-from tests.unit.test_engine import GRANTS, NODE_PLAYBOOK, PLAYBOOK, RECHECK, VERIFY, make_world
+from tests.worlds import GRANTS, NODE_PLAYBOOK, PLAYBOOK, RECHECK, VERIFY, make_world
 
 
 def recovering_world(tmp_path, playbooks: str = PLAYBOOK):

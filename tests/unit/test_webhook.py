@@ -9,24 +9,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import create_engine
 
-from app import create_app
-from app.actions.registry import ActionRegistry
-from app.clients import Clients
 from app.config import Settings
 from app.errors import ConfigError
-from app.metrics import Metrics
-from tests.fakes import FakeClock, FakePrometheus, fake_actions
 from tests.payloads import alert, body, ingest_inbox, xid
-from tests.unit.test_engine import PLAYBOOK
-
-TOKEN = "webhook-s3cret-token"
-OPERATOR = "operator-s3cret-token"
-VIEWER = "viewer-s3cret-token"
-
-
-def write(path: Path, text: str) -> str:
-    path.write_text(text)
-    return str(path)
+from tests.webapps import OPERATOR, TOKEN, auth, make_app, reader_client, webhook_settings, write
 
 
 @pytest.fixture
@@ -34,45 +20,9 @@ def settings(tmp_path) -> Settings:
     return webhook_settings(tmp_path)
 
 
-def webhook_settings(tmp_path: Path) -> Settings:
-    """Webhook bearer and basic credentials, an operator token and a viewer token, the test playbook."""
-    playbooks = tmp_path / "playbooks"
-    playbooks.mkdir()
-    write(playbooks / "gpu.yaml", PLAYBOOK)
-    s = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(playbooks)])
-    s.webhook.token_file = write(tmp_path / "token", TOKEN + "\n")
-    s.webhook.basic_user = "alertmanager"
-    s.webhook.basic_password_file = write(tmp_path / "password", "basic-pass")
-    s.webhook.max_body_bytes = 64 * 1024
-    s.operator_token_file = write(tmp_path / "operator", OPERATOR)
-    s.access.viewer_token_file = write(tmp_path / "viewer", VIEWER)
-    return s
-
-
-def make_app(settings: Settings):
-    return create_app(
-        settings,
-        clock=FakeClock(),
-        registry=ActionRegistry(fake_actions().values()),
-        clients=Clients(settings, prometheus=FakePrometheus()),
-        metrics=Metrics(),
-    )
-
-
-def reader_client(app):
-    """A test client that reads with the viewer token unless a request sends its own Authorization."""
-    client = app.test_client()
-    client.environ_base["HTTP_AUTHORIZATION"] = f"Bearer {VIEWER}"
-    return client
-
-
 @pytest.fixture
 def client(settings):
     return reader_client(make_app(settings))
-
-
-def auth(token: str = TOKEN) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
 
 def test_webhook_queues_the_notification_and_the_worker_opens_an_incident(client):
