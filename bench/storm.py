@@ -5,7 +5,7 @@ all its jobs depend on. The alerts the shipped rules raise (``TrainingJobError``
 ``DcgmExporterDown`` per silent exporter; labels as rules/README.md states them) are grouped the way
 alerts/alertmanager.yml groups them (by alertname, Hostname, slurm_job_id, ...) into Alertmanager webhook bodies,
 accepted by :meth:`Engine.accept` (the webhook's commit) and ingested by the worker (``ingest_next``, its
-batches), over the shipped ``playbooks/`` with every Slurm action granted, as ``bench/ettr.py`` does. The
+batches), over the shipped ``playbooks/`` with every Slurm action granted, as ``bench/ettr/nightshift.py`` does. The
 scheduler is simulated at Nightshift's command seam (the ``scontrol``/``squeue``/``tail`` argv the Slurm client
 sends, answered by :class:`FleetSlurm`); the job logs are those of sim/logtext.py (NCCL's lost peer naming the
 peer's InfiniBand address, PyTorch's watchdog, the OSError of a dead file system). A requeued job restarts on
