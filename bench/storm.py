@@ -71,6 +71,7 @@ from app.hostlist import expand_hostlist
 from app.permissions import Grant, Permissions
 from app.playbooks import load_playbooks
 from bench import record
+from bench.runner import AnsweringRunner
 from sim import logtext
 
 REPO = Path(__file__).resolve().parents[1]
@@ -140,24 +141,11 @@ class Fleet:
             self.first_change_at = self.now
 
 
-class FleetSlurm:
+class FleetSlurm(AnsweringRunner):
     """The Slurm host at Nightshift's CommandRunner seam, for many jobs."""
 
     def __init__(self, fleet: Fleet):
         self.fleet = fleet
-
-    def run(self, argv: Any, timeout: float | None = None) -> CommandResult:
-        argv = tuple(argv)
-        out, code = self._answer(argv)
-        return CommandResult(
-            argv, " ".join(argv), code, out if code == 0 else "", "" if code == 0 else out, 0.01
-        )
-
-    def run_all(self, argvs: Sequence[Sequence[str]], timeout: float | None = None) -> list[CommandResult]:
-        return [self.run(argv) for argv in argvs]
-
-    def close(self) -> None:
-        pass
 
     def _answer(self, argv: tuple[str, ...]) -> tuple[str, int]:
         fleet = self.fleet

@@ -18,6 +18,7 @@ import argparse
 import os
 import platform
 import random
+import resource
 import subprocess
 import sys
 import time
@@ -66,20 +67,25 @@ class Pool:
         self.executor.shutdown()
 
 
+def cpu_seconds() -> float:
+    """CPU time of this process and its finished workers (the wall time depends on what else shares the cores)."""
+    own, workers = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + workers.ru_utime + workers.ru_stime
+
+
+def _git(*args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False
+    ).stdout.strip()
+
+
 def commit() -> str:
+    """The commit the code ran from, and whether tracked files differed from it."""
     try:
-        head = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        ).stdout.strip()
+        head, dirty = (
+            _git("rev-parse", "--short", "HEAD"),
+            _git("status", "--porcelain", "--untracked-files=no"),
+        )
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head} plus uncommitted changes" if dirty else head
@@ -271,6 +277,7 @@ def execute(
         "machine": f"{os.cpu_count()} CPUs, {platform.python_implementation()} {platform.python_version()}",
         "argv": argv,
         "seconds": time.monotonic() - started,
+        "cpu_seconds": cpu_seconds(),
         "rates": asdict(rates),
         "sources": SOURCES,
         "table5": [asdict(c) for c in TABLE5],

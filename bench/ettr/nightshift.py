@@ -38,6 +38,7 @@ from app.playbooks import load_playbooks
 from bench.ettr.causes import KINDS
 from bench.ettr.responders import People
 from bench.ettr.world import JOB, START, TRAIN_JOB, Alert, World
+from bench.runner import AnsweringRunner
 from sim import logtext
 
 REPO = Path(__file__).resolve().parents[2]
@@ -91,7 +92,7 @@ def job_log(world: World) -> str:
     return "\n".join(lines)
 
 
-class SimSlurm:
+class SimSlurm(AnsweringRunner):
     """The Slurm host at Nightshift's CommandRunner seam: the commands the Slurm client sends, on the world."""
 
     def __init__(self, world: World):
@@ -102,19 +103,6 @@ class SimSlurm:
     def _healthy(self, name: str) -> bool:
         node = self.world.nodes.get(name)
         return node is not None and node.healthy(self.world.now)
-
-    def run(self, argv: Any, timeout: float | None = None) -> CommandResult:
-        argv = tuple(argv)
-        out, code = self._answer(argv)
-        return CommandResult(
-            argv, " ".join(argv), code, out if code == 0 else "", "" if code == 0 else out, 0.01
-        )
-
-    def run_all(self, argvs: Sequence[Sequence[str]], timeout: float | None = None) -> list[CommandResult]:
-        return [self.run(argv) for argv in argvs]
-
-    def close(self) -> None:
-        pass
 
     def _answer(self, argv: tuple[str, ...]) -> tuple[str, int]:
         world, job = self.world, self.world.job
@@ -178,13 +166,7 @@ class SimSlurm:
                 return "", 0
             case ("scontrol", "reboot", "ASAP", "nextstate=DOWN", reason, name):
                 self.wrong += self._healthy(name)
-                node = world.nodes[name]
-                node.reboot_until = world.now + world.p.reboot_minutes * 60
-                node.down_after_reboot = True
-                node.take_out(world.now, reason.removeprefix("reason="))
-                if node.fault and world.rng.random() < world.p.reboot_fixes:
-                    node.fault = None
-                node.speed, node.warned = 1.0, ""  # a reboot resets throttling and applies pending row remaps
+                world.reboot(name, reason.removeprefix("reason="))
                 return "", 0
         return f"unexpected command {argv}", 1
 
@@ -202,7 +184,7 @@ class SimSlurm:
         flags = []
         if node.drained:
             flags.append("DRAIN")
-        if node.reboot_until > world.now:
+        if node.reboot_until > world.now or name in world.reboot_asap:
             flags.append("REBOOT_REQUESTED")
         state = "+".join([base, *flags])
         reason = f" Reason={node.drain_reason} [root@2026-01-05T00:00:00]" if node.drain_reason else ""

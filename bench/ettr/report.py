@@ -239,8 +239,9 @@ def sources_table(report: Mapping[str, Any]) -> list[str]:
 def markdown(report: Mapping[str, Any]) -> str:
     """The block of bench/README.md's section 8."""
     head = (
-        f"Run on the code of commit {report['commit']} ({report['seconds'] / 60:.0f} min on "
-        f"{report['machine']}; `python -m bench.ettr {report['argv']}`)."
+        f"Run on the code of commit {report['commit']} (`python -m bench.ettr {report['argv']}`): "
+        f"{report['seconds'] / 60:.0f} min of wall time and {report['cpu_seconds'] / 60:.0f} min of CPU on "
+        f"{report['machine']}, shared with other work (on 2 free cores the wall time is about half the CPU time)."
     )
     parts = [
         [head],

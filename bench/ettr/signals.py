@@ -34,6 +34,8 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from nightshift_progress import ERROR_CLASSES
+
 from bench.ettr.causes import KINDS
 from sim import gpus
 from sim.dcgm_exporter import NodeLoad, gpu_values
@@ -56,15 +58,6 @@ WARNING_RATES = {
     "pcie_replay": ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", 1.0),
     "infiniband_errors": ("node_infiniband_symbol_error_total", 1.0),
 }
-ERROR_CLASSES = (
-    "nccl",
-    "cuda",
-    "cuda_oom",
-    "storage_io",
-    "object_store_timeout",
-    "checkpoint_corrupt",
-    "nan",
-)
 STALE = "stale"  # a staleness marker: the series stopped being scraped
 
 Value = float | str | None  # a sample, STALE, or None for no sample

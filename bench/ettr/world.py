@@ -32,6 +32,7 @@ JOB, TRAIN_JOB = signals.JOB_ID, signals.TRAIN_JOB
 GROUP_WAIT = 10.0  # alerts/alertmanager.yml: group_wait
 IB_RETRY = float(signals.IB_RETRY_SECONDS)
 NAN_AGAIN_SECONDS = 300.0  # a job resumed from a corrupted checkpoint shows the NaN again this soon (assumed)
+HEALTHY = "none (a healthy job restarted)"  # the class of time lost while no fault ails the job
 
 
 @dataclass(frozen=True)
@@ -168,11 +169,12 @@ class World:
         self.now = 0.0
         self.outbox: list[Alert] = []
         self.lost: dict[str, float] = {}  # fault class → ideal-training seconds lost
-        self.blame = "none"
+        self.blame = HEALTHY
         self.trouble: tuple[str, str, float] | None = None  # (kind, node, when) of what ails the current run
         self.recrashes = 0  # restarts that landed on a node still at fault
         self.wrong = 0  # healthy nodes taken out or excluded, requeues of a healthy job
         self.outage_until = -1.0
+        self.reboot_asap: dict[str, str] = {}  # node → reason: rebooted once no running job holds it
         self.slurm_requeue_at = -1.0
         self.repaired_by_hand: list[str] = []  # returned by the technicians, not yet told to Nightshift
         self.on_event: list[Callable[[str, str, Fault | None], None]] = []  # the oracle's eyes
@@ -255,6 +257,13 @@ class World:
 
     def _events(self) -> None:
         job, now, p = self.job, self.now, self.p
+        if (
+            self.blame != HEALTHY
+            and job.state == "RUNNING"
+            and job.clock >= job.loading_until
+            and not (job.stalled or job.nan or job.tainted_at >= 0 or self.speed() < 1 or self.culprits())
+        ):
+            self.blame = HEALTHY  # recovered: what is lost from now on is not that fault's
         for name in sorted(self.touched):
             node = self.nodes[name]
             if 0 <= node.reboot_until <= now:
@@ -269,6 +278,10 @@ class World:
                 self.repaired_by_hand.append(name)
             if node.pristine(now):
                 self.touched.discard(name)
+        for name, reason in list(self.reboot_asap.items()):
+            if not (job.state == "RUNNING" and name in self.in_job):
+                del self.reboot_asap[name]
+                self._reboot(name, reason)
         if 0 <= self.slurm_requeue_at <= now:
             self.slurm_requeue_at = -1.0
             if job.state != "PENDING":
@@ -400,6 +413,23 @@ class World:
         job.recrash_at, job.nan_at = -1.0, -1.0
         job.restarts += 1
 
+    def reboot(self, name: str, reason: str) -> None:
+        """``scontrol reboot ASAP nextstate=DOWN``: drained at once, rebooted once the job no longer runs there."""
+        self.nodes[name].take_out(self.now, reason)
+        if self.job.state == "RUNNING" and name in self.in_job:
+            self.reboot_asap[name] = reason
+        else:
+            self._reboot(name, reason)
+
+    def _reboot(self, name: str, reason: str) -> None:
+        node = self.nodes[name]
+        node.reboot_until = self.now + self.p.reboot_minutes * 60
+        node.down_after_reboot = True
+        node.take_out(self.now, reason)
+        if node.fault and self.rng.random() < self.p.reboot_fixes:
+            node.fault = None
+        node.speed, node.warned = 1.0, ""  # a reboot resets throttling and applies pending row remaps
+
     def request_checkpoint(self) -> bool:
         """Ask the running job to checkpoint (the progress library's request): it does at its next step (with the
         checkpoint's stall), unless it is not stepping (stuck, or still loading)."""
@@ -443,8 +473,11 @@ class World:
     # --- faults --------------------------------------------------------------------------------------------
 
     def warn(self, fault: Fault) -> None:
-        """``fault``'s warning signal starts on a node of the job (the fault strikes ``fault.lead`` later)."""
+        """``fault``'s warning signal starts on a node of the job (the fault strikes ``fault.lead`` later); what
+        is done about it on a healthy job (a swap) is charged to the fault it warns of."""
         fault.node = self._pick(fault)
+        if not self.hurting():
+            self.blame = fault.kind
         self.nodes[fault.node].warned = KINDS[fault.kind].warning
         self.raise_alerts(f"warn:{KINDS[fault.kind].warning}", fault.node, fault.gpu)
         for see in self.on_event:
