@@ -253,7 +253,12 @@ class SimPrometheus:
         if "training_step_total" in expr or "training_samples_total" in expr:
             if "changes(" in expr and "== 0" in expr:  # a hang's re-check: exported, not stepping
                 return sample if job.state == "RUNNING" and job.stalled else []
-            return sample if world.speed() > 0 else []
+            if "increase(" in expr or "rate(" in expr:  # a verification: the job steps
+                return sample if world.speed() > 0 else []
+            # The step counter itself, now or at an instant of the last hours.
+            when = world.now if at is None else (at - START).total_seconds()
+            progress = world.progress_at(when)
+            return [] if progress is None else [Sample({"slurm_job_id": JOB}, progress / 10, when)]
         names = set(re.findall(r'alertname="([A-Za-z]+)"', expr)) or set(re.findall(r"\b(DCGM_\w+)", expr))
         host = re.search(r'Hostname="([^"]+)"', expr)
         for alert in self.firing.values():
@@ -376,9 +381,7 @@ class Nightshift:
         self.firing: dict[str, Alert] = {}
         self.slurm = SimSlurm(world)
         self.pager = Pager()
-        self.engine = build_engine(
-            world, workdir, playbook_files(issue25), self.slurm, self.pager, self.firing
-        )
+        self.engine = engine_for(world, workdir, playbook_files(issue25), self.slurm, self.pager, self.firing)
         self.busy_until = -1.0
         self.seen = 0
         self.handed = 0

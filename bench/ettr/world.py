@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,9 @@ JOB, TRAIN_JOB = signals.JOB_ID, signals.TRAIN_JOB
 GROUP_WAIT = 10.0  # alerts/alertmanager.yml: group_wait
 IB_RETRY = float(signals.IB_RETRY_SECONDS)
 NAN_AGAIN_SECONDS = 300.0  # a job resumed from a corrupted checkpoint shows the NaN again this soon (assumed)
+HISTORY_SECONDS = (
+    7200.0  # how far back the world remembers the job's progress (Prometheus's answers for the past)
+)
 HEALTHY = "none (a healthy job restarted)"  # the class of time lost while no fault ails the job
 
 
@@ -174,6 +178,7 @@ class World:
         self.recrashes = 0  # restarts that landed on a node still at fault
         self.wrong = 0  # healthy nodes taken out or excluded, requeues of a healthy job
         self.outage_until = -1.0
+        self.history: deque[tuple[float, bool, float]] = deque()
         self.reboot_asap: dict[str, str] = {}  # node → reason: rebooted once no running job holds it
         self.slurm_requeue_at = -1.0
         self.repaired_by_hand: list[str] = []  # returned by the technicians, not yet told to Nightshift
@@ -252,8 +257,30 @@ class World:
             self._progress(step)
             self.now = step
             self._events()
+            self._remember()
             if step >= to:
                 return
+
+    def _remember(self) -> None:
+        """Keep the last hours of (time, whether the job's processes run, progress): the step counter Prometheus
+        would answer for a past instant."""
+        job, history = self.job, self.history
+        running = job.state == "RUNNING" and not (job.exit_at >= 0 and job.exit_at <= self.now)
+        entry = (self.now, running, job.progress)
+        if history and history[-1][0] == self.now:
+            history[-1] = entry
+        else:
+            history.append(entry)
+        while len(history) > 2 and history[1][0] < self.now - HISTORY_SECONDS:
+            history.popleft()
+
+    def progress_at(self, at: float) -> float | None:
+        """The job's progress (seconds of training) at ``at``, or None when no process of it ran then."""
+        before = [entry for entry in self.history if entry[0] <= at]
+        if not before:
+            return None
+        _, running, progress = before[-1]
+        return progress if running else None
 
     def _events(self) -> None:
         job, now, p = self.job, self.now, self.p
