@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import random
 import resource
 import subprocess
 import sys
@@ -50,7 +49,7 @@ def _init(found: detection.Detection) -> None:
 def _one(task: tuple[str, Physics, Rates, int]) -> dict[str, Any]:
     policy, p, rates, seed = task
     assert _DETECTION is not None
-    draw = draw_faults(rates, p.gpus, p.days, random.Random(seed), p.gpus_per_node)
+    draw = draw_faults(rates, p.gpus, p.days, seed, p.gpus_per_node)
     return run(policy, p, rates, draw, _DETECTION, seed)
 
 
@@ -80,12 +79,12 @@ def _git(*args: str) -> str:
 
 
 def commit() -> str:
-    """The commit the code ran from, and whether tracked files differed from it."""
+    """The commit the code ran from, and whether its tracked code differed from it (the benchmark's own outputs,
+    its results, the saved detection and the READMEs it writes, are not code)."""
+    outputs = (":!bench/results", ":!README.md", ":!bench/README.md")
     try:
-        head, dirty = (
-            _git("rev-parse", "--short", "HEAD"),
-            _git("status", "--porcelain", "--untracked-files=no"),
-        )
+        head = _git("rev-parse", "--short", "HEAD")
+        dirty = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *outputs)
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return f"{head} plus uncommitted changes" if dirty else head

@@ -207,12 +207,14 @@ class Draw:
         return [f.copy() for f in self.faults]
 
 
-def draw_faults(rates: Rates, gpus: int, days: float, rng: random.Random, gpus_per_node: int = 8) -> Draw:
+def draw_faults(rates: Rates, gpus: int, days: float, seed: int, gpus_per_node: int = 8) -> Draw:
     """Poisson arrivals of every kind over ``days`` for a job of ``gpus`` GPUs (nodes are drawn later, from the
-    allocation of the moment)."""
+    allocation of the moment). Each kind draws from its own stream of ``seed``, so changing one kind's rate (a
+    sweep) leaves the others' faults where they were."""
     horizon = days * 86400
     faults: list[Fault] = []
     for kind, per_gpu_day in sorted(rates.per_gpu_day().items()):
+        rng = random.Random(f"{seed}/{kind}")
         rate = per_gpu_day * gpus / 86400
         t = 0.0
         while rate > 0:

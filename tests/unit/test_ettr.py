@@ -37,10 +37,18 @@ def test_table5_is_used_as_counted_and_the_printed_faulty_gpu_share_is_a_typo() 
     assert kinds <= set(causes.KINDS)
 
 
+def test_a_sweep_of_one_rate_leaves_the_other_faults_where_they_were() -> None:
+    fewer_hangs = replace(Rates(), silent_hang_per_gpu_day=0.0)
+    others = [f for f in causes.draw_faults(Rates(), 1024, 30, 5).faults if f.kind != "silent_hang"]
+    assert [(f.at, f.kind) for f in causes.draw_faults(fewer_hangs, 1024, 30, 5).faults] == [
+        (f.at, f.kind) for f in others
+    ]
+
+
 def test_every_rate_grows_with_the_job() -> None:
     rates = Rates()
-    small = causes.draw_faults(rates, 1024, 400, random.Random(3))
-    large = causes.draw_faults(rates, 4096, 400, random.Random(3))
+    small = causes.draw_faults(rates, 1024, 400, 3)
+    large = causes.draw_faults(rates, 4096, 400, 3)
     per_day = rates.per_gpu_day()
     for kind in ("gpu_fell_off_bus", "silent_hang", "transient_straggler"):
         count = sum(1 for f in large.faults if f.kind == kind)
@@ -76,7 +84,7 @@ def test_a_crash_loses_the_work_since_the_last_checkpoint_and_a_restart_costs_it
 
 def test_every_lost_second_is_charged_to_a_fault_class(detection: Detection) -> None:
     p = Physics(days=3)
-    draw = causes.draw_faults(replace(Rates(), table5_scale=20), p.gpus, p.days, random.Random(1))
+    draw = causes.draw_faults(replace(Rates(), table5_scale=20), p.gpus, p.days, 1)
     for policy in ("team", "oracle", "naive-loop"):
         result = simulation.run(policy, p, Rates(), draw, detection, 1)
         accounted = result["ettr"] * p.days * 24 + sum(result["lost_hours"].values())
