@@ -33,6 +33,7 @@ from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
 from app.engine import Engine
+from app.hostlist import expand_hostlist
 from app.permissions import Grant, Permissions
 from app.playbooks import load_playbooks
 from bench.ettr.causes import KINDS
@@ -138,14 +139,14 @@ class SimSlurm(AnsweringRunner):
                 world.requeue(rollback=False)
                 return "", 0
             case ("scontrol", "update", jobid, exc, *_) if jobid.startswith("JobId="):
-                excluded = {n for n in exc.removeprefix("ExcNodeList=").split(",") if n}
+                excluded = set(expand_hostlist(exc.removeprefix("ExcNodeList=")))
                 healthy = sum(1 for n in excluded - job.exc if self._healthy(n))
                 self.wrong += healthy
                 self.healthy_excluded += healthy
                 job.exc = excluded
                 return "", 0
             case ("scontrol", "show", "hostnames", hostlist):
-                return "\n".join(hostlist.split(",")) + "\n", 0
+                return "\n".join(expand_hostlist(hostlist)) + "\n", 0
             case ("setpriv", *rest) if "tail" in rest:
                 return job_log(world) + "\n", 0
             case ("tail", *_):
