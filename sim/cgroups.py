@@ -11,6 +11,7 @@ otherwise, with what was found.
 from __future__ import annotations
 
 import contextlib
+import time
 from pathlib import Path
 
 ROOT = Path("/sys/fs/cgroup")
@@ -83,7 +84,17 @@ def limit_cpu(pid: int, name: str, fraction: float) -> Path:
     return path
 
 
-def remove(path: Path) -> None:
-    """Delete a group made here (its processes must have exited); nothing when it is gone."""
-    with contextlib.suppress(FileNotFoundError):
-        path.rmdir()
+def remove(path: Path, timeout: float = 30.0) -> None:
+    """Delete a group made here once its processes have exited (a cancelled job's take a few seconds), waiting at
+    most ``timeout`` seconds; nothing when it is gone. OSError when it still holds a process after that."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY: a process is still in it
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)

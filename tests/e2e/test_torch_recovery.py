@@ -1,7 +1,12 @@
 """More real faults in real ``torch.distributed`` jobs on the real stack (see test_torch_faults.py for the launch):
 
-- ``nan``: every rank's inputs become NaN (divergence): the loss is NaN on all ranks, the trainer stops
-  checkpointing. → one requeue from the last finite checkpoint; the loss is finite again.
+- ``nan``: every rank's inputs become NaN (divergence): every rank finds NaN in its own loss (Megatron-LM's
+  words), the steps are skipped, the trainer stops checkpointing. → numerical divergence, no node to blame: one
+  requeue from the last finite checkpoint, excluding nothing; the loss is finite again.
+- ``sdc``: the rank on node2 alone computes NaN, step after step, while the others' stay finite (silent data
+  corruption on its GPU, as operators report it). → suspect hardware (gpu_hardware, culprit node2): one requeue off
+  node2 from the last finite checkpoint, node2 to the repair lifecycle (validated); the loss is finite again. A
+  divergence that comes back off node2 is the model's: the loss-nan budget (one a day) then hands it to a person.
 - ``oom``: the rank on node2 runs in a memory-capped cgroup (v1 ``memory.limit_in_bytes`` here: v2's memory
   controller is not delegated on this machine) and allocates past it: the kernel's OOM killer ends it (exit -9).
   → requeued off node2, resumed from its checkpoint.
@@ -38,6 +43,15 @@ def _rank_on(stack: Stack, name: str, node: str) -> int:
     statuses = statedir.read_trainers(stack.sim.state_dir)
     (rank,) = [int(s["rank"]) for s in statuses if s.get("name") == name and s.get("hostname") == node]
     return rank
+
+
+@pytest.fixture(scope="module")
+def sdc(stack: Stack) -> Scenario:
+    def corrupt_on_node2(scenario: Scenario) -> None:
+        rank = _rank_on(stack, scenario.name, CULPRIT)
+        faults.inject_rank_fault(stack.sim.state_dir, scenario.name, rank, "nan")
+
+    return scenarios.run(stack, "torch-sdc", corrupt_on_node2, recovers=True, avoid=(CULPRIT,))
 
 
 @pytest.fixture(scope="module")
@@ -106,16 +120,38 @@ def test_a_time_limit_stop_is_left_alone(time_limit: Scenario) -> None:
     scenarios.assert_nothing_done(time_limit)
 
 
+def assert_finite_again(scenario: Scenario) -> None:
+    """Resumed from a finite checkpoint no older than the one at the fault, and finite since."""
+    resume = torch_job.resumes(scenario.log)[-1]
+    assert resume.step >= scenario.checkpoint and resume.loss == resume.loss  # finite: NaN != NaN
+    after = [
+        loss
+        for step, loss in torch_job.losses(scenario.log.split("resuming from step")[-1])
+        if step > resume.step
+    ]
+    assert after and all(loss == loss for loss in after)
+
+
 def test_nan_on_every_rank_is_requeued_once_from_a_finite_checkpoint(nan: Scenario) -> None:
     incident, diagnosis = nan.incident, scenarios.diagnosis(nan)
     assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
-    assert len(nan.requeues()) == 1
-    resume = torch_job.resumes(nan.log)[-1]
-    assert resume.step >= nan.checkpoint and resume.loss == resume.loss  # finite: NaN != NaN
-    after = [
-        loss for step, loss in torch_job.losses(nan.log.split("resuming from step")[-1]) if step > resume.step
-    ]
-    assert after and all(loss == loss for loss in after)
+    assert diagnosis.get("category") == "numerical_divergence" and diagnosis.get("culprit") is None, diagnosis
+    (requeue,) = nan.requeues()
+    assert "ExcNodeList" not in requeue["command"]  # a diverging model names no node
+    assert_finite_again(nan)
+
+
+def test_nan_on_one_rank_again_and_again_is_suspect_hardware_requeued_off_its_node(sdc: Scenario) -> None:
+    incident, diagnosis = sdc.incident, scenarios.diagnosis(sdc)
+    assert incident["outcome"] == "recovered", (incident.get("reason"), diagnosis)
+    assert diagnosis.get("category") == "gpu_hardware", diagnosis
+    assert "silent data corruption" in diagnosis.get("summary", ""), diagnosis
+    assert (diagnosis.get("culprit") or {}).get("node") == CULPRIT, diagnosis
+    assert f"node: {CULPRIT}" in sdc.log and "found NaN in local forward loss calculation" in sdc.log
+    scenarios.assert_recovered_off(sdc, CULPRIT)
+    assert_finite_again(sdc)
+    repairs = sdc.stack.nightshift.get(f"/api/v1/nodes/{CULPRIT}")["repairs"]
+    assert repairs and repairs[0]["incident_id"] == incident["id"]  # validated before it takes jobs again
 
 
 def test_an_oom_kill_in_a_memory_capped_cgroup_is_requeued_off_the_node(oom: Scenario) -> None:
@@ -154,12 +190,13 @@ def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic:
 
 def test_figures(
     nan: Scenario,
+    sdc: Scenario,
     oom: Scenario,
     elastic: Scenario,
     time_limit: Scenario,
     record_property: Any,
 ) -> None:
-    figures = scenarios.figures([nan, oom, elastic, time_limit])
+    figures = scenarios.figures([nan, sdc, oom, elastic, time_limit])
     for name, value in figures.items():
         record_property(name, value)
     print(json.dumps(figures, indent=2, default=str))
