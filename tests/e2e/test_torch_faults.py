@@ -9,7 +9,8 @@ hits a real process, and Nightshift must make of it one job incident with the ri
   with gloo's ``Connection reset by peer``; torchrun's summary names rank 1 on node2, exit code -9. → the job
   requeued once off node2, running again from its newest checkpoint.
 - ``hang``: the rank on node2 is SIGSTOPped (a silent hang). node1's rank waits in the all-reduce, the step
-  counter stops. → stacks collected, the job requeued, running again from its checkpoint.
+  counter stops. → stacks and Flight Recorders collected (py-spy cannot suspend rank 1, its debug socket does not
+  answer), rank 1 on node2 named, the job requeued off node2, running again from its checkpoint.
 - ``exception``: rank 1 raises a Python error in its training step. → an application bug: no restart, a person.
 - ``xid``: Xid 79 on node2 and the rank there dies with it (SIGKILL). → requeued off node2, node2 drained.
 - ``scancel``: the owner cancels the job (SIGTERM, tracebacks in every rank). → nothing: no action.
@@ -74,19 +75,23 @@ def test_sigkill_resumes_from_the_checkpoint(sigkill: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(sigkill)
 
 
-def test_hang_collects_stacks_and_requeues(hang: Scenario) -> None:
-    incident = hang.incident
-    assert (incident["outcome"], incident["job"]) == ("recovered", hang.job), (
-        incident.get("reason"),
-        scenarios.diagnosis(hang),
-    )
-    assert scenarios.diagnosis(hang).get("category") != "application_error", scenarios.diagnosis(hang)
-    collected = {
-        (s["action"], s["status"]) for d in hang.incidents for s in d["steps"] if s["phase"] == "collect"
-    }
-    assert ("slurm.job_stacks", "ok") in collected
-    assert len(hang.requeues()) == 1
-    assert hang.stack.slurm.job_restarts(hang.job) == 1
+def test_hang_names_the_stopped_rank_and_requeues_off_its_node(hang: Scenario) -> None:
+    """py-spy cannot suspend a stopped process and says so, while rank 0 waits in DDP's backward: rank 1, on node2,
+    is the culprit. The ranks' Flight Recorders are read too (rank 1's debug socket answers nothing); whether rank
+    0's shows the stuck all-reduce depends on when rank 1 stopped (torch 2.13, gloo: a rank blocked in DDP's
+    backward can show every entry retired), so the verdict may rest on py-spy alone."""
+    diagnosis = scenarios.diagnosis(hang)
+    assert diagnosis.get("category") == "hang", diagnosis
+    culprit = diagnosis.get("culprit") or {}
+    assert (culprit.get("rank"), culprit.get("node")) == (1, CULPRIT), diagnosis
+    stacks = [
+        s
+        for d in hang.incidents
+        for s in d["steps"]
+        if s["phase"] == "collect" and s["action"] == "slurm.job_stacks"
+    ]
+    assert [s["status"] for s in stacks] == ["ok"]
+    scenarios.assert_recovered_off(hang, CULPRIT)
 
 
 def test_hang_resumes_from_the_checkpoint(hang: Scenario) -> None:
