@@ -83,8 +83,13 @@ def test_docs_slurm_gives_a_running_advisory_service(
         assert lint.returncode == 0 and lint.stdout.splitlines()[-1].startswith("ok: "), (
             lint.stdout + lint.stderr
         )
-        sd = requests.get(f"{url}/api/v1/sd/training", headers=viewer, timeout=30)
-        assert sd.status_code == 200 and isinstance(sd.json(), list)
+        # Discovery answers 503 until its first refresh (off the request threads) has read Slurm, then the list.
+        sd = wait_until(
+            lambda: (r := requests.get(f"{url}/api/v1/sd/training", headers=viewer, timeout=30)).ok and r,
+            60,
+            "service discovery's first refresh",
+        )
+        assert isinstance(sd.json(), list)
         payload = (ROOT / "alerts" / "examples" / "gpu-xid-79.json").read_text().replace('"4242"', f'"{job}"')
         posted = requests.post(
             f"{url}/api/v1/alerts",
