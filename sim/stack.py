@@ -446,12 +446,23 @@ class SlurmCluster:
         hostlist = self.job_nodes(job_id)
         return self.command("scontrol", "show", "hostnames", hostlist).stdout.split() if hostlist else []
 
+    def job_field(self, job_id: str, name: str) -> str:
+        """One field of ``scontrol show job`` (``Restarts``, ``ExcNodeList``: ``(null)`` when unset)."""
+        record = self.command("scontrol", "show", "job", "--oneliner", job_id).stdout
+        match = re.search(rf"(?:^|\s){name}=(\S*)", record)
+        assert match, f"no {name}= in {record!r}"
+        return match.group(1)
+
     def job_restarts(self, job_id: str) -> int:
         """How many times the job was requeued (``Restarts=`` of ``scontrol show job``)."""
-        record = self.command("scontrol", "show", "job", "--oneliner", job_id).stdout
-        match = re.search(r"(?:^|\s)Restarts=(\d+)", record)
-        assert match, f"no Restarts= in {record!r}"
-        return int(match.group(1))
+        return int(self.job_field(job_id, "Restarts"))
+
+    def job_excluded_nodes(self, job_id: str) -> list[str]:
+        """The names of the nodes the job may not run on (``ExcNodeList=``, a hostlist), [] when none."""
+        hostlist = self.job_field(job_id, "ExcNodeList")
+        if hostlist in ("", "(null)"):
+            return []
+        return self.command("scontrol", "show", "hostnames", hostlist).stdout.split()
 
     def node_state(self, node: str) -> str:
         """scontrol's state, lower case: idle, mixed, idle+drain, mixed+drain, idle+not_responding...

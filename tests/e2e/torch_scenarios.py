@@ -92,10 +92,13 @@ def run(
     fault: Callable[[Scenario], None],
     recovers: bool,
     avoid: tuple[str, ...] = (),
+    before_cancel: Callable[[Scenario], None] | None = None,
     **options: Any,
 ) -> Scenario:
     """Start job ``name``, wait for a checkpoint, ``fault(scenario)``, then wait for its job incident to close and
-    (``recovers``) the job to run again off ``avoid`` from a checkpoint. Cancels the job at the end."""
+    (``recovers``) the job to run again off ``avoid`` from a checkpoint. ``before_cancel(scenario)``, once its
+    incidents and log are read, measures what needs the job still there (its series, a node's repair). Cancels the
+    job at the end."""
     job, checkpoint = start(stack, name, **options)
     scenario = Scenario(stack, name, job, checkpoint, time.time())
     try:
@@ -117,6 +120,8 @@ def run(
             )
         scenario.incidents = [stack.nightshift.incident(i["id"]) for i in job_incidents(stack, job)]
         scenario.log = stack.job_log(job)
+        if before_cancel:
+            before_cancel(scenario)
     finally:
         stack.slurm.command("scancel", job, check=False)
         keep(stack, name, job)
