@@ -45,6 +45,7 @@ BinaryFinder = Callable[[str, str], str]
 START_TIMEOUT = 20.0
 SLURM_START_TIMEOUT = 30.0
 NIGHTSHIFT_START_TIMEOUT = 30.0
+KILL_WAIT_SECONDS = 30  # slurm.conf's KillWait
 
 
 class MissingBinary(RuntimeError):
@@ -333,6 +334,8 @@ ReturnToService=2
 JobRequeue=1
 SlurmctldTimeout=30
 SlurmdTimeout=30
+# Seconds between a cancelled job's SIGTERM and its SIGKILL (Slurm's default, said here: reset() waits on it).
+KillWait={kill_wait}
 # dcgm-exporter's HPC job mapping, written on every node of a job at allocation (deploy/slurm/hpc-job-mapping.sh,
 # configured by the .conf beside it: SlurmCluster.attach_sim).
 Prolog={base}/slurm/hpc-job-mapping.sh
@@ -496,7 +499,9 @@ class SlurmCluster:
             return seen[-1] == (["idle"] * len(NODES), "")
 
         try:
-            wait_until(settled, timeout=20, what="idle nodes and an empty queue")
+            # A cancelled job's processes get SIGTERM, then SIGKILL after Slurm's KillWait (30 s by default): its
+            # node shows completing until they are gone (four torch processes take a while on two loaded cores).
+            wait_until(settled, timeout=KILL_WAIT_SECONDS + 30, what="idle nodes and an empty queue")
         except AssertionError as exc:
             raise AssertionError(f"{exc}\nlast seen: {seen[-3:]}\n{self.log_tails()}") from None
 
@@ -611,7 +616,13 @@ def launch_slurm(base: Path, find_binary: BinaryFinder = find_binary) -> SlurmCl
         for n, p in zip(NODES, node_ports, strict=True)
     )
     slurm_conf.write_text(
-        SLURM_CONF.format(base=base, ctld_port=ctld_port, node_lines=node_lines, nodes=",".join(NODES))
+        SLURM_CONF.format(
+            base=base,
+            ctld_port=ctld_port,
+            node_lines=node_lines,
+            nodes=",".join(NODES),
+            kill_wait=KILL_WAIT_SECONDS,
+        )
     )
     (base / "slurm" / "topology.conf").write_text(TOPOLOGY_CONF)
     client_key, known_hosts = _write_ssh_files(base, ssh_port, slurm_conf, binaries["ssh-keygen"])

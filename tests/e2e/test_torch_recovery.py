@@ -172,20 +172,29 @@ def torchrun_gave_up(scenario: Scenario) -> bool:
 
 
 def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic: Scenario) -> None:
-    """Nightshift acts exactly when torchrun could not bring the job back: never on top of torchrun's own restart
-    (each incident closes without acting: self_recovered once the job trains again after the fault, or resolved
-    when its alert resolved first), once when torchrun gave up."""
+    """Nightshift acts exactly when torchrun could not bring the job back: the fault's own incident never acts on
+    top of torchrun's restart (it closes self_recovered once the job trains again after the fault, or resolved when
+    its alert resolved first), and acts once when torchrun gave up.
+
+    One exception, of the simulator's time scale: its fast rules call 10 s without a step a hang (production: 15
+    min), and a torchrun restart under load (each worker importing torch on two shared cores) can take longer, so
+    TrainingHang fires and the hang playbook requeues the job, once (seen in a loaded full run: the restarted
+    workers served their step counter, unchanged, 25 s after the fault, and had not trained yet)."""
     if torchrun_gave_up(elastic):
         assert elastic.incident["outcome"] == "recovered" and len(elastic.requeues()) == 1
         assert elastic.stack.slurm.job_restarts(elastic.job) == 1
         return
-    outcomes = {(i["incident"]["outcome"], i["incident"]["reason"]) for i in elastic.incidents}
-    assert all(outcome in scenarios.UNDECIDED for outcome, _ in outcomes), outcomes
-    assert elastic.requeues() == []
-    assert elastic.stack.slurm.job_restarts(elastic.job) == 0
+    acted = [i["incident"] for i in elastic.incidents if i["incident"]["outcome"] not in scenarios.UNDECIDED]
+    outcomes = {
+        (i["incident"]["playbook"], i["incident"]["outcome"], i["incident"]["reason"])
+        for i in elastic.incidents
+    }
+    assert all(i["playbook"] == "training-hang-slurm" for i in acted), outcomes
+    assert len(acted) <= 1 and len(elastic.requeues()) == len(acted), outcomes
+    assert elastic.stack.slurm.job_restarts(elastic.job) == len(acted)
     assert (
         torch_job.resumes(elastic.log)[-1].step >= elastic.checkpoint
-    )  # torchrun's restart resumed from DCP
+    )  # torchrun's restart (or the requeued run) resumed from DCP
 
 
 def test_figures(

@@ -70,7 +70,8 @@ def test_node1_is_drained_by_its_repair_and_the_job_runs_elsewhere(
     assert stack.slurm.squeue_state(remediated.job) == "RUNNING"
     assert stack.slurm.job_nodes(remediated.job) in ("node2", "node3", "node4")
     assert stack.slurm.job_restarts(remediated.job) == 1
-    (resumed,) = stack.resumes(remediated.job)
+    # The incident closes on the job's steps in Prometheus; its output file may show the resume line a moment later.
+    (resumed,) = wait_until(lambda: stack.resumes(remediated.job), 60, f"job {remediated.job}'s resume line")
     assert resumed > 0  # from a checkpoint, not from scratch
 
 
