@@ -30,7 +30,14 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from app.clock import Clock, SystemClock
 from app.config import StoreSettings
 from app.errors import ConfigError, StoreUnavailable
-from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version, store_probe
+from app.store.schema import (
+    ADDED_COLUMNS,
+    ADDED_INDEXES,
+    SCHEMA_VERSION,
+    metadata,
+    schema_version,
+    store_probe,
+)
 from app.store.writer_lock import WriterLock
 
 log = logging.getLogger(__name__)
@@ -136,8 +143,9 @@ class Store:
                     f"store schema version {found.version} is newer than this Nightshift ({SCHEMA_VERSION}); upgrade"
                 )
             elif found.version < SCHEMA_VERSION:
-                # New tables come from create_all above; new columns of existing tables are added here.
+                # New tables come from create_all above; new columns and indexes of existing tables are added here.
                 _add_columns(conn, found.version)
+                _add_indexes(conn, found.version)
                 conn.execute(
                     insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
@@ -274,6 +282,16 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def _first_line(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def _add_indexes(conn: Connection, from_version: int) -> None:
+    """CREATE INDEX for every index added to an existing table after ``from_version`` (where it is missing)."""
+    for version, names in sorted(ADDED_INDEXES.items()):
+        if version <= from_version:
+            continue
+        for name in names:
+            index = next(i for table in metadata.tables.values() for i in table.indexes if i.name == name)
+            index.create(conn, checkfirst=True)
 
 
 def _add_columns(conn: Connection, from_version: int) -> None:

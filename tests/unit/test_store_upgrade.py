@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import insert, inspect, select, text
 
 from app.store import Store, records
-from app.store.schema import ADDED_COLUMNS, SCHEMA_VERSION, metadata, schema_version
+from app.store.schema import ADDED_COLUMNS, ADDED_INDEXES, SCHEMA_VERSION, metadata, schema_version
 from tests.fakes import START
 
 
@@ -40,4 +40,31 @@ def test_a_version_2_store_gets_the_episode_columns_and_keeps_its_incidents(tmp_
         incident = records.get_incident(conn, 1)
     assert versions == [2, SCHEMA_VERSION]
     assert incident is not None and incident["kind"] == "target" and incident["tick_errors"] == 0
+    store.create_schema()  # a second start changes nothing
+
+
+def test_a_version_9_store_gets_the_inbox_queue_index(tmp_path):
+    url = f"sqlite:///{tmp_path}/v9.db"
+    old = Store.from_url(url)
+    with old.transaction() as conn:
+        metadata.create_all(conn)
+        for name in ADDED_INDEXES[10]:
+            conn.execute(text(f"DROP INDEX {name}"))
+        conn.execute(insert(schema_version).values(version=9, applied_at=START))
+    old.dispose()
+
+    store = Store.from_url(url)
+    store.create_schema()
+    indexes = {i["name"] for i in inspect(store.engine).get_indexes("inbox")}
+    assert set(ADDED_INDEXES[10]) <= indexes
+    with store.read() as conn:  # the worker's next batch is an index seek, not a sort of the queue
+        plan = " ".join(
+            str(row[-1])
+            for row in conn.execute(
+                text(
+                    "EXPLAIN QUERY PLAN SELECT * FROM inbox WHERE failed_at IS NULL ORDER BY lane, id LIMIT 1"
+                )
+            )
+        )
+    assert "ix_inbox_queue" in plan and "TEMP B-TREE" not in plan, plan
     store.create_schema()  # a second start changes nothing
