@@ -631,7 +631,7 @@ def _pattern_votes(
             if stack_verdict.culprit is not None:
                 c = stack_verdict.culprit
                 culprit = Culprit(
-                    c.node or reading.rank_hosts.get(c.rank or -1),
+                    c.node or (reading.rank_hosts.get(c.rank) if c.rank is not None else None),
                     c.rank,
                     reading.rank_gpus.get(c.rank) if c.rank is not None else None,
                     (c.describe(),),
