@@ -603,12 +603,8 @@ def _why_nothing(engine: Any, alert_id: int, row: dict[str, Any]) -> str:
         incidents = records.incidents_for_alert(conn, alert_id)
     if incidents:
         told = ", ".join(
-            f"#{i['id']} ({i['playbook']}): "
-            + (
-                f"open, {i['state']}"
-                if i["open_key"]
-                else f"closed {i['outcome']} at {i['closed_at']:%Y-%m-%d %H:%M:%S}"
-            )
+            f"#{i.id} ({i.playbook}): "
+            + (f"open, {i.state}" if i.open_key else f"closed {i.outcome} at {i.closed_at:%Y-%m-%d %H:%M:%S}")
             for i in incidents
         )
         return (

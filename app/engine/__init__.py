@@ -88,7 +88,8 @@ class Engine:
             if step.status != StepStatus.AWAITING_APPROVAL:
                 raise ValueError(f"step {step_id} is {step.status}, not awaiting approval")
             transitions.approve_step(conn, now, incident_id, step, by)
-            return records.get_incident(conn, incident_id) or {}
+            incident = records.get_incident(conn, incident_id)
+            return incident.as_dict() if incident is not None else {}
 
     def mark_handled(self, incident_id: int, by: str, note: str) -> dict[str, Any]:
         """An operator takes an open incident over: it closes as ``handled`` and Nightshift stops acting on it."""
@@ -97,9 +98,10 @@ class Engine:
             incident = records.get_incident(conn, incident_id)
             if incident is None:
                 raise LookupError(f"incident {incident_id} not found")
-            if incident["open_key"] is None:
-                raise ValueError(f"incident {incident_id} is already closed ({incident['outcome']})")
-            if incident["claimed_by"] is not None and incident["claim_expires_at"] > now:
+            if incident.open_key is None:
+                raise ValueError(f"incident {incident_id} is already closed ({incident.outcome})")
+            claimed_until = incident.claim_expires_at
+            if incident.claimed_by is not None and claimed_until is not None and claimed_until > now:
                 raise ValueError(
                     f"incident {incident_id} is being worked on right now; try again in a moment"
                 )
@@ -133,7 +135,7 @@ class Engine:
             if row is None:
                 return None
             return {
-                "incident": row,
+                "incident": row.as_dict(),
                 "alerts": records.get_alerts_for_incident(conn, incident_id),
                 "steps": [step.as_dict() for step in records.get_steps(conn, incident_id)],
                 "ledger": records.ledger_for(conn, incident_id),
@@ -141,14 +143,14 @@ class Engine:
 
     def incidents(self, **filters: Any) -> list[dict[str, Any]]:
         with self.deps.store.read() as conn:
-            return records.list_incidents(conn, **filters)
+            return [row.as_dict() for row in records.list_incidents(conn, **filters)]
 
     def job_incidents(self, limit: int = 200) -> dict[str, list[dict[str, Any]]]:
         """For the job view: the newest incident of each job seen (``latest``) and every open incident (``open``)."""
         with self.deps.store.read() as conn:
             return {
                 "latest": records.latest_incident_per_job(conn, limit),
-                "open": records.list_incidents(conn, open_only=True, limit=1000),
+                "open": [row.as_dict() for row in records.list_incidents(conn, open_only=True, limit=1000)],
             }
 
     def inbox_stats(self) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from app.errors import BackendError, ConfigError
 from app.paging import Notice
 from app.states import IncidentOutcome, LedgerKind, NoticeKind, StepStatus
 from app.store import records
-from app.store.rows import StepRow
+from app.store.rows import Incident, StepRow
 
 # Outcomes worth a message to humans; incidents that did nothing (resolved, ignored, benign, self-recovered) or that
 # a person took over (handled) say nothing.
@@ -57,67 +57,66 @@ class Effects:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
 
-    def _annotation_failed(self, inc: Mapping[str, Any], message: str) -> None:
+    def _annotation_failed(self, inc: Incident, message: str) -> None:
         with self.deps.store.transaction() as conn:
-            transitions.reported(conn, self.deps.clock.now(), inc["id"], LedgerKind.ANNOTATION_ERROR, message)
+            transitions.reported(conn, self.deps.clock.now(), inc.id, LedgerKind.ANNOTATION_ERROR, message)
 
     # --- Grafana ----------------------------------------------------------------------------------------------
 
     def _grafana_enabled(self) -> bool:
         return bool(self.deps.settings.grafana.url)
 
-    def tags(self, inc: Mapping[str, Any]) -> list[str]:
-        tags = ["nightshift", f"playbook:{inc['playbook']}"]
-        nodes = [inc["node"]] if inc.get("node") else []
-        nodes += [
-            c["node"] for c in inc.get("culprits") or () if c.get("confirmed") and c["node"] not in nodes
-        ]
+    def tags(self, inc: Incident) -> list[str]:
+        tags = ["nightshift", f"playbook:{inc.playbook}"]
+        nodes = [inc.node] if inc.node else []
+        nodes += [c["node"] for c in inc.culprits or () if c.get("confirmed") and c["node"] not in nodes]
         tags += [f"node:{node}" for node in nodes]
-        if inc.get("job"):
-            tags.append(f"job:{inc['job']}")
-        if inc.get("outcome"):
-            tags.append(f"outcome:{inc['outcome']}")
+        if inc.job:
+            tags.append(f"job:{inc.job}")
+        if inc.outcome:
+            tags.append(f"outcome:{inc.outcome}")
         return tags
 
-    def _text(self, inc: Mapping[str, Any]) -> str:
-        diagnosis = inc.get("diagnosis") or {}
-        parts = [
-            f"Nightshift incident #{inc['id']}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"
-        ]
+    def _text(self, inc: Incident) -> str:
+        diagnosis = inc.diagnosis or {}
+        parts = [f"Nightshift incident #{inc.id}: {inc.playbook} on {inc.node or inc.job or '-'}"]
         if diagnosis.get("summary"):
             parts.append(f"Diagnosis: {diagnosis['summary']}")
-        if inc.get("outcome"):
-            parts.append(f"IncidentOutcome: {inc['outcome']} ({inc.get('reason', '')})")
+        if inc.outcome:
+            parts.append(f"IncidentOutcome: {inc.outcome} ({inc.reason})")
         return "\n".join(parts)
 
-    def open_annotation(self, inc: dict[str, Any]) -> None:
-        """Start the incident's Grafana region (once; retried on later ticks when Grafana was down)."""
-        if not self._grafana_enabled() or inc.get("annotation_id"):
-            return
+    def open_annotation(self, inc: Incident) -> Incident:
+        """Start the incident's Grafana region (once; retried on later ticks when Grafana was down). Returns the
+        incident's row as it is now."""
+        if not self._grafana_enabled() or inc.annotation_id:
+            return inc
         try:
             annotation_id = self.deps.clients.grafana.create_annotation(
-                text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"]
+                text=self._text(inc), tags=self.tags(inc), time=inc.opened_at
             )
         except (BackendError, ConfigError) as exc:
             self._annotation_failed(inc, f"creating the Grafana annotation failed: {exc}")
-            return
+            return inc
         with self.deps.store.transaction() as conn:
-            transitions.annotation_opened(conn, self.deps.clock.now(), inc, annotation_id, self.tags(inc))
+            return transitions.annotation_opened(
+                conn, self.deps.clock.now(), inc, annotation_id, self.tags(inc)
+            )
 
-    def _close_annotation(self, inc: dict[str, Any]) -> bool:
+    def _close_annotation(self, inc: Incident) -> bool:
         if not self._grafana_enabled():
             return True
         grafana = self.deps.clients.grafana
-        end = inc.get("closed_at") or self.deps.clock.now()
+        end = inc.closed_at or self.deps.clock.now()
         try:
-            if inc.get("annotation_id"):
+            if inc.annotation_id:
                 grafana.close_annotation(
-                    inc["annotation_id"], time_end=end, text=self._text(inc), tags=self.tags(inc)
+                    inc.annotation_id, time_end=end, text=self._text(inc), tags=self.tags(inc)
                 )
-                message = f"Grafana annotation {inc['annotation_id']} closed"
+                message = f"Grafana annotation {inc.annotation_id} closed"
             else:
                 annotation_id = grafana.create_annotation(
-                    text=self._text(inc), tags=self.tags(inc), time=inc["opened_at"], time_end=end
+                    text=self._text(inc), tags=self.tags(inc), time=inc.opened_at, time_end=end
                 )
                 message = f"Grafana annotation {annotation_id} created as a closed region"
         except (BackendError, ConfigError) as exc:
@@ -132,44 +131,44 @@ class Effects:
     def _notify(self, incident_id: int | None, notice: Notice) -> None:
         tell(self.deps, incident_id, notice)
 
-    def _summary(self, inc: Mapping[str, Any]) -> tuple[str, str]:
+    def _summary(self, inc: Incident) -> tuple[str, str]:
         with self.deps.store.read() as conn:
-            steps = records.get_steps(conn, inc["id"])
+            steps = records.get_steps(conn, inc.id)
         lines = [
             self._text(inc),
-            f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}",
+            f"Details: {self.deps.settings.external_url.rstrip('/')}/incidents/{inc.id}",
         ]
         for step in steps:
             if step.phase == "collect":
                 continue
             lines.append(f"- [{step.status}] {step.name}: {step.summary or step.reason}")
-        subject = f"[nightshift] {inc.get('outcome')}: {inc['playbook']} on {inc.get('node') or inc.get('job') or '-'}"
+        subject = f"[nightshift] {inc.outcome}: {inc.playbook} on {inc.node or inc.job or '-'}"
         return subject, "\n".join(lines)
 
     # --- finishing ----------------------------------------------------------------------------------------------
 
-    def finalize(self, inc: dict[str, Any]) -> datetime | None:
+    def finalize(self, inc: Incident) -> datetime | None:
         """Close the annotation and send the outcome notice; retried on later ticks while they fail (a retry sends
         only to the channels that have not delivered it: ``delivered``), at most :data:`FINALIZE_TRIES` times
         (``finalize_tries``)."""
         annotated = self._close_annotation(inc)
-        delivered = frozenset(inc["delivered"] or ())
+        delivered = frozenset(inc.delivered or ())
         notified = True
-        if inc.get("outcome") in NOTIFY_OUTCOMES:
+        if inc.outcome in NOTIFY_OUTCOMES:
             subject, text = self._summary(inc)
-            data = {"incident": inc["id"], "outcome": inc.get("outcome"), "labels": inc.get("labels", {})}
-            sent = tell(self.deps, inc["id"], Notice(NoticeKind.OUTCOME, subject, text, data), skip=delivered)
+            data = {"incident": inc.id, "outcome": inc.outcome, "labels": inc.labels}
+            sent = tell(self.deps, inc.id, Notice(NoticeKind.OUTCOME, subject, text, data), skip=delivered)
             delivered |= {channel for channel, ok in sent.items() if ok}
             notified = all(sent.values())
         with self.deps.store.transaction() as conn:
             now = self.deps.clock.now()
-            if (annotated and notified) or inc["finalize_tries"] + 1 >= FINALIZE_TRIES:
+            if (annotated and notified) or inc.finalize_tries + 1 >= FINALIZE_TRIES:
                 transitions.finalized(conn, now, inc, delivered)
                 return None
             transitions.finalize_retried(conn, now, inc, delivered)
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
-    def storm(self, inc: Mapping[str, Any], reason: str) -> None:
+    def storm(self, inc: Incident, reason: str) -> None:
         """Blast radius tripped: say so once per blast window, not once per incident."""
         now = self.deps.clock.now()
         window = timedelta(seconds=self.deps.settings.guards.blast_radius_window_seconds)
@@ -179,12 +178,12 @@ class Effects:
                 return
             records.set_control(conn, "storm_notified_at", now.isoformat(), now)
         self._notify(
-            inc["id"],
+            inc.id,
             Notice(
                 NoticeKind.BLAST_RADIUS,
                 "[nightshift] blast radius reached: destructive actions paused",
-                f"{reason}\nReturn-to-service actions still run. Incident #{inc['id']} and later ones wait.",
-                {"incident": inc["id"], "guard": "blast_radius"},
+                f"{reason}\nReturn-to-service actions still run. Incident #{inc.id} and later ones wait.",
+                {"incident": inc.id, "guard": "blast_radius"},
             ),
         )
 
@@ -192,16 +191,16 @@ class Effects:
         """A shared cause held job recoveries (app/engine/fleet_hold.py): told once, asking a person."""
         self._notify(incident_id, notice)
 
-    def approval_requested(self, inc: Mapping[str, Any], step: StepRow) -> None:
-        url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc['id']}"
+    def approval_requested(self, inc: Incident, step: StepRow) -> None:
+        url = f"{self.deps.settings.external_url.rstrip('/')}/incidents/{inc.id}"
         self._notify(
-            inc["id"],
+            inc.id,
             Notice(
                 NoticeKind.APPROVAL,
-                f"[nightshift] approval needed: {step.name} on {inc.get('node') or inc.get('job')}",
-                f"Incident #{inc['id']} ({inc['playbook']}) waits for approval of step {step.name}:\n"
+                f"[nightshift] approval needed: {step.name} on {inc.node or inc.job}",
+                f"Incident #{inc.id} ({inc.playbook}) waits for approval of step {step.name}:\n"
                 f"{step.command}\nApprove: {url}",
-                {"incident": inc["id"], "step": step.id},
+                {"incident": inc.id, "step": step.id},
             ),
         )
 

@@ -8,24 +8,22 @@ client's timeouts; a node it cannot tell about stays excluded.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from app import exclusions, schedulers
 from app.engine.deps import EngineDeps
 from app.engine.scheduler_backends import backend
 from app.errors import BackendError, ConfigError
 from app.states import IncidentKind
 from app.store import records, repairs
+from app.store.rows import Incident
 
 MAX_ASKED = 64  # nodes the scheduler is asked about in one recovery's plan
 
 
-def returned_nodes(deps: EngineDeps, inc: Mapping[str, Any]) -> tuple[str, ...]:
+def returned_nodes(deps: EngineDeps, inc: Incident) -> tuple[str, ...]:
     """The nodes ``inc``'s job may run on again: dropped from its exclusion list by the next recovery."""
-    job = schedulers.job_identity(inc["target"])
-    scheduler = schedulers.of(inc["target"])
-    if inc["kind"] != IncidentKind.JOB or job is None or scheduler is None:
+    job = schedulers.job_identity(inc.target)
+    scheduler = schedulers.of(inc.target)
+    if inc.kind != IncidentKind.JOB or job is None or scheduler is None:
         return ()
     found = []
     with deps.store.read() as conn:

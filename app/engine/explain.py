@@ -15,7 +15,7 @@ does (:mod:`app.workloads`). Nothing is written and no step runs. Every alert is
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from app import episodes, schedulers
@@ -33,10 +33,8 @@ from app.errors import BackendError, ConfigError, ParamError
 from app.planning import PlannedStep
 from app.playbooks import Playbook
 from app.states import Guard, GuardDecision, IncidentKind, RepairState, State, StepStatus
-from app.store.rows import Repair
+from app.store.rows import Incident, Repair
 from app.templates import render_promql
-
-Incident = dict[str, Any]
 
 
 @dataclass
@@ -58,31 +56,30 @@ class ExplainSource:
         self.collect: list[PlannedStep] = []
         self.job_note = ""
 
-    def diagnosis(self, inc: Incident, playbook: Playbook) -> None:
+    def diagnosis(self, inc: Incident, playbook: Playbook) -> Incident:
         self.collect = StepRunner(self.deps).plan(inc, playbook.collect, attempt=0)
-        inc["diagnosis"] = self.deps.diagnose(inc["labels"], "").as_dict()
-        inc["state"] = State.DIAGNOSING
+        return replace(inc, diagnosis=self.deps.diagnose(inc.labels, "").as_dict(), state=State.DIAGNOSING)
 
     def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobAssumed:
         try:
-            status = job_status(self.deps, inc["target"])
+            status = job_status(self.deps, inc.target)
         except (BackendError, ConfigError) as exc:
             self.job_note = f"the scheduler was not asked ({exc})"
             return policy.JobAssumed(str(exc))
-        self.job_note = f"the scheduler says job {inc['job']} is {status.state or status.phase}"
+        self.job_note = f"the scheduler says job {inc.job} is {status.state or status.phase}"
         return status
 
     def history(self, inc: Incident, playbook: Playbook) -> guard_facts.History:
         return guard_facts.History()
 
     def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
-        return pool_facts(self.deps, schedulers.of(inc["target"]), node)[0]
+        return pool_facts(self.deps, schedulers.of(inc.target), node)[0]
 
     def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
         return policy.Recheck(expr, samples=({"assumed": "the condition still holds"},))
 
-    def fleet(self, inc: Incident) -> policy.FleetHold:
-        return policy.FleetHold()  # read-only: no fleet incident is opened or joined
+    def fleet(self, inc: Incident) -> tuple[policy.FleetHold, Incident]:
+        return policy.FleetHold(), inc  # read-only: no fleet incident is opened or joined
 
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         return policy.Blame()
@@ -146,24 +143,26 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
     assert leading is not None
     _, alert, target = next(m for m in draft.matched if m[0] is leading)
     job = draft.kind == IncidentKind.JOB
-    inc: Incident = {
-        "id": "",
-        "kind": draft.kind,
-        "state": State.OPEN,
-        "playbook": leading.name,
-        "labels": alert.labels,
-        "annotations": alert.annotations,
-        "target": target,
-        "diagnosis": None,
-        "job": target.get("job") if job else None,
-        "node": None if job else target.get("node"),
-        "culprits": [dict(c) for c in draft.culprits],
-        "act_after": None,  # the correlation window is reported, not waited out
-        "alert_starts_at": alert.starts_at,
-        "attempt": 0,
-    }
+    now = deps.clock.now()
+    draft_incident = Incident(
+        id=0,  # never stored
+        kind=draft.kind,
+        state=State.OPEN,
+        playbook=leading.name,
+        target_key=draft.key,
+        labels=alert.labels,
+        annotations=alert.annotations,
+        target=target,
+        job=target.get("job") if job else None,
+        node=None if job else target.get("node"),
+        culprits=[dict(c) for c in draft.culprits],
+        act_after=None,  # the correlation window is reported, not waited out
+        alert_starts_at=alert.starts_at,
+        opened_at=now,
+        updated_at=now,
+    )
     source = ExplainSource(deps)
-    decision, facts = decide_with(deps, source, inc, leading)
+    decision, facts, inc = decide_with(deps, source, draft_incident, leading)
     report: dict[str, Any] = {
         "episode": draft.key,
         "kind": draft.kind,
@@ -171,14 +170,14 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
         "playbook": leading.name,
         "source": f"{leading.source}:{leading.line}",
         "target": dict(target),
-        "diagnosis": inc["diagnosis"],
+        "diagnosis": inc.diagnosis,
         "culprits": [c["node"] for c in draft.culprits],
         "collect": _steps(source.collect),
     }
     plan = _plan(deps, leading, inc, decision, source)
     if draft.kind == IncidentKind.NODE:
         report["job_plan"] = None
-        repair = _node_plan(deps, inc["node"], leading.name, inc)
+        repair = _node_plan(deps, inc.node or "", leading.name, inc)
         # Handed to its repair: the repair's own outcome (repaired, or advisory when its steps are not granted).
         merged = {**plan, **repair} if isinstance(decision, policy.HandToRepair) else {**repair, **plan}
         report["node_plans"] = [merged]
@@ -240,11 +239,11 @@ def _outcome(decision: policy.Decision) -> str:
     return str(decision)
 
 
-def _node_plan(deps: EngineDeps, node: str, playbook: str | None, inc: Mapping[str, Any]) -> dict[str, Any]:
+def _node_plan(deps: EngineDeps, node: str, playbook: str | None, inc: Incident) -> dict[str, Any]:
     repair = Repair(
         id=0,
         node=node,
-        scheduler=schedulers.of_incident(inc["target"]).name,
+        scheduler=schedulers.of_incident(inc.target).name,
         state=RepairState.REQUESTED,
         playbook=playbook,
         reason=f"culprit named by {playbook or 'the diagnosis'}",

@@ -23,18 +23,17 @@ from app.engine.repair import plan_repair
 from app.planning import PlannedStep, nodes_taken_out, plan_steps, when_context
 from app.playbooks import Playbook
 from app.states import IncidentKind, RepairState
-from app.store.rows import Repair
+from app.store.rows import Incident, Repair
 from app.templates import render_promql
 
-Incident = dict[str, Any]
 MAX_GATHERS = 8  # one of each fact at most: a policy that asks for more is a bug, never a loop
 
 
 class Source(Protocol):
     """Where facts come from (the worker's store and backends, or explain's read-only view)."""
 
-    def diagnosis(self, inc: Incident, playbook: Playbook) -> None:
-        """Run the collect steps and the diagnosis; the incident row carries the result."""
+    def diagnosis(self, inc: Incident, playbook: Playbook) -> Incident:
+        """Run the collect steps and the diagnosis; the incident row with the result."""
 
     def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobUnread | policy.JobAssumed:
         """The scheduler's view of the incident's job."""
@@ -51,8 +50,9 @@ class Source(Protocol):
     def repair(self, inc: Incident) -> policy.RepairView:
         """The repair a node incident waits on."""
 
-    def fleet(self, inc: Incident) -> policy.FleetHold:
-        """Whether a shared cause holds the job's recovery."""
+    def fleet(self, inc: Incident) -> tuple[policy.FleetHold, Incident]:
+        """Whether a shared cause holds the job's recovery, and the row as it is now (a probe of the shared cause
+        back from a restart that did not recover it is held again)."""
 
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         """Whether the culprits' leaf/rack/block is to blame instead of them."""
@@ -75,18 +75,18 @@ def limits(deps: EngineDeps) -> policy.Limits:
 
 def decide_with(
     deps: EngineDeps, source: Source, inc: Incident, playbook: Playbook, *, diagnosed: bool = False
-) -> tuple[policy.Decision, policy.Facts]:
-    """Decide the incident's next move, gathering every fact the policy asks for. Returns the decision and the
-    facts it was made on."""
+) -> tuple[policy.Decision, policy.Facts, Incident]:
+    """Decide the incident's next move, gathering every fact the policy asks for. Returns the decision, the
+    facts it was made on, and the incident's row as gathering left it (diagnosed, held)."""
     facts = policy.Facts(now=deps.clock.now(), limits=limits(deps), diagnosed=diagnosed)
     for _ in range(MAX_GATHERS):
         decision = policy.decide(
-            policy.Subject.of(inc, bool(playbook.recheck), playbook.self_recovery), facts
+            policy.Subject.of(inc.as_dict(), bool(playbook.recheck), playbook.self_recovery), facts
         )
         if not isinstance(decision, policy.Gather):
-            return decision, facts
-        facts = gather(deps, source, inc, playbook, decision, facts)
-    raise RuntimeError(f"incident {inc.get('id')}: the policy asked for more than {MAX_GATHERS} facts")
+            return decision, facts, inc
+        facts, inc = gather(deps, source, inc, playbook, decision, facts)
+    raise RuntimeError(f"incident {inc.id}: the policy asked for more than {MAX_GATHERS} facts")
 
 
 def gather(
@@ -96,34 +96,35 @@ def gather(
     playbook: Playbook,
     ask: policy.Gather,
     facts: policy.Facts,
-) -> policy.Facts:
+) -> tuple[policy.Facts, Incident]:
+    """The fact the policy asked for, and the incident's row as gathering it left it (diagnosed, held)."""
     need = ask.need
     if need == policy.Need.DIAGNOSIS:
-        source.diagnosis(inc, playbook)
-        return replace(facts, diagnosed=True)
+        return replace(facts, diagnosed=True), source.diagnosis(inc, playbook)
+    if need == policy.Need.FLEET:
+        hold, inc = source.fleet(inc)
+        return replace(facts, fleet=hold), inc
     if need == policy.Need.JOB_STATUS:
-        return replace(facts, job=source.job_status(inc))
+        return replace(facts, job=source.job_status(inc)), inc
     if need == policy.Need.PLAN:
         planned = plan(deps, inc, playbook, ask.exclude, ask.job_phase, source.returned(inc))
-        return replace(facts, planned=tuple(planned))
+        return replace(facts, planned=tuple(planned)), inc
     if need == policy.Need.GUARDS:
         assert facts.planned is not None
-        return replace(facts, guards=guard_inputs(deps, source, inc, playbook, facts.planned))
+        return replace(facts, guards=guard_inputs(deps, source, inc, playbook, facts.planned)), inc
     if need == policy.Need.RECHECK:
         expr = render_promql(playbook.recheck or "", template_context(inc, deps.settings.external_url))
-        return replace(facts, recheck=source.recheck(inc, expr))
-    if need == policy.Need.FLEET:
-        return replace(facts, fleet=source.fleet(inc))
+        return replace(facts, recheck=source.recheck(inc, expr)), inc
     if need == policy.Need.BLAME:
-        return replace(facts, blame=source.blame(inc, ask.exclude))
+        return replace(facts, blame=source.blame(inc, ask.exclude)), inc
     if need == policy.Need.PROGRESS:
-        return replace(facts, progress=source.progress(inc))
-    return replace(facts, repair=source.repair(inc))
+        return replace(facts, progress=source.progress(inc)), inc
+    return replace(facts, repair=source.repair(inc)), inc
 
 
 def plan(
     deps: EngineDeps,
-    inc: Mapping[str, Any],
+    inc: Incident,
     playbook: Playbook,
     exclude: Sequence[str],
     job_phase: str,
@@ -131,15 +132,16 @@ def plan(
 ) -> list[PlannedStep]:
     """What the incident would do next: a job or target incident its playbook's steps (attempt N+1, excluding
     ``exclude``, letting the job back on ``returned``); a node incident its node's repair, take-out to return."""
-    if inc["kind"] == IncidentKind.NODE:
+    if inc.kind == IncidentKind.NODE:
+        assert inc.node is not None, "a node incident names its node"
         draft = Repair(
             id=0,
-            node=inc["node"],
-            scheduler=schedulers.of_incident(inc["target"]).name,
+            node=inc.node,
+            scheduler=schedulers.of_incident(inc.target).name,
             state=RepairState.REQUESTED,
             playbook=playbook.name,
-            incident_id=inc.get("id") or None,
-            reason=policy.repair_reason(policy.Subject.of(inc, False)),
+            incident_id=inc.id or None,
+            reason=policy.repair_reason(policy.Subject.of(inc.as_dict(), False)),
         )
         return list(plan_repair(deps, draft, inc).values())
     return plan_steps(
@@ -147,8 +149,8 @@ def plan(
         registry=deps.registry,
         permissions=deps.permissions,
         template_context=template_context(inc, deps.settings.external_url, exclude, returned),
-        when=when_context(inc["labels"], inc["diagnosis"], inc.get("attempt", 0) + 1, job_phase),
-        target=inc["target"],
+        when=when_context(inc.labels, inc.diagnosis, inc.attempt + 1, job_phase),
+        target=inc.target,
     )
 
 
@@ -157,16 +159,16 @@ def guard_inputs(
 ) -> guards.GuardFacts:
     """The guard chain's inputs over ``planned``. A node incident's take-out is counted by its repair's own
     blast-radius guard (against its partition too), so it is not counted here twice."""
-    node_incident = inc["kind"] == IncidentKind.NODE
+    node_incident = inc.kind == IncidentKind.NODE
     taking_out = sorted(nodes_taken_out(planned))
     pool = source.pool(inc, taking_out[0]) if taking_out and not node_incident else None
     return guard_facts.build(
         deps.settings,
         playbook,
         pool=pool,
-        job=inc["job"] if inc["kind"] == IncidentKind.JOB else None,
-        node=inc.get("node"),
-        alert_starts_at=inc["alert_starts_at"],
+        job=inc.job if inc.kind == IncidentKind.JOB else None,
+        node=inc.node,
+        alert_starts_at=inc.alert_starts_at,
         planned=planned,
         history=source.history(inc, playbook),
         now=deps.clock.now(),

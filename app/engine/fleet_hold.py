@@ -26,6 +26,7 @@ from app.errors import BackendError, ConfigError
 from app.paging import Notice
 from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
 from app.store import records
+from app.store.rows import Incident
 from app.topology import Topology, loggers, peer_nodes
 
 HOLD_PREFIX = "held by fleet incident"
@@ -40,12 +41,12 @@ RECOVERING = frozenset({State.ACTING, State.VERIFYING, State.WAITING_FOR_RESOURC
 Notify = Callable[[int, Notice], Any]
 
 
-def _failure(row: records.Row) -> fleet.JobFailure:
-    diagnosis = row.get("diagnosis") or {}
-    category = diagnosis.get("category") or (row.get("labels") or {}).get("error_class")
-    culprits = frozenset(c["node"] for c in row.get("culprits") or () if c.get("confirmed") is not False)
+def _failure(inc: Incident) -> fleet.JobFailure:
+    diagnosis = inc.diagnosis or {}
+    category = diagnosis.get("category") or inc.labels.get("error_class")
+    culprits = frozenset(c["node"] for c in inc.culprits or () if c.get("confirmed") is not False)
     return fleet.JobFailure(
-        row["id"], row.get("job") or "", row["opened_at"], category, culprits, diagnosed=bool(diagnosis)
+        inc.id, inc.job or "", inc.opened_at, category, culprits, diagnosed=bool(diagnosis)
     )
 
 
@@ -77,12 +78,12 @@ class FleetHolds:
             return [], set()
         return peer_nodes(log, self.topology), loggers(log)
 
-    def _others(self, inc: records.Row) -> list[fleet.JobFailure]:
+    def _others(self, inc: Incident) -> list[fleet.JobFailure]:
         with self.deps.store.read() as conn:
             return [
                 _failure(r)
                 for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                if r["kind"] == IncidentKind.JOB and r["id"] != inc["id"]
+                if r.kind == IncidentKind.JOB and r.id != inc.id
             ]
 
     def _current(self, key: str, opened_at: datetime) -> fleet.FleetRecord | None:
@@ -98,7 +99,7 @@ class FleetHolds:
 
     # --- blame: a domain's nodes, or too many culprits for a person ----------------------------------------------
 
-    def blame(self, inc: records.Row, culprits: Iterable[str]) -> policy.Blame:
+    def blame(self, inc: Incident, culprits: Iterable[str]) -> policy.Blame:
         """What to exclude instead of ``culprits``: a domain's nodes when they, or the culprits of the other jobs
         failing in the window, are all behind one leaf, rack or block (told once a domain); when they are more than
         ``episodes.max_culprits`` and no domain within ``fleet.max_domain_nodes`` explains them, the job waits on
@@ -108,7 +109,7 @@ class FleetHolds:
         suspects = frozenset(culprits)
         cause = None
         if self.topology.domains:
-            me = fleet.JobFailure(inc["id"], inc.get("job") or "", inc["opened_at"], None, suspects)
+            me = fleet.JobFailure(inc.id, inc.job or "", inc.opened_at, None, suspects)
             others = self._others(inc)
             cause = fleet.shared_cause(
                 me, others, self.topology, settings.fleet, settings.episodes.max_culprits
@@ -116,7 +117,7 @@ class FleetHolds:
             now = self.deps.clock.now()
             window = timedelta(seconds=settings.fleet.window_seconds)
             # The other jobs of the window, once diagnosed, may name the same domain: wait for them (bounded).
-            waiting = cause is None and now < inc["opened_at"] + window
+            waiting = cause is None and now < inc.opened_at + window
             if waiting and fleet.may_share_domain(me, others, self.topology, settings.fleet):
                 return policy.Blame(until=now + DIAGNOSIS_WAIT)
         if cause is not None and cause.kind != "storage":
@@ -131,9 +132,9 @@ class FleetHolds:
             return policy.Blame()
         return self._unexplained(inc, suspects)
 
-    def _unexplained(self, inc: records.Row, suspects: frozenset[str]) -> policy.Blame:
+    def _unexplained(self, inc: Incident, suspects: frozenset[str]) -> policy.Blame:
         settings = self.deps.settings
-        record = self._current(fleet.UNEXPLAINED, inc["opened_at"])
+        record = self._current(fleet.UNEXPLAINED, inc.opened_at)
         if record is not None and record.cleared_at is not None:
             return policy.Blame(
                 message=f"fleet incident {fleet.UNEXPLAINED} {record.why}: recovering without excluding "
@@ -148,15 +149,15 @@ class FleetHolds:
         )
         now = self.deps.clock.now()
         if record is None:
-            cause = fleet.SharedCause(fleet.UNEXPLAINED, fleet.UNEXPLAINED, summary, (inc["id"],))
+            cause = fleet.SharedCause(fleet.UNEXPLAINED, fleet.UNEXPLAINED, summary, (inc.id,))
             record = self._told(inc, cause, held=True)
         self._join(inc, record, now)
         return policy.Blame(until=now + timedelta(seconds=settings.fleet.recheck_seconds))
 
-    def _told(self, inc: records.Row, cause: fleet.SharedCause, held: bool) -> fleet.FleetRecord:
+    def _told(self, inc: Incident, cause: fleet.SharedCause, held: bool) -> fleet.FleetRecord:
         """The fleet incident of ``cause``, opened and told once (a new one once the last cleared or, for a
         domain's, a window after it opened)."""
-        record = self._current(cause.key, inc["opened_at"])
+        record = self._current(cause.key, inc.opened_at)
         if record is None:
             record = fleet.FleetRecord(cause.key, cause.kind, cause.summary, self.deps.clock.now(), held=held)
             self._open(inc, record)
@@ -164,52 +165,59 @@ class FleetHolds:
 
     # --- holding the jobs of a shared cause ------------------------------------------------------------------
 
-    def hold(self, inc: records.Row) -> datetime | None:
-        """When to look at ``inc`` again if its recovery is held by a shared cause; None: go on with it."""
+    def hold(self, inc: Incident) -> tuple[datetime | None, Incident]:
+        """When to look at ``inc`` again if its recovery is held by a shared cause (None: go on with it), and its
+        row as it is now (holding it writes it)."""
         deps, settings = self.deps, self.deps.settings.fleet
         failure = _failure(inc)
-        if inc["kind"] != IncidentKind.JOB or failure.category not in fleet.SHARED_CATEGORIES:
-            return None  # a domain's jobs are recovered off it (exclusion: blame), not held
+        if inc.kind != IncidentKind.JOB or failure.category not in fleet.SHARED_CATEGORIES:
+            return None, inc  # a domain's jobs are recovered off it (exclusion: blame), not held
         now = deps.clock.now()
-        record = self._current(failure.category, inc["opened_at"])
+        record = self._current(failure.category, inc.opened_at)
         if record is not None and record.cleared_at is not None:
-            due = record.cleared_at + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
-            return None if now >= due else due
-        if record is None or inc["id"] not in record.incidents:
+            due = record.cleared_at + fleet.release_delay(inc.id, settings.release_jitter_seconds)
+            return None if now >= due else due, inc
+        if record is None or inc.id not in record.incidents:
             cause = fleet.shared_cause(failure, self._others(inc), self.topology, settings)
             if cause is None:
                 return self._await_diagnoses(inc, failure, now)
             if record is None:
                 record = self._told(inc, cause, held=True)
-            self._join(inc, record, now)
+            inc = self._join(inc, record, now)
         return self._check(inc, record, now)
 
-    def _await_diagnoses(self, inc: records.Row, failure: fleet.JobFailure, now: datetime) -> datetime | None:
+    def _await_diagnoses(
+        self, inc: Incident, failure: fleet.JobFailure, now: datetime
+    ) -> tuple[datetime | None, Incident]:
         """The other jobs of the window may not be diagnosed yet: wait for them, inside the window only."""
         settings = self.deps.settings.fleet
         others = self._others(inc)
         window = timedelta(seconds=settings.window_seconds)
-        if now >= inc["opened_at"] + window or not fleet.may_share(failure, others, settings):
-            return None
+        if now >= inc.opened_at + window or not fleet.may_share(failure, others, settings):
+            return None, inc
         reason = f"{failure.category}: waiting for the diagnoses of the other jobs failing in the window"
         with self.deps.store.transaction() as conn:
-            if inc["reason"] != reason:
-                transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_WAIT)
-        return now + DIAGNOSIS_WAIT
+            if inc.reason != reason:
+                inc = transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_WAIT)
+        return now + DIAGNOSIS_WAIT, inc
 
-    def _check(self, inc: records.Row, record: fleet.FleetRecord, now: datetime) -> datetime | None:
+    def _check(
+        self, inc: Incident, record: fleet.FleetRecord, now: datetime
+    ) -> tuple[datetime | None, Incident]:
         """Whether the cause persists, checked once a recheck interval for the whole fleet incident: its clear
         query, else its probe. None: ``inc`` goes on (it is the probe, or the cause cleared)."""
         settings = self.deps.settings.fleet
         later = now + timedelta(seconds=settings.recheck_seconds)
-        if record.probe == inc["id"] and inc["attempt"] == record.probe_attempt:
-            return None  # chosen as the probe, its restart not started yet
-        if not (inc["reason"] or "").startswith(HOLD_PREFIX):
-            self._join(inc, record, now)  # the probe back from a restart that did not recover it: held again
+        if record.probe == inc.id and inc.attempt == record.probe_attempt:
+            return None, inc  # chosen as the probe, its restart not started yet
+        if not inc.reason.startswith(HOLD_PREFIX):
+            inc = self._join(
+                inc, record, now
+            )  # the probe back from a restart that did not recover it: held again
         if record.checked_at is not None and now < record.checked_at + timedelta(
             seconds=settings.recheck_seconds
         ):
-            return later
+            return later, inc
         query = settings.clear_queries.get(record.key)
         if query:
             verdict, why = self._query(query)
@@ -221,25 +229,25 @@ class FleetHolds:
             else:
                 verdict, why = (
                     "probe",
-                    f"no clear query: job {inc['job']} (incident #{inc['id']}) restarts alone",
+                    f"no clear query: job {inc.job} (incident #{inc.id}) restarts alone",
                 )
         else:
             verdict, why = fleet.probe_verdict(record, self._probe_view(record))
         with self.deps.store.transaction() as conn:
             current = read_record(conn, record.key, for_update=True)
             if current is None or current.checked_at != record.checked_at or current.cleared_at is not None:
-                return later  # another worker checked it meanwhile
+                return later, inc  # another worker checked it meanwhile
             record = current
             record.checked_at, record.why = now, why
             if verdict == "cleared":
                 self._clear(conn, record, now, "query" if query else "probe", why)
-                return now + fleet.release_delay(inc["id"], settings.release_jitter_seconds)
-            if verdict == "probe" and inc["id"] in record.probed:
+                return now + fleet.release_delay(inc.id, settings.release_jitter_seconds), inc
+            if verdict == "probe" and inc.id in record.probed:
                 verdict, record.why = "waiting", "a probe is due: the next held job not yet probed restarts"
             elif verdict == "probe":
-                record.probe, record.probe_at, record.probe_attempt = inc["id"], now, inc["attempt"]
-                record.probed.append(inc["id"])
-                transitions.note(conn, now, inc["id"], LedgerKind.FLEET_PROBE, f"{PREFIX}{record.key}: {why}")
+                record.probe, record.probe_at, record.probe_attempt = inc.id, now, inc.attempt
+                record.probed.append(inc.id)
+                transitions.note(conn, now, inc.id, LedgerKind.FLEET_PROBE, f"{PREFIX}{record.key}: {why}")
             elif verdict == "failed":
                 self._end_probe(conn, record, why, now)
                 record.probes_failed += 1
@@ -255,16 +263,20 @@ class FleetHolds:
                     record.as_json(),
                 )
             write_record(conn, record, now)
-        return None if verdict == "probe" else later
+        return None if verdict == "probe" else later, inc
 
     def _end_probe(self, conn: Connection, record: fleet.FleetRecord, why: str, now: datetime) -> None:
         """The probe failed: its attempt ends now (not at its verification's timeout) and it is held again on its
         next tick (left alone while a worker holds it: it then ends on its own)."""
         assert record.probe is not None
         probe = records.get_incident(conn, record.probe)
-        if probe is None or probe["open_key"] is None or probe["state"] not in RECOVERING:
+        if probe is None or probe.open_key is None or probe.state not in RECOVERING:
             return
-        if probe["claimed_by"] is not None and probe["claim_expires_at"] > now:
+        if (
+            probe.claimed_by is not None
+            and probe.claim_expires_at is not None
+            and probe.claim_expires_at > now
+        ):
             return
         transitions.fleet_probe_failed(conn, now, probe, f"fleet incident {record.key}: {why}")
 
@@ -288,23 +300,23 @@ class FleetHolds:
             a["starts_at"] for a in alerts if a["status"] == "firing" and a["starts_at"] > record.probe_at
         ]
         return fleet.ProbeView(
-            probe["id"],
-            probe["open_key"] is not None,
-            probe.get("outcome"),
-            probe["attempt"],
-            recovering=probe["state"] in RECOVERING,
+            probe.id,
+            probe.open_key is not None,
+            probe.outcome,
+            probe.attempt,
+            recovering=probe.state in RECOVERING,
             failed_again_at=max(again, default=None),
         )
 
     # --- one diagnosis for the fleet incident ----------------------------------------------------------------
 
-    def adopted_diagnosis(self, inc: records.Row) -> dict[str, Any] | None:
+    def adopted_diagnosis(self, inc: Incident) -> dict[str, Any] | None:
         """The fleet incident's diagnosis for a job whose alerts name its shared cause, once
         ``fleet.diagnosis_sample`` member jobs' logs were read for it (None: read this job's own log)."""
-        category = (inc.get("labels") or {}).get("error_class")
-        if inc["kind"] != IncidentKind.JOB or category not in fleet.SHARED_CATEGORIES:
+        category = inc.labels.get("error_class")
+        if inc.kind != IncidentKind.JOB or category not in fleet.SHARED_CATEGORIES:
             return None
-        record = self._current(category, inc["opened_at"])
+        record = self._current(category, inc.opened_at)
         sample = self.deps.settings.fleet.diagnosis_sample
         if record is None or record.cleared_at or record.diagnosis is None or len(record.sampled) < sample:
             return None
@@ -318,33 +330,31 @@ class FleetHolds:
 
     # --- nodes behind a failing domain -----------------------------------------------------------------------
 
-    def hold_node(self, inc: records.Row) -> datetime | None:
+    def hold_node(self, inc: Incident) -> datetime | None:
         """A node incident among many at once behind one leaf or rack: the domain is the suspect, told once; the
         node waits (its alert resolving when the domain is back closes it), never repaired or paged one by one,
         until a person releases the domain's fleet incident. None: the node's own fault, repaired as usual."""
         settings = self.deps.settings.fleet
-        if not self.topology.domains or inc["kind"] != IncidentKind.NODE or not inc["node"]:
+        if not self.topology.domains or inc.kind != IncidentKind.NODE or not inc.node:
             return None
         now = self.deps.clock.now()
         window = timedelta(seconds=settings.window_seconds)
-        if not self.topology.of(inc["node"]):
+        if not self.topology.of(inc.node):
             return None
         # Nodes behind one leaf fail within seconds of each other: wait out the correlation window (a node that
         # runs no job loses nothing by it) before deciding it is the node's own fault.
-        settle = inc["opened_at"] + timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
+        settle = inc.opened_at + timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
         member = self._held_on(inc, now)
         if member is not None:
             return member
         with self.deps.store.read() as conn:
             failing = [
-                r["node"]
+                r.node
                 for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                if r["kind"] == IncidentKind.NODE
-                and r["node"]
-                and abs(r["opened_at"] - inc["opened_at"]) <= window
+                if r.kind == IncidentKind.NODE and r.node and abs(r.opened_at - inc.opened_at) <= window
             ]
         domain = fleet.node_domain(
-            inc["node"],
+            inc.node,
             failing,
             self.topology,
             self.deps.settings.episodes.max_culprits,
@@ -353,51 +363,51 @@ class FleetHolds:
         if domain is None:
             return settle if now < settle else None
         key = f"{domain.kind}:{domain.name}"
-        down = len({inc["node"], *failing} & domain.nodes)
+        down = len({inc.node, *failing} & domain.nodes)
         summary = f"{down} nodes behind {domain.label} failed within {settings.window_seconds}s"
-        record = self._told(inc, fleet.SharedCause(key, domain.kind, summary, (inc["id"],)), held=False)
+        record = self._told(inc, fleet.SharedCause(key, domain.kind, summary, (inc.id,)), held=False)
         if record.cleared_at is not None:
             return None  # released by a person: each node goes through its own repair
         reason = f"{HOLD_PREFIX} {key}: {summary}; the node waits for it"
-        if inc["reason"] != reason:
+        if inc.reason != reason:
             with self.deps.store.transaction() as conn:
                 current = read_record(conn, key, for_update=True) or record
-                current.incidents = sorted({*current.incidents, inc["id"]})
+                current.incidents = sorted({*current.incidents, inc.id})
                 write_record(conn, current, now)
                 transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
         return now + timedelta(seconds=settings.recheck_seconds)
 
-    def _held_on(self, inc: records.Row, now: datetime) -> datetime | None:
+    def _held_on(self, inc: Incident, now: datetime) -> datetime | None:
         """For a node incident already held on its domain's fleet incident: when to look again while the domain
         still looks down (another of its nodes' incidents open, or one closed less than the correlation window
         ago: their alerts resolve one by one when the domain is back). None: not held on one, released by a
         person, or the last one left (its own fault: it goes on to its repair)."""
-        if not (inc["reason"] or "").startswith(HOLD_PREFIX):
+        if not inc.reason.startswith(HOLD_PREFIX):
             return None
         grace = timedelta(seconds=self.deps.settings.episodes.correlation_seconds)
         later = now + timedelta(seconds=self.deps.settings.fleet.recheck_seconds)
-        for domain in self.topology.of(inc["node"]):
+        for domain in self.topology.of(inc.node or ""):
             with self.deps.store.read() as conn:
                 record = read_record(conn, f"{domain.kind}:{domain.name}")
-                if record is None or inc["id"] not in record.incidents:
+                if record is None or inc.id not in record.incidents:
                     continue
                 if record.cleared_at is not None:
                     return None
-                others = [records.get_incident(conn, i) for i in record.incidents if i != inc["id"]]
-            if any(o is not None and o["open_key"] is not None for o in others):
+                others = [records.get_incident(conn, i) for i in record.incidents if i != inc.id]
+            if any(o is not None and o.open_key is not None for o in others):
                 return later
-            closed = max((o["closed_at"] for o in others if o is not None and o["closed_at"]), default=None)
+            closed = max((o.closed_at for o in others if o is not None and o.closed_at), default=None)
             return min(later, closed + grace) if closed is not None and now < closed + grace else None
         return None
 
     # --- the storm guard -------------------------------------------------------------------------------------
 
-    def storm_wait(self, inc: records.Row) -> datetime | None:
+    def storm_wait(self, inc: Incident) -> datetime | None:
         """The fleet's storm guard: when ``fleet.storm_max_restarts`` jobs were restarted within the storm window,
         when this job's restart may go ahead (it waits, told once a window); None: now. Jobs released by a cleared
         fleet incident are not counted against it (their cause is known and over)."""
         settings = self.deps.settings.fleet
-        if inc["kind"] != IncidentKind.JOB or settings.storm_max_restarts == 0 or is_held(inc):
+        if inc.kind != IncidentKind.JOB or settings.storm_max_restarts == 0 or is_held(inc):
             return None
         if self._released(inc):
             return None
@@ -410,7 +420,7 @@ class FleetHolds:
         until = min(t for t in restarts if t > now - window) + window
         reason = (
             f"fleet storm guard: {settings.storm_max_restarts} job restarts within {settings.storm_window_seconds}s; "
-            f"job {inc['job']} waits until {until:%H:%M:%S}"
+            f"job {inc.job} waits until {until:%H:%M:%S}"
         )
         with self.deps.store.transaction() as conn:
             notified = records.get_control(conn, STORM_NOTIFIED)
@@ -420,25 +430,25 @@ class FleetHolds:
             transitions.wait(conn, now, inc, reason, held_by_guard=True, kind=LedgerKind.FLEET_STORM)
         if tell:
             self.notify(
-                inc["id"],
+                inc.id,
                 Notice(
                     NoticeKind.FLEET_STORM,
                     "[nightshift] fleet storm guard: job restarts paused",
                     f"{reason}. Many jobs failing at once usually share a cause Nightshift could not name; "
                     "a person should look.",
-                    {"incident": inc["id"], "guard": "fleet_storm", "outcome": IncidentOutcome.NEEDS_HUMAN},
+                    {"incident": inc.id, "guard": "fleet_storm", "outcome": IncidentOutcome.NEEDS_HUMAN},
                 ),
             )
         return until
 
-    def _released(self, inc: records.Row) -> bool:
+    def _released(self, inc: Incident) -> bool:
         """Whether ``inc`` is a job of a fleet incident that has cleared (released, whatever its reason says now:
         a failed probe's reason is its failure)."""
         category = _failure(inc).category
         if category not in fleet.SHARED_CATEGORIES:
             return False
-        record = self._current(category, inc["opened_at"])
-        return record is not None and record.cleared_at is not None and inc["id"] in record.incidents
+        record = self._current(category, inc.opened_at)
+        return record is not None and record.cleared_at is not None and inc.id in record.incidents
 
     def count_restart(self, conn: Connection, now: datetime) -> None:
         """Count a job restart for the storm guard (in the caller's transaction); the newest few are kept."""
@@ -478,14 +488,21 @@ class FleetHolds:
                     row = records.get_incident(conn, incident_id)
                     if row is not None:
                         members.append(
-                            {k: row.get(k) for k in ("id", "job", "node", "state", "outcome", "reason")}
+                            {
+                                "id": row.id,
+                                "job": row.job,
+                                "node": row.node,
+                                "state": row.state,
+                                "outcome": row.outcome,
+                                "reason": row.reason,
+                            }
                         )
                 out.append({**record.as_json(), "members": members, "member_count": len(record.incidents)})
         return out
 
     # --- writing -----------------------------------------------------------------------------------------------
 
-    def _open(self, inc: records.Row, record: fleet.FleetRecord) -> None:
+    def _open(self, inc: Incident, record: fleet.FleetRecord) -> None:
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
             write_record(conn, record, now)
@@ -516,36 +533,38 @@ class FleetHolds:
         else:
             then = "The jobs behind it are requeued off it; the domain itself needs a person (switch, rack power)."
         self.notify(
-            inc["id"],
+            inc.id,
             Notice(
                 NoticeKind.FLEET_INCIDENT,
                 f"[nightshift] fleet incident {record.key}"
                 + (": job recoveries held" if record.held else ""),
-                f"{record.summary}.\n{then} First incident #{inc['id']}.",
-                {"incident": inc["id"], "fleet": record.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
+                f"{record.summary}.\n{then} First incident #{inc.id}.",
+                {"incident": inc.id, "fleet": record.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
             ),
         )
 
-    def _join(self, inc: records.Row, record: fleet.FleetRecord, now: datetime) -> None:
-        """``inc`` joins the fleet incident and waits for it (its diagnosis joins the sample while it is short)."""
+    def _join(self, inc: Incident, record: fleet.FleetRecord, now: datetime) -> Incident:
+        """``inc`` joins the fleet incident and waits for it (its diagnosis joins the sample while it is short).
+        Returns its row as it is now."""
         reason = f"{HOLD_PREFIX} {record.key}: {record.summary}"
         sample = self.deps.settings.fleet.diagnosis_sample
         with self.deps.store.transaction() as conn:
             current = read_record(conn, record.key, for_update=True) or record
-            current.incidents = sorted({*current.incidents, inc["id"]})
-            diagnosis = inc.get("diagnosis") or {}
+            current.incidents = sorted({*current.incidents, inc.id})
+            diagnosis = inc.diagnosis or {}
             own = diagnosis.get("category") == current.key and "fleet" not in diagnosis
-            if own and len(current.sampled) < sample and inc["id"] not in current.sampled:
-                current.sampled.append(inc["id"])
-                current.diagnosis = current.diagnosis or diagnosis
+            if own and len(current.sampled) < sample and inc.id not in current.sampled:
+                current.sampled.append(inc.id)
+                current.diagnosis = current.diagnosis or dict(diagnosis)
             write_record(conn, current, now)
-            if inc["reason"] != reason:
-                transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
+            if inc.reason != reason:
+                inc = transitions.wait(conn, now, inc, reason, kind=LedgerKind.FLEET_HOLD)
         record.incidents, record.sampled, record.diagnosis = (
             current.incidents,
             current.sampled,
             current.diagnosis,
         )
+        return inc
 
     def _clear(self, conn: Connection, record: fleet.FleetRecord, now: datetime, by: str, why: str) -> None:
         """In the caller's transaction: the fleet incident cleared; each held job looked at after its jitter."""
@@ -563,10 +582,10 @@ class FleetHolds:
         )
 
 
-def is_held(incident: records.Row) -> bool:
+def is_held(incident: Incident) -> bool:
     """Whether a job incident waits on a shared cause (its recovery held, not to be closed when its alerts resolve)."""
     return (
-        incident["kind"] == IncidentKind.JOB
-        and incident["open_key"] is not None
-        and (incident.get("reason") or "").startswith(HOLD_PREFIX)
+        incident.kind == IncidentKind.JOB
+        and incident.open_key is not None
+        and incident.reason.startswith(HOLD_PREFIX)
     )

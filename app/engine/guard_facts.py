@@ -22,7 +22,7 @@ from app.planning import PlannedStep, nodes_taken_out
 from app.playbooks import Playbook
 from app.states import IncidentKind, RepairState, StepStatus
 from app.store import records, repairs
-from app.store.rows import Repair
+from app.store.rows import Incident, Repair
 
 
 @dataclass(frozen=True)
@@ -53,31 +53,29 @@ def read_history(
     settings: Settings,
     registry: ActionRegistry,
     playbook: Playbook,
-    inc: Mapping[str, Any],
+    inc: Incident,
     now: datetime,
     pause_state: tuple[bool, str],
 ) -> History:
     """What the store says about this incident's target. A job incident's history is the job's, whatever the
     playbook: its budget and cooldown count every recovery of the job."""
-    per_job = inc.get("kind") == IncidentKind.JOB
+    per_job = inc.kind == IncidentKind.JOB
     attempts = records.attempts_for_target(
-        conn, None if per_job else playbook.name, inc["target_key"], now - playbook.budget.window
+        conn, None if per_job else playbook.name, inc.target_key, now - playbook.budget.window
     )
-    recovery = records.last_recovery(conn, None if per_job else playbook.name, inc["target_key"])
+    recovery = records.last_recovery(conn, None if per_job else playbook.name, inc.target_key)
     job_window = timedelta(seconds=settings.guards.job_recoveries_window_seconds)
     job_attempts = (
-        records.attempts_for_target(conn, None, inc["target_key"], now - job_window) if per_job else []
+        records.attempts_for_target(conn, None, inc.target_key, now - job_window) if per_job else []
     )
-    ahead = (
-        records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
-    )
+    ahead = records.earlier_open_on(conn, inc.serialize_key, inc.id) if inc.serialize_key else None
     paused, reason = pause_state
     return History(
         attempts=tuple(_past(a) for a in attempts),
         job_recoveries=tuple(a["started_at"] for a in job_attempts),
         last_recovery=_past(recovery) if recovery else None,
         taken_out=taken_out_nodes(conn, settings, registry, now),
-        ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
+        ahead=f"incident #{ahead.id} ({ahead.playbook}, {ahead.state})" if ahead else None,
         paused=paused,
         pause_reason=reason,
     )
@@ -88,7 +86,7 @@ def read_node_history(
     settings: Settings,
     registry: ActionRegistry,
     playbook: Playbook,
-    inc: Mapping[str, Any],
+    inc: Incident,
     now: datetime,
     pause_state: tuple[bool, str],
 ) -> History:
@@ -97,22 +95,20 @@ def read_node_history(
     the fault it repaired, not a new one)."""
     taken_out = [
         _repair_past(r)
-        for r in repairs.list_repairs(conn, node=inc["node"], limit=repairs.MAX_LIST)
+        for r in repairs.list_repairs(conn, node=inc.node, limit=repairs.MAX_LIST)
         if r.taken_out_by_us and r.taken_out_at is not None
     ]
     since = now - playbook.budget.window
     attempts = sorted((a for a in taken_out if a.started_at >= since), key=lambda a: a.started_at)
     returned = [a for a in taken_out if a.outcome in (RepairState.RETURNED, RepairState.RELEASED)]
     last = max(returned, key=lambda a: a.started_at, default=None)
-    ahead = (
-        records.earlier_open_on(conn, inc["serialize_key"], inc["id"]) if inc.get("serialize_key") else None
-    )
+    ahead = records.earlier_open_on(conn, inc.serialize_key, inc.id) if inc.serialize_key else None
     paused, reason = pause_state
     return History(
         attempts=tuple(attempts),
         last_recovery=last,
         taken_out=taken_out_nodes(conn, settings, registry, now),
-        ahead=f"incident #{ahead['id']} ({ahead['playbook']}, {ahead['state']})" if ahead else None,
+        ahead=f"incident #{ahead.id} ({ahead.playbook}, {ahead.state})" if ahead else None,
         paused=paused,
         pause_reason=reason,
     )

@@ -24,6 +24,7 @@ from app.errors import ParamError
 from app.playbooks import Playbook
 from app.states import NOT_ACTED, IncidentKind, IncidentOutcome, LedgerKind, State
 from app.store import records, repairs
+from app.store.rows import Incident
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
 MAX_UNMATCHED_NOTICES = 5
@@ -215,12 +216,12 @@ def _join(
     named = None
     if episode.culprit:
         named = episodes.add_culprit(
-            incident["culprits"], episode.culprit, name, _culprit_reason(alert), playbook.name
+            incident.culprits, episode.culprit, name, _culprit_reason(alert), playbook.name
         )
         if named is not None:
             notes.append(f"culprit {episode.culprit}")
     leading = None
-    if episode.kind == IncidentKind.JOB and not incident["acted"] and _leads(deps, playbook, incident):
+    if episode.kind == IncidentKind.JOB and not incident.acted and _leads(deps, playbook, incident):
         leading = _leading(playbook, target, alert)
         notes.append(f"playbook {playbook.name} now plans the recovery")
     message = (
@@ -230,11 +231,11 @@ def _join(
     )
     data = {**facts, "playbook": playbook.name, "node": target.node}
     # A known culprit ends the correlation wait of an incident that has not acted.
-    act_now = named is not None and not incident["acted"]
+    act_now = named is not None and not incident.acted
     if transitions.attach(
         conn, now, incident, row["id"], message, data, culprits=named, act_now=act_now, leading=leading
     ):
-        result.attached.append(incident["id"])
+        result.attached.append(incident.id)
 
 
 def _incident_values(
@@ -284,8 +285,8 @@ def _leading(playbook: Playbook, target: Target, alert: Alert) -> transitions.Le
     )
 
 
-def _leads(deps: EngineDeps, playbook: Playbook, incident: records.Row) -> bool:
-    current = deps.playbooks.get(incident["playbook"])
+def _leads(deps: EngineDeps, playbook: Playbook, incident: Incident) -> bool:
+    current = deps.playbooks.get(incident.playbook)
     if current is None or current.name == playbook.name:
         return current is None
     return episodes.leading_playbook((current, playbook)) is playbook
@@ -302,29 +303,25 @@ def _resolve(
     deps: EngineDeps, conn: Connection, alert_row: records.Row, name: str, now: datetime, result: IngestResult
 ) -> None:
     for incident in records.incidents_for_alert(conn, alert_row["id"]):
-        if records.firing_alert_count(conn, incident["id"]) > 0:
+        if records.firing_alert_count(conn, incident.id) > 0:
             continue  # other alerts of this incident still fire
-        if incident["open_key"] is None:
-            if (
-                incident["acted"]
-                and incident["on_resolved_state"] is None
-                and _has_on_resolved(deps, incident)
-            ):
+        if incident.open_key is None:
+            if incident.acted and incident.on_resolved_state is None and _has_on_resolved(deps, incident):
                 transitions.schedule_undo(conn, now, incident, f"{name} resolved: undo steps scheduled")
             continue
         if fleet_hold.is_held(incident):
             # A job held by a shared cause died: its recovery is released (the hold sees the cause clear).
             transitions.fleet_released(conn, now, incident)
             continue
-        if incident["state"] in NOT_ACTED and not incident["acted"] and incident["claimed_by"] is None:
-            outcome = IncidentOutcome.BLOCKED if incident["held_by_guard"] else IncidentOutcome.RESOLVED
+        if incident.state in NOT_ACTED and not incident.acted and incident.claimed_by is None:
+            outcome = IncidentOutcome.BLOCKED if incident.held_by_guard else IncidentOutcome.RESOLVED
             transitions.resolved_before_acting(
                 conn, now, incident, outcome, f"{name} resolved before any action"
             )
-            result.closed.append(incident["id"])
+            result.closed.append(incident.id)
         else:
             transitions.alert_resolved(
-                conn, now, incident, f"{name} resolved while the incident is {incident['state']}"
+                conn, now, incident, f"{name} resolved while the incident is {incident.state}"
             )
 
 
@@ -334,15 +331,15 @@ def _resolves_workloads(playbook: Playbook) -> bool:
     return scheduler is not None and scheduler.resolves_workloads
 
 
-def _has_on_resolved(deps: EngineDeps, incident: records.Row) -> bool:
-    playbook = deps.playbooks.get(incident["playbook"])
+def _has_on_resolved(deps: EngineDeps, incident: Incident) -> bool:
+    playbook = deps.playbooks.get(incident.playbook)
     return bool(playbook and playbook.on_resolved)
 
 
 def _had_incident(conn: Connection, alert_id: int, playbook: str, episode: episodes.Episode) -> bool:
     for incident in records.incidents_for_alert(conn, alert_id):
-        if episode.kind != IncidentKind.TARGET and incident["kind"] == episode.kind:
+        if episode.kind != IncidentKind.TARGET and incident.kind == episode.kind:
             return True
-        if incident["playbook"] == playbook:
+        if incident.playbook == playbook:
             return True
     return False

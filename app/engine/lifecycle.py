@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -55,12 +56,10 @@ from app.states import (
 )
 from app.store import records
 from app.store.claims import INCIDENTS
-from app.store.rows import StepRow
+from app.store.rows import Incident, StepRow
 from app.templates import render_promql
 
 log = logging.getLogger(__name__)
-
-Incident = dict[str, Any]
 
 
 class Lifecycle:
@@ -85,8 +84,8 @@ class Lifecycle:
         deps = self.deps
         now = deps.clock.now()
         with deps.store.transaction() as conn:
-            inc = records.get_incident(conn, claimed["id"])
-            if inc is None or inc["open_key"] is None:
+            inc = records.get_incident(conn, claimed.id)
+            if inc is None or inc.open_key is None:
                 return None
             closed = transitions.tick_failed(conn, now, inc, repr(exc), deps.settings.worker.max_tick_errors)
         if closed:
@@ -95,42 +94,44 @@ class Lifecycle:
         return now + timedelta(seconds=deps.settings.guards.defer_seconds)
 
     def _advance(self, inc: Incident) -> datetime | None:
-        if inc["open_key"] is None:
+        if inc.open_key is None:
             return self._closed_tick(inc)
-        playbook = self.deps.playbooks.get(inc["playbook"])
+        playbook = self.deps.playbooks.get(inc.playbook)
         if playbook is None:
             return self._close(
-                inc, IncidentOutcome.NEEDS_HUMAN, f"playbook {inc['playbook']!r} is no longer loaded"
+                inc, IncidentOutcome.NEEDS_HUMAN, f"playbook {inc.playbook!r} is no longer loaded"
             )
-        if self._recover_in_flight(inc):
-            return self._close(inc, IncidentOutcome.NEEDS_HUMAN, inc["reason"])
+        ambiguous = self._recover_in_flight(inc)
+        if ambiguous is not None:
+            return self._close(inc, IncidentOutcome.NEEDS_HUMAN, ambiguous)
         if self._resolved_before_acting(inc):
-            outcome = IncidentOutcome.BLOCKED if inc["held_by_guard"] else IncidentOutcome.RESOLVED
+            outcome = IncidentOutcome.BLOCKED if inc.held_by_guard else IncidentOutcome.RESOLVED
             return self._close(inc, outcome, "its alerts resolved while a worker held it, before any action")
-        self.effects.open_annotation(inc)
-        if inc["kind"] == IncidentKind.NODE and inc["state"] in (State.OPEN, State.DIAGNOSING, State.WAITING):
+        inc = self.effects.open_annotation(inc)
+        if inc.kind == IncidentKind.NODE and inc.state in (State.OPEN, State.DIAGNOSING, State.WAITING):
             held_until = self.fleet.hold_node(inc)
             if held_until is not None:
                 return held_until
-            if inc["state"] == State.WAITING and inc["diagnosis"] is None:
-                inc["state"] = State.OPEN  # released from behind a failing domain before it was diagnosed
-        decision, _ = decide_with(self.deps, self.source, inc, playbook)
+            if inc.state == State.WAITING and inc.diagnosis is None:
+                # Released from behind a failing domain before it was diagnosed: decided as a new one.
+                inc = replace(inc, state=State.OPEN)
+        decision, _, inc = decide_with(self.deps, self.source, inc, playbook)
         return self._apply(inc, playbook, decision)
 
     def _resolved_before_acting(self, inc: Incident) -> bool:
         """Whether every alert resolved while a worker held the incident, before it acted (ingestion closes an
         unheld one itself; a held one it pokes). A job held by a shared cause is released then, not closed."""
-        if not inc["alert_resolved"] or inc["acted"] or inc["state"] not in NOT_ACTED or is_held(inc):
+        if not inc.alert_resolved or inc.acted or inc.state not in NOT_ACTED or is_held(inc):
             return False
         with self.deps.store.read() as conn:
-            return records.firing_alert_count(conn, inc["id"]) == 0
+            return records.firing_alert_count(conn, inc.id) == 0
 
     def _closed_tick(self, inc: Incident) -> datetime | None:
-        if inc["on_resolved_state"] == UndoState.PENDING:
-            wait = self._run_on_resolved(inc)
+        if inc.on_resolved_state == UndoState.PENDING:
+            wait, inc = self._run_on_resolved(inc)
             if wait is not None:
                 return wait
-        if inc["finalize_pending"]:
+        if inc.finalize_pending:
             return self.effects.finalize(inc)
         return None
 
@@ -158,23 +159,23 @@ class Lifecycle:
         if wait.elsewhere:
             return wait.until
         if wait.correlating:
-            if not inc["reason"]:
+            if not inc.reason:
                 self._transition(lambda conn, now: transitions.correlating(conn, now, inc, wait.reason))
             return wait.until
-        if inc["state"] == State.REPAIRING:  # polling the repair: nothing to write
+        if inc.state == State.REPAIRING:  # polling the repair: nothing to write
             return wait.until
 
-        def hold(conn: Connection, now: datetime) -> None:
-            transitions.learned(conn, now, inc, wait.learned)
-            transitions.hold(conn, now, inc, wait.reason, held_by_guard=wait.guard is not None)
+        def hold(conn: Connection, now: datetime) -> Incident:
+            learned = transitions.learned(conn, now, inc, wait.learned)
+            return transitions.hold(conn, now, learned, wait.reason, held_by_guard=wait.guard is not None)
 
-        self._transition(hold)
+        inc = self._transition(hold)
         if wait.guard is not None and wait.guard.guard == Guard.BLAST_RADIUS:
             self.effects.storm(inc, wait.reason)
         return wait.until
 
     def _decided_close(self, inc: Incident, close: policy.Close) -> datetime | None:
-        self._transition(lambda conn, now: transitions.learned(conn, now, inc, close.learned))
+        inc = self._transition(lambda conn, now: transitions.learned(conn, now, inc, close.learned))
         if close.advisory:
             self._run_advisory(inc, close.planned)
             # The culprits' repairs record their plans too (advisory themselves unless their steps are granted).
@@ -195,32 +196,34 @@ class Lifecycle:
         """One transaction: what was learned, the attempt, the incident acting, its planned steps, and a repair
         of each culprit."""
 
-        def begin(conn: Connection, now: datetime) -> None:
-            transitions.learned(conn, now, inc, start.learned)
-            transitions.start_attempt(conn, now, inc, start.planned, playbook=playbook.name, note=start.note)
+        def begin(conn: Connection, now: datetime) -> Incident:
+            learned = transitions.learned(conn, now, inc, start.learned)
+            acting = transitions.start_attempt(
+                conn, now, learned, start.planned, playbook=playbook.name, note=start.note
+            )
             transitions.request_repairs(
                 conn,
                 now,
-                inc,
-                _repairable(inc, start.exclude),
+                acting,
+                _repairable(acting, start.exclude),
                 playbooks=self.deps.playbooks,
             )
-            if inc["kind"] == IncidentKind.JOB:
+            if acting.kind == IncidentKind.JOB:
                 self.fleet.count_restart(conn, now)
+            return acting
 
-        self._transition(begin)
+        acting = self._transition(begin)
         self.steps.count_unrun(start.planned)
-        return self._act(inc, playbook)
+        return self._act(acting, playbook)
 
     def _hand_to_repair(self, inc: Incident, playbook: Playbook, hand: policy.HandToRepair) -> datetime:
         """A node incident: its node goes through the repair lifecycle; the incident waits for the verdict."""
 
         def request(conn: Connection, now: datetime) -> None:
-            transitions.learned(conn, now, inc, hand.learned)
             transitions.hand_to_repair(
                 conn,
                 now,
-                inc,
+                transitions.learned(conn, now, inc, hand.learned),
                 node=hand.node,
                 playbook=playbook.name,
                 reason=hand.reason,
@@ -245,7 +248,7 @@ class Lifecycle:
 
     def _act(self, inc: Incident, playbook: Playbook) -> datetime | None:
         deps = self.deps
-        for step in self.steps.rows(inc, attempt=inc["attempt"], phase="steps"):
+        for step in self.steps.rows(inc, attempt=inc.attempt, phase="steps"):
             if step.status in DONE_STEP_STATUSES:
                 continue
             if step.status not in (StepStatus.PENDING, StepStatus.RETRY, StepStatus.AWAITING_APPROVAL):
@@ -299,12 +302,12 @@ class Lifecycle:
         assert playbook.verify is not None
         verify = playbook.verify
         now = self.deps.clock.now()
-        if inc["kind"] == IncidentKind.JOB:
-            waiting = self._job_waiting(inc, verify.timeout)
+        if inc.kind == IncidentKind.JOB:
+            waiting, inc = self._job_waiting(inc, verify.timeout)
             if waiting is not None:
                 return waiting
         # Only samples after the recovery action (or the job running again) count, whatever the query's window.
-        since = now - (inc["verify_from"] or now)
+        since = now - (inc.verify_from or now)
         context = template_context(inc, self.deps.settings.external_url)
         expr = clamp_ranges(render_promql(verify.promql, context), since)
         try:
@@ -322,21 +325,23 @@ class Lifecycle:
             return self._close(
                 inc, IncidentOutcome.RECOVERED, f"verified: {expr} returned {len(samples)} series"
             )
-        if now >= inc["verify_deadline"]:
+        assert inc.verify_deadline is not None, "a verifying incident has its deadline"
+        if now >= inc.verify_deadline:
             return self._attempt_failed(inc, f"verification timed out: {expr} returned nothing")
         return now + verify.interval
 
-    def _job_waiting(self, inc: Incident, timeout: timedelta) -> datetime | None:
+    def _job_waiting(self, inc: Incident, timeout: timedelta) -> tuple[datetime | None, Incident]:
         """A requeued job waiting in the queue is not a failed attempt: hold the verification (its deadline and
-        its first sample) until the scheduler reports it running. Returns when to look again while it waits."""
+        its first sample) until the scheduler reports it running. Returns when to look again while it waits, and
+        the row as it is now."""
         try:
-            status = job_status(self.deps, inc["target"])
+            status = job_status(self.deps, inc.target)
         except (BackendError, ConfigError) as exc:
-            self._note(inc, LedgerKind.JOB_STATUS_ERROR, f"cannot read job {inc['job']}'s state: {exc}")
-            return None
+            self._note(inc, LedgerKind.JOB_STATUS_ERROR, f"cannot read job {inc.job}'s state: {exc}")
+            return None, inc
         if status.phase == JobPhase.WAITING:
-            if inc["state"] != State.WAITING_FOR_RESOURCES:
-                message = f"job {inc['job']} is {status.state}: waiting for resources; verification starts when it runs"
+            if inc.state != State.WAITING_FOR_RESOURCES:
+                message = f"job {inc.job} is {status.state}: waiting for resources; verification starts when it runs"
                 self._transition(
                     lambda conn, now: transitions.wait(
                         conn,
@@ -347,53 +352,58 @@ class Lifecycle:
                         kind=LedgerKind.WAITING_FOR_RESOURCES,
                     )
                 )
-            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
-        if inc["state"] == State.WAITING_FOR_RESOURCES:
+            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds), inc
+        if inc.state == State.WAITING_FOR_RESOURCES:
             message = (
-                f"job {inc['job']} is {status.state} on {', '.join(status.nodes) or '?'}: verifying from now"
+                f"job {inc.job} is {status.state} on {', '.join(status.nodes) or '?'}: verifying from now"
             )
-            self._transition(lambda conn, now: transitions.verify(conn, now, inc, now + timeout, message))
-        return None
+            inc = self._transition(
+                lambda conn, now: transitions.verify(conn, now, inc, now + timeout, message)
+            )
+        return None, inc
 
     def _attempt_failed(self, inc: Incident, reason: str) -> datetime | None:
-        if inc["alert_resolved"]:
+        if inc.alert_resolved:
             return self._close(inc, IncidentOutcome.FAILED, reason)
         # The guard chain decides what comes next: backoff, another attempt, or needs_human when the budget is spent.
         self._transition(lambda conn, now: transitions.attempt_failed(conn, now, inc, reason))
         return self.deps.clock.now()
 
-    def _run_on_resolved(self, inc: Incident) -> datetime | None:
-        playbook = self.deps.playbooks.get(inc["playbook"])
+    def _run_on_resolved(self, inc: Incident) -> tuple[datetime | None, Incident]:
+        """The undo steps of a closed incident, once automation is not paused: when to look again (None: now
+        done), and the row as it is now."""
+        playbook = self.deps.playbooks.get(inc.playbook)
         with self.deps.store.read() as conn:
             paused, _ = self.deps.pause_state(conn)
         if paused:
             self._note(inc, LedgerKind.GUARD, "kill_switch: wait: undo steps held while automation is paused")
-            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
+            return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds), inc
         if playbook is not None:
             for step in self.steps.materialise(
-                inc, playbook.on_resolved, attempt=inc["attempt"], phase="on_resolved"
+                inc, playbook.on_resolved, attempt=inc.attempt, phase="on_resolved"
             ):
                 if step.status == StepStatus.PENDING:
                     self.steps.execute(inc, step)
-        self._transition(lambda conn, now: transitions.undo_done(conn, now, inc))
-        return None
+        return None, self._transition(lambda conn, now: transitions.undo_done(conn, now, inc))
 
-    def _recover_in_flight(self, inc: Incident) -> bool:
+    def _recover_in_flight(self, inc: Incident) -> str | None:
         """Steps left ``running`` by a dead worker: read-only ones run again, the others are ambiguous (one
-        transaction). True when the incident goes to a person."""
+        transaction). Why the incident goes to a person (None: nothing ambiguous)."""
         with self.deps.store.read() as conn:  # nearly always none: spare the write lock
-            if not any(s.status == StepStatus.RUNNING for s in records.get_steps(conn, inc["id"])):
-                return False
+            if not any(s.status == StepStatus.RUNNING for s in records.get_steps(conn, inc.id)):
+                return None
         read_only = [action.name for action in self.deps.registry if action.read_only]
-        reason = self._transition(lambda conn, now: transitions.recover_in_flight(conn, now, inc, read_only))
-        return reason is not None
+        reason: str | None = self._transition(
+            lambda conn, now: transitions.recover_in_flight(conn, now, inc, read_only)
+        )
+        return reason
 
     # --- closing and bookkeeping ------------------------------------------------------------------------------
 
     def _close(self, inc: Incident, outcome: IncidentOutcome, reason: str) -> datetime | None:
-        self._transition(lambda conn, now: transitions.close(conn, now, inc, outcome, reason))
+        closed = self._transition(lambda conn, now: transitions.close(conn, now, inc, outcome, reason))
         self.deps.metrics.incidents.labels(outcome).inc()
-        return self.effects.finalize(inc)
+        return self.effects.finalize(closed)
 
     def _transition(self, change: Any) -> Any:
         """Run ``change(conn, now)`` in one transaction; returns what it returns."""
@@ -403,7 +413,7 @@ class Lifecycle:
     def _note(
         self, inc: Incident, kind: LedgerKind, message: str, data: Mapping[str, Any] | None = None
     ) -> None:
-        self._transition(lambda conn, now: transitions.note(conn, now, inc["id"], kind, message, data))
+        self._transition(lambda conn, now: transitions.note(conn, now, inc.id, kind, message, data))
 
 
 def _sample(sample: Any) -> dict[str, Any]:
@@ -413,5 +423,5 @@ def _sample(sample: Any) -> dict[str, Any]:
 def _repairable(inc: Incident, excluded: Sequence[str]) -> Sequence[str]:
     """The excluded nodes to hand to repair: all of them when they are the job's culprits; none when the exclusion
     is a leaf's, a rack's or a block's nodes (the domain is at fault, not its nodes: app/engine/fleet_hold.py)."""
-    culprits = {c["node"] for c in inc["culprits"] or ()}
+    culprits = {c["node"] for c in inc.culprits or ()}
     return excluded if set(excluded) <= culprits else ()

@@ -44,7 +44,7 @@ from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
 from app.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
 from app.store.claims import REPAIRS
-from app.store.rows import Repair
+from app.store.rows import Incident, Repair
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,10 @@ def default_steps(scheduler: str) -> dict[str, Step]:
     }
 
 
-def plan_repair(deps: EngineDeps, repair: Repair, incident: Mapping[str, Any]) -> dict[str, PlannedStep]:
+def plan_repair(deps: EngineDeps, repair: Repair, incident: Incident | None) -> dict[str, PlannedStep]:
     """Every step of a repair of ``repair.node``, rendered, validated and checked against the grants, by step
-    marker; ``incident`` is the one that asked for it (its labels and diagnosis fill the templates). Used by the
+    marker; ``incident`` is the one that asked for it (its labels and diagnosis fill the templates; None: no
+    incident asked, or it is gone). Used by the
     repair worker and by ``nightshift explain``."""
     scheduler = repair.scheduler
     defaults = default_steps(scheduler)
@@ -84,8 +85,8 @@ def plan_repair(deps: EngineDeps, repair: Repair, incident: Mapping[str, Any]) -
         VALIDATE: validate,
         RETURN: defaults[RETURN],
     }
-    labels = incident.get("labels") or {}
-    diagnosis = incident.get("diagnosis") or {}
+    labels = incident.labels if incident is not None else {}
+    diagnosis = (incident.diagnosis if incident is not None else None) or {}
     node = {
         "name": repair.node,
         "repair_id": str(repair.id),
@@ -373,10 +374,10 @@ class NodeRepairs:
 
     def _plan(self, repair: Repair) -> dict[str, PlannedStep]:
         """Every step of the repair, rendered, validated and checked against the grants, by step marker."""
-        incident: Mapping[str, Any] = {}
+        incident = None
         if repair.incident_id is not None:
             with self.deps.store.read() as conn:
-                incident = records.get_incident(conn, repair.incident_id) or {}
+                incident = records.get_incident(conn, repair.incident_id)
         return plan_repair(self.deps, repair, incident)
 
     def _execute(self, repair: Repair, planned: PlannedStep) -> Outcome:

@@ -22,11 +22,9 @@ from app.playbooks import Step
 from app.states import LedgerKind
 from app.store import records
 from app.store.claims import INCIDENTS
-from app.store.rows import StepRow
+from app.store.rows import Incident, StepRow
 
 log = logging.getLogger(__name__)
-
-Incident = dict[str, Any]
 
 
 class StepRunner:
@@ -40,8 +38,8 @@ class StepRunner:
             registry=self.deps.registry,
             permissions=self.deps.permissions,
             template_context=template_context(inc, self.deps.settings.external_url),
-            when=when_context(inc["labels"], inc["diagnosis"], attempt, ""),
-            target=inc["target"],
+            when=when_context(inc.labels, inc.diagnosis, attempt, ""),
+            target=inc.target,
         )
 
     def materialise(self, inc: Incident, steps: Sequence[Step], attempt: int, phase: str) -> list[StepRow]:
@@ -65,7 +63,7 @@ class StepRunner:
 
     def rows(self, inc: Incident, attempt: int, phase: str) -> list[StepRow]:
         with self.deps.store.read() as conn:
-            return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
+            return records.get_steps(conn, inc.id, attempt=attempt, phase=phase)
 
     def execute(self, inc: Incident, step: StepRow) -> Outcome:
         """Run one step: marked ``running`` durably first, then the action, then its outcome and output."""
@@ -76,8 +74,8 @@ class StepRunner:
             deps,
             deps.registry.get(step.action),
             step.params,
-            action_context(deps, inc["id"], labels=inc["labels"]),
-            Claim(INCIDENTS, inc["id"], inc["claimed_by"]),
+            action_context(deps, inc.id, labels=inc.labels),
+            Claim(INCIDENTS, inc.id, inc.claimed_by or ""),  # claimed: the worker's name
         )
         with deps.store.transaction() as conn:
             transitions.finish_step(
@@ -93,7 +91,7 @@ class StepRunner:
                 reason=getattr(outcome, "reason", ""),
                 duration=duration,
             )
-            job = schedulers.job_identity(inc["target"])
+            job = schedulers.job_identity(inc.target)
             changed = outcome.data if isinstance(outcome, Ok) else {}
             if job is not None and ("added" in changed or "dropped" in changed):
                 # What the recovery added to the job's exclusion list (ours from now on) or dropped of ours.

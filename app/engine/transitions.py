@@ -6,14 +6,15 @@ killed at any point leaves either the state before the transition or the state a
 worker, ingestion and the operator controls all close an incident through :func:`close`.
 
 The set is closed: there is no generic "update these columns". A change the lifecycle needs is a named transition
-here, so every write to incidents, their steps and their ledger can be read in one file. The in-memory incident row
-passed in is updated with what was written, so a tick can go on with it.
+here, so every write to incidents, their steps and their ledger can be read in one file. A transition that changes
+the incident returns its row as written (a new frozen :class:`~app.store.rows.Incident`; the one passed in is left as
+it was): a tick goes on with the returned row.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -34,9 +35,7 @@ from app.states import (
     UndoState,
 )
 from app.store import records, repairs
-from app.store.rows import StepRow
-
-Incident = dict[str, Any]
+from app.store.rows import Incident, StepRow
 
 # The ledger row of a planned step that will not run, by its status.
 UNRUN_STEP = {
@@ -62,14 +61,15 @@ def _write(
     inc: Incident,
     ledger: tuple[LedgerKind, str, Mapping[str, Any] | None] | None = None,
     **values: Any,
-) -> None:
-    """The incident's columns and its ledger row (kind, message, data): what every transition here writes with."""
+) -> Incident:
+    """The incident's columns and its ledger row (kind, message, data): what every transition here writes with.
+    Returns the row as written."""
     values["updated_at"] = now
-    records.update_incident(conn, inc["id"], **values)
+    records.update_incident(conn, inc.id, **values)
     if ledger is not None:
         kind, message, data = ledger
-        records.record(conn, now, kind, message, incident_id=inc["id"], data=data)
-    inc.update(values)
+        records.record(conn, now, kind, message, incident_id=inc.id, data=data)
+    return replace(inc, **values)
 
 
 def note(
@@ -93,7 +93,7 @@ def persist_plan(
         created = records.insert_step(
             conn,
             {
-                "incident_id": inc["id"],
+                "incident_id": inc.id,
                 "attempt": attempt,
                 "phase": phase,
                 "idx": p.idx,
@@ -114,7 +114,7 @@ def persist_plan(
                 now,
                 UNRUN_STEP[p.status],
                 f"{p.name}: {p.summary or p.reason}",
-                incident_id=inc["id"],
+                incident_id=inc.id,
                 data={
                     "action": p.action.name,
                     "params": dict(p.params),
@@ -124,7 +124,7 @@ def persist_plan(
                     "attempt": attempt,
                 },
             )
-    return records.get_steps(conn, inc["id"], attempt=attempt, phase=phase)
+    return records.get_steps(conn, inc.id, attempt=attempt, phase=phase)
 
 
 def start_attempt(
@@ -135,22 +135,22 @@ def start_attempt(
     *,
     playbook: str,
     note: str = "",
-) -> list[StepRow]:
+) -> Incident:
     """Attempt N+1: its attempt row, the incident acting, its ledger row and its planned steps, together."""
-    number = inc["attempt"] + 1
+    number = inc.attempt + 1
     records.insert_attempt(
         conn,
         {
-            "incident_id": inc["id"],
+            "incident_id": inc.id,
             "number": number,
             "playbook": playbook,
-            "target_key": inc["target_key"],
-            "node": inc["node"],
+            "target_key": inc.target_key,
+            "node": inc.node,
             "destructive": any(p.runs and p.destructive for p in planned),
             "started_at": now,
         },
     )
-    _write(
+    acting = _write(
         conn,
         now,
         inc,
@@ -166,7 +166,8 @@ def start_attempt(
         reason="",
         tick_errors=0,
     )
-    return persist_plan(conn, now, inc, planned, attempt=number, phase="steps")
+    persist_plan(conn, now, acting, planned, attempt=number, phase="steps")
+    return acting
 
 
 def start_step(conn: Connection, now: datetime, step: StepRow) -> None:
@@ -205,7 +206,7 @@ def finish_step(
         now,
         LedgerKind.STEP,
         f"{step.name}: {status}" + (f": {reason}" if reason else ""),
-        incident_id=inc["id"],
+        incident_id=inc.id,
         data={
             "action": step.action,
             "params": step.params,
@@ -225,7 +226,7 @@ def exclusions_changed(
     conn: Connection, now: datetime, inc: Incident, job: str, added: Sequence[str], dropped: Sequence[str]
 ) -> None:
     """A recovery step added nodes to the job's exclusion list (ours from now on) or dropped some of ours."""
-    records.note_exclusions(conn, job, added, dropped, inc["id"], now)
+    records.note_exclusions(conn, job, added, dropped, inc.id, now)
 
 
 def retry_step(conn: Connection, step: StepRow) -> None:
@@ -241,9 +242,9 @@ def wait(
     held_by_guard: bool = False,
     state: State = State.WAITING,
     kind: LedgerKind | None = None,
-) -> None:
+) -> Incident:
     """Hold the incident (a guard, a backoff, the correlation window, a job waiting for resources)."""
-    _write(
+    return _write(
         conn,
         now,
         inc,
@@ -254,9 +255,9 @@ def wait(
     )
 
 
-def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, message: str) -> None:
+def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, message: str) -> Incident:
     """Steps done: poll the verification until ``deadline``, counting only samples from now on."""
-    _write(
+    return _write(
         conn,
         now,
         inc,
@@ -267,13 +268,13 @@ def verify(conn: Connection, now: datetime, inc: Incident, deadline: datetime, m
     )
 
 
-def attempt_failed(conn: Connection, now: datetime, inc: Incident, reason: str) -> None:
+def attempt_failed(conn: Connection, now: datetime, inc: Incident, reason: str) -> Incident:
     """The attempt failed; the guard chain decides next (another attempt after backoff, or a person)."""
-    records.finish_attempt(conn, inc["id"], inc["attempt"], AttemptOutcome.FAILED, now)
+    records.finish_attempt(conn, inc.id, inc.attempt, AttemptOutcome.FAILED, now)
     records.record(
-        conn, now, LedgerKind.ATTEMPT_FAILED, reason, incident_id=inc["id"], data={"attempt": inc["attempt"]}
+        conn, now, LedgerKind.ATTEMPT_FAILED, reason, incident_id=inc.id, data={"attempt": inc.attempt}
     )
-    _write(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
+    return _write(conn, now, inc, state=State.WAITING, reason=reason, verify_deadline=None)
 
 
 def close(
@@ -283,12 +284,12 @@ def close(
     outcome: IncidentOutcome,
     reason: str,
     data: Mapping[str, Any] | None = None,
-) -> None:
+) -> Incident:
     """Close the incident: its open attempt gets an outcome, the open key is released, effects are owed."""
-    if inc["attempt"]:
+    if inc.attempt:
         attempt_outcome = _ATTEMPT_OUTCOME.get(outcome, AttemptOutcome.ABANDONED)
-        records.finish_attempt(conn, inc["id"], inc["attempt"], attempt_outcome, now)
-    _write(
+        records.finish_attempt(conn, inc.id, inc.attempt, attempt_outcome, now)
+    return _write(
         conn,
         now,
         inc,
@@ -306,9 +307,8 @@ def close(
 
 def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limit: int) -> bool:
     """A tick raised. Counts consecutive failures; at ``limit`` the incident goes to a person. True when closed."""
-    errors = (inc.get("tick_errors") or 0) + 1
+    errors = inc.tick_errors + 1
     if errors >= limit:
-        inc["tick_errors"] = errors
         close(
             conn,
             now,
@@ -332,14 +332,14 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
     return False
 
 
-def correlating(conn: Connection, now: datetime, inc: Incident, reason: str) -> None:
+def correlating(conn: Connection, now: datetime, inc: Incident, reason: str) -> Incident:
     """Inside the correlation window: the incident stays open, saying what it waits for (no ledger row)."""
-    _write(conn, now, inc, reason=reason)
+    return _write(conn, now, inc, reason=reason)
 
 
-def diagnosing(conn: Connection, now: datetime, inc: Incident) -> None:
+def diagnosing(conn: Connection, now: datetime, inc: Incident) -> Incident:
     """The collect steps and the diagnosis are under way."""
-    _write(conn, now, inc, state=State.DIAGNOSING, reason="")
+    return _write(conn, now, inc, state=State.DIAGNOSING, reason="")
 
 
 def diagnosed(
@@ -348,29 +348,29 @@ def diagnosed(
     inc: Incident,
     diagnosis: Mapping[str, Any],
     culprits: Sequence[Mapping[str, Any]] | None,
-) -> None:
+) -> Incident:
     """The diagnosis, and the culprit it names (``culprits``: the list with it added; None: unchanged)."""
     values: dict[str, Any] = {"diagnosis": dict(diagnosis)}
     if culprits is not None:
         values["culprits"] = [dict(c) for c in culprits]
     summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
-    _write(conn, now, inc, ledger=(LedgerKind.DIAGNOSIS, summary, dict(diagnosis)), **values)
+    return _write(conn, now, inc, ledger=(LedgerKind.DIAGNOSIS, summary, dict(diagnosis)), **values)
 
 
-def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> None:
+def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> Incident:
     """What the policy learned on its way to a decision, in the order it learned it: the scheduler unread, the
     culprits checked against the allocation, invalid steps, the guards' verdicts and the live re-check."""
     if facts.job_unread:
-        _write(
+        inc = _write(
             conn,
             now,
             inc,
             ledger=(LedgerKind.JOB_STATUS_UNKNOWN, facts.job_unread, None),
-            job_status_tries=inc["job_status_tries"] + 1,
+            job_status_tries=inc.job_status_tries + 1,
         )
     if facts.culprits is not None:
         confirmed = [dict(c) for c in facts.culprits]
-        _write(
+        inc = _write(
             conn,
             now,
             inc,
@@ -379,20 +379,18 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> N
             node=facts.culprit_node,
         )
     if facts.progress:
-        note(conn, now, inc["id"], LedgerKind.SELF_RECOVERY, facts.progress)
+        note(conn, now, inc.id, LedgerKind.SELF_RECOVERY, facts.progress)
     if facts.blame:
-        note(conn, now, inc["id"], LedgerKind.BLAME, facts.blame, {"nodes": list(facts.exclude)})
+        note(conn, now, inc.id, LedgerKind.BLAME, facts.blame, {"nodes": list(facts.exclude)})
     for p in facts.invalid:
-        note(
-            conn, now, inc["id"], LedgerKind.STEP_INVALID, f"{p.name}: {p.reason}", {"action": p.action.name}
-        )
+        note(conn, now, inc.id, LedgerKind.STEP_INVALID, f"{p.name}: {p.reason}", {"action": p.action.name})
     for verdict in facts.verdicts:
         check = facts.recheck
         if verdict.guard == Guard.RECHECK and check is not None and check.error is None:
             note(
                 conn,
                 now,
-                inc["id"],
+                inc.id,
                 LedgerKind.RECHECK,
                 f"{len(check.samples)} series for {check.expr}",
                 {"expr": check.expr, "samples": [dict(s) for s in check.samples[:20]]},
@@ -400,16 +398,17 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> N
         note(
             conn,
             now,
-            inc["id"],
+            inc.id,
             LedgerKind.GUARD,
             f"{verdict.guard}: {verdict.decision}: {verdict.reason}",
             verdict.as_dict(),
         )
+    return inc
 
 
-def hold(conn: Connection, now: datetime, inc: Incident, reason: str, *, held_by_guard: bool) -> None:
+def hold(conn: Connection, now: datetime, inc: Incident, reason: str, *, held_by_guard: bool) -> Incident:
     """Hold the incident until it is decided again: a guard's wait, or the scheduler asked again later."""
-    wait(conn, now, inc, reason, held_by_guard=held_by_guard)
+    return wait(conn, now, inc, reason, held_by_guard=held_by_guard)
 
 
 def hand_to_repair(
@@ -420,15 +419,15 @@ def hand_to_repair(
     node: str,
     playbook: str,
     reason: str,
-) -> int:
-    """A node incident's node goes to the repair lifecycle; the incident waits for its verdict. Returns the
-    repair's id."""
+) -> Incident:
+    """A node incident's node goes to the repair lifecycle; the incident waits for its verdict (its culprit names
+    the repair)."""
     repair_id = repairs.request_repair(
         conn,
         node=node,
-        scheduler=schedulers.of_incident(inc["target"]).name,
+        scheduler=schedulers.of_incident(inc.target).name,
         playbook=playbook,
-        incident_id=inc["id"],
+        incident_id=inc.id,
         reason=reason[:500],
         now=now,
     )
@@ -439,16 +438,14 @@ def hand_to_repair(
         "confirmed": True,
         "repair_id": repair_id,
     }
-    _write(conn, now, inc, culprits=[culprit])
-    wait(
+    return wait(
         conn,
         now,
-        inc,
+        _write(conn, now, inc, culprits=[culprit]),
         f"node {node} handed to repair #{repair_id}",
         state=State.REPAIRING,
         kind=LedgerKind.REPAIR_REQUESTED,
     )
-    return repair_id
 
 
 def request_repairs(
@@ -462,20 +459,20 @@ def request_repairs(
     """Hand each culprit node of a job incident to the node repair lifecycle, except a culprit its playbook only
     excludes (a straggler) until its ``exclude_node.repair_after``-th exclusion (``culprit_excluded_only``)."""
     for node in nodes:
-        named = next((c for c in inc["culprits"] or () if c["node"] == node), None)
+        named = next((c for c in inc.culprits or () if c["node"] == node), None)
         named_by = named.get("playbook") if named else None
         playbook = playbooks.get(named_by) if named_by else None
         if playbook is not None and playbook.exclude_node is not None:
             rule = playbook.exclude_node
             excluders = [p.name for p in playbooks.playbooks if p.exclude_node is not None]
-            earlier = records.exclusions_of(conn, node, excluders, now - rule.window, other_than=inc["id"])
+            earlier = records.exclusions_of(conn, node, excluders, now - rule.window, other_than=inc.id)
             if not episodes.repair_due(playbook, earlier):
                 note(
                     conn,
                     now,
-                    inc["id"],
+                    inc.id,
                     LedgerKind.CULPRIT_EXCLUDED_ONLY,
-                    f"{node} excluded from job {inc['job']} without a repair ({earlier + 1} of "
+                    f"{node} excluded from job {inc.job} without a repair ({earlier + 1} of "
                     f"{rule.repair_after} exclusions within {rule.window})",
                     {"node": node, "exclusions": earlier + 1, "repair_after": rule.repair_after},
                 )
@@ -484,18 +481,18 @@ def request_repairs(
         repairs.request_repair(
             conn,
             node=node,
-            scheduler=schedulers.of_incident(inc["target"]).name,
+            scheduler=schedulers.of_incident(inc.target).name,
             playbook=named_by,
-            incident_id=inc["id"],
-            reason=f"culprit of job {inc['job']}: {why}"[:500],
+            incident_id=inc.id,
+            reason=f"culprit of job {inc.job}: {why}"[:500],
             now=now,
         )
 
 
-def await_approval(conn: Connection, now: datetime, inc: Incident, step: StepRow, reason: str) -> None:
+def await_approval(conn: Connection, now: datetime, inc: Incident, step: StepRow, reason: str) -> Incident:
     """Hold the attempt before a step marked ``approval: required`` until an operator approves it."""
     records.update_step(conn, step.id, status=StepStatus.AWAITING_APPROVAL)
-    _write(
+    return _write(
         conn,
         now,
         inc,
@@ -518,16 +515,16 @@ def approve_step(conn: Connection, now: datetime, incident_id: int, step: StepRo
     )
 
 
-def undo_done(conn: Connection, now: datetime, inc: Incident) -> None:
+def undo_done(conn: Connection, now: datetime, inc: Incident) -> Incident:
     """The closed incident's ``on_resolved`` steps have run."""
-    _write(conn, now, inc, on_resolved_state=UndoState.DONE)
+    return _write(conn, now, inc, on_resolved_state=UndoState.DONE)
 
 
 def recover_in_flight(conn: Connection, now: datetime, inc: Incident, read_only: Sequence[str]) -> str | None:
     """Steps left ``running`` by a dead worker: those of the ``read_only`` actions run again, the others are
     ambiguous and never re-run. Returns why the incident goes to a person (None: nothing ambiguous)."""
     ambiguous = []
-    for step in records.get_steps(conn, inc["id"]):
+    for step in records.get_steps(conn, inc.id):
         if step.status != StepStatus.RUNNING:
             continue
         if step.action in read_only:
@@ -543,49 +540,48 @@ def recover_in_flight(conn: Connection, now: datetime, inc: Incident, read_only:
     if not ambiguous:
         return None
     reason = f"step {ambiguous[0]} was in flight when its worker stopped: outcome unknown, not re-run"
-    note(conn, now, inc["id"], LedgerKind.STEP_AMBIGUOUS, reason, {"steps": ambiguous})
-    inc["reason"] = reason
+    note(conn, now, inc.id, LedgerKind.STEP_AMBIGUOUS, reason, {"steps": ambiguous})
     return reason
 
 
 def annotation_opened(
     conn: Connection, now: datetime, inc: Incident, annotation_id: int, tags: Sequence[str]
-) -> None:
+) -> Incident:
     """The incident's Grafana region exists."""
-    records.update_incident(conn, inc["id"], annotation_id=annotation_id)
+    records.update_incident(conn, inc.id, annotation_id=annotation_id)
     note(
         conn,
         now,
-        inc["id"],
+        inc.id,
         LedgerKind.ANNOTATION,
         f"Grafana annotation {annotation_id} opened",
         {"annotation_id": annotation_id, "tags": list(tags)},
     )
-    inc["annotation_id"] = annotation_id
+    return replace(inc, annotation_id=annotation_id)
 
 
-def finalized(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> None:
+def finalized(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> Incident:
     """The closed incident owes no more effects (annotation closed, outcome told, or tries spent); ``delivered``:
     the channels that delivered its outcome notice."""
-    _write(conn, now, inc, finalize_pending=False, delivered=sorted(delivered))
+    return _write(conn, now, inc, finalize_pending=False, delivered=sorted(delivered))
 
 
-def finalize_retried(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> None:
+def finalize_retried(conn: Connection, now: datetime, inc: Incident, delivered: Collection[str]) -> Incident:
     """The annotation or the outcome notice failed: one more try later, counted (``finalize_tries``); the channels
     that delivered the notice are kept, so the next try sends only to the others."""
-    _write(
+    return _write(
         conn,
         now,
         inc,
         ledger=(LedgerKind.FINALIZE_RETRY, "annotation or notification failed; will retry", None),
-        finalize_tries=inc["finalize_tries"] + 1,
+        finalize_tries=inc.finalize_tries + 1,
         delivered=sorted(delivered),
     )
 
 
-def fleet_released(conn: Connection, now: datetime, inc: Incident) -> None:
+def fleet_released(conn: Connection, now: datetime, inc: Incident) -> Incident:
     """A job held by a shared cause died (its alerts resolved): its recovery is released, looked at now."""
-    _write(conn, now, inc, alert_resolved=True, next_run_at=now, poked=True)
+    return _write(conn, now, inc, alert_resolved=True, next_run_at=now, poked=True)
 
 
 def open_incident(
@@ -645,7 +641,7 @@ def attach(
     """An alert joins an open incident, with what it changes: ``culprits`` (a culprit named), ``act_now`` (a known
     culprit ends the correlation wait), ``leading`` (a higher-priority playbook plans the recovery). False when it
     was attached already and changes nothing (no ledger row)."""
-    linked = records.link_alert(conn, inc["id"], alert_id)
+    linked = records.link_alert(conn, inc.id, alert_id)
     changes: dict[str, Any] = {**(leading.columns() if leading is not None else {})}
     if culprits is not None:
         changes["culprits"] = [dict(c) for c in culprits]
@@ -657,23 +653,22 @@ def attach(
         _write(conn, now, inc, **changes)
     if not (linked or changes):
         return False
-    note(conn, now, inc["id"], LedgerKind.ALERT_ATTACHED, message, data)
+    note(conn, now, inc.id, LedgerKind.ALERT_ATTACHED, message, data)
     return True
 
 
 def resolved_before_acting(
     conn: Connection, now: datetime, inc: Incident, outcome: IncidentOutcome, reason: str
-) -> None:
+) -> Incident:
     """Every alert of an incident that has done nothing resolved: it closes (``blocked`` when a guard held it)."""
-    inc["alert_resolved"] = True
-    records.update_incident(conn, inc["id"], alert_resolved=True)
-    close(conn, now, inc, outcome, reason)
+    records.update_incident(conn, inc.id, alert_resolved=True)
+    return close(conn, now, replace(inc, alert_resolved=True), outcome, reason)
 
 
-def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
+def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> Incident:
     """Every alert resolved while the incident acts (its verification finishes; a failed attempt is not retried),
     or while a worker holds it before acting (it closes at the worker's next look, which is now: poked)."""
-    _write(
+    return _write(
         conn,
         now,
         inc,
@@ -684,9 +679,9 @@ def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str)
     )
 
 
-def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) -> None:
+def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) -> Incident:
     """A closed incident that acted: its alert resolved, so its ``on_resolved`` steps are owed."""
-    _write(
+    return _write(
         conn,
         now,
         inc,
@@ -730,9 +725,7 @@ def annotation_closed(
     conn: Connection, now: datetime, inc: Incident, message: str, tags: Sequence[str]
 ) -> None:
     """The closed incident's Grafana region is closed (or created closed)."""
-    records.record(
-        conn, now, LedgerKind.ANNOTATION, message, incident_id=inc["id"], data={"tags": list(tags)}
-    )
+    records.record(conn, now, LedgerKind.ANNOTATION, message, incident_id=inc.id, data={"tags": list(tags)})
 
 
 def paused(conn: Connection, now: datetime, value: Mapping[str, Any]) -> None:
@@ -779,7 +772,7 @@ def fleet_opened(
 ) -> None:
     """A shared cause of failing jobs (app/engine/fleet_hold.py; its record written by the caller): its
     ``fleet_incident`` row, on the incident that opened it."""
-    records.record(conn, now, LedgerKind.FLEET_INCIDENT, message, incident_id=inc["id"], data=dict(record))
+    records.record(conn, now, LedgerKind.FLEET_INCIDENT, message, incident_id=inc.id, data=dict(record))
 
 
 def fleet_cleared(
@@ -796,4 +789,4 @@ def fleet_probe_failed(conn: Connection, now: datetime, inc: Incident, reason: s
     """The probe job failed again: its attempt ends now (not at its verification's timeout) and it is looked at
     now, to be held again."""
     attempt_failed(conn, now, inc, reason)
-    records.wake_incident(conn, inc["id"], now)
+    records.wake_incident(conn, inc.id, now)

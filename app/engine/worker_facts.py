@@ -19,8 +19,7 @@ from app.outcome import Ok
 from app.playbooks import Playbook
 from app.states import IncidentKind, StepStatus
 from app.store import repairs
-
-Incident = dict[str, Any]
+from app.store.rows import Incident
 
 
 class WorkerSource:
@@ -31,25 +30,24 @@ class WorkerSource:
         self.steps = steps
         self.fleet_holds = fleet
 
-    def diagnosis(self, inc: Incident, playbook: Playbook) -> None:
+    def diagnosis(self, inc: Incident, playbook: Playbook) -> Incident:
         deps = self.deps
         with deps.store.transaction() as conn:
-            transitions.diagnosing(conn, deps.clock.now(), inc)
+            inc = transitions.diagnosing(conn, deps.clock.now(), inc)
         adopted = self.fleet_holds.adopted_diagnosis(inc)
         if adopted is not None:  # a fleet incident's member: its sampled diagnosis, this job's log unread
             with deps.store.transaction() as conn:
-                transitions.diagnosed(conn, deps.clock.now(), inc, adopted, None)
-            return
+                return transitions.diagnosed(conn, deps.clock.now(), inc, adopted, None)
         logs = []
         for step in self.steps.materialise(inc, playbook.collect, attempt=0, phase="collect"):
             if step.status == StepStatus.PENDING:
                 outcome = self.steps.execute(inc, step)
                 if isinstance(outcome, Ok) and outcome.data.get("log"):
                     logs.append(str(outcome.data["log"]))
-        diagnosis = deps.diagnose(inc["labels"], "\n".join(logs)).as_dict()
+        diagnosis = deps.diagnose(inc.labels, "\n".join(logs)).as_dict()
         culprit = (diagnosis.get("culprit") or {}).get("node")
-        named = inc["culprits"]
-        if inc["kind"] == IncidentKind.JOB:
+        named = inc.culprits
+        if inc.kind == IncidentKind.JOB:
             peers, reporters = self.fleet_holds.lost_peers("\n".join(logs))
             if peers and culprit in reporters:
                 culprit = None  # a rank that logged a lost peer: the peer is the suspect, never the logger
@@ -59,27 +57,27 @@ class WorkerSource:
             ]:
                 named = episodes.add_culprit(named, node, source, diagnosis["summary"][:300]) or named
         with deps.store.transaction() as conn:
-            transitions.diagnosed(
-                conn, deps.clock.now(), inc, diagnosis, named if named is not inc["culprits"] else None
+            return transitions.diagnosed(
+                conn, deps.clock.now(), inc, diagnosis, named if named is not inc.culprits else None
             )
 
     def job_status(self, inc: Incident) -> policy.JobStatus | policy.JobUnread:
         try:
-            return job_status(self.deps, inc["target"])
+            return job_status(self.deps, inc.target)
         except (BackendError, ConfigError) as exc:
-            tries = inc["job_status_tries"] + 1  # this read included
+            tries = inc.job_status_tries + 1  # this read included
             return policy.JobUnread(str(exc), tries=tries, configured=not isinstance(exc, ConfigError))
 
     def history(self, inc: Incident, playbook: Playbook) -> guard_facts.History:
         deps = self.deps
-        read = guard_facts.read_node_history if inc["kind"] == IncidentKind.NODE else guard_facts.read_history
+        read = guard_facts.read_node_history if inc.kind == IncidentKind.NODE else guard_facts.read_history
         with deps.store.read() as conn:
             return read(
                 conn, deps.settings, deps.registry, playbook, inc, deps.clock.now(), deps.pause_state(conn)
             )
 
     def pool(self, inc: Incident, node: str) -> Mapping[str, Any] | None:
-        return pool_facts(self.deps, schedulers.of(inc["target"]), node)[0]
+        return pool_facts(self.deps, schedulers.of(inc.target), node)[0]
 
     def recheck(self, inc: Incident, expr: str) -> policy.Recheck:
         try:
@@ -88,8 +86,9 @@ class WorkerSource:
             return policy.Recheck(expr, error=str(exc))
         return policy.Recheck(expr, tuple({"labels": dict(s.labels), "value": s.value} for s in samples))
 
-    def fleet(self, inc: Incident) -> policy.FleetHold:
-        return policy.FleetHold(self.fleet_holds.hold(inc) or self.fleet_holds.storm_wait(inc))
+    def fleet(self, inc: Incident) -> tuple[policy.FleetHold, Incident]:
+        until, inc = self.fleet_holds.hold(inc)
+        return policy.FleetHold(until or self.fleet_holds.storm_wait(inc)), inc
 
     def blame(self, inc: Incident, culprits: Sequence[str]) -> policy.Blame:
         return self.fleet_holds.blame(inc, culprits)
@@ -98,7 +97,7 @@ class WorkerSource:
         return returned_nodes(self.deps, inc)
 
     def progress(self, inc: Incident) -> policy.Progress:
-        expr = episodes.progress_query(inc["target"])
+        expr = episodes.progress_query(inc.target)
         if expr is None:
             return policy.Progress(error="the job has no step counter to read")
         now = self.deps.clock.now()
@@ -112,7 +111,7 @@ class WorkerSource:
         return policy.Progress(now=current, before=before)
 
     def repair(self, inc: Incident) -> policy.RepairView:
-        repair_id = next((c.get("repair_id") for c in inc["culprits"] or ()), None)
+        repair_id = next((c.get("repair_id") for c in inc.culprits or ()), None)
         with self.deps.store.read() as conn:
             repair = repairs.get_repair(conn, repair_id) if repair_id else None
         if repair is None:

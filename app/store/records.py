@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from app.alertmanager import Alert, Notification
 from app.ledger_log import log_entry
 from app.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
-from app.store.rows import StepRow
+from app.store.rows import Incident, StepRow
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -60,6 +60,15 @@ def _one(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None) -
 
 def _all(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[Row]:
     return [dict(row._mapping) for row in conn.execute(stmt, params)]
+
+
+def _incident(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> Incident | None:
+    row = conn.execute(stmt, params).first()
+    return Incident.from_row(dict(row._mapping)) if row is not None else None
+
+
+def _incidents(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = None) -> list[Incident]:
+    return [Incident.from_row(dict(row._mapping)) for row in conn.execute(stmt, params)]
 
 
 # Statements on the per-alert path of the webhook, built once with bound parameters. Building a statement with
@@ -245,8 +254,8 @@ def get_alert(conn: Connection, alert_id: int) -> Row | None:
 # --- incidents ----------------------------------------------------------------------------------------------
 
 
-def find_open_incident(conn: Connection, open_key: str) -> Row | None:
-    return _one(conn, _OPEN_INCIDENT, {"open_key_": open_key})
+def find_open_incident(conn: Connection, open_key: str) -> Incident | None:
+    return _incident(conn, _OPEN_INCIDENT, {"open_key_": open_key})
 
 
 def insert_incident(conn: Connection, values: Mapping[str, Any]) -> int | None:
@@ -264,18 +273,18 @@ def link_alert(conn: Connection, incident_id: int, alert_id: int) -> bool:
     return linked.first() is not None  # RETURNING: a row only when it was inserted (rowcount is not portable)
 
 
-def incidents_for_alert(conn: Connection, alert_id: int) -> list[Row]:
+def incidents_for_alert(conn: Connection, alert_id: int) -> list[Incident]:
     """The alert's incidents, locked until the transaction ends: closing one on a resolved alert must not race
     a worker claiming it (``claim_next`` skips locked rows)."""
-    return _all(conn, _INCIDENTS_OF_ALERT, {"alert_id_": alert_id})
+    return _incidents(conn, _INCIDENTS_OF_ALERT, {"alert_id_": alert_id})
 
 
 def firing_alert_count(conn: Connection, incident_id: int) -> int:
     return int(conn.execute(_FIRING_ALERTS, {"incident_id_": incident_id}).scalar_one())
 
 
-def get_incident(conn: Connection, incident_id: int) -> Row | None:
-    return _one(conn, _INCIDENT, {"incident_id_": incident_id})
+def get_incident(conn: Connection, incident_id: int) -> Incident | None:
+    return _incident(conn, _INCIDENT, {"incident_id_": incident_id})
 
 
 def update_incident(conn: Connection, incident_id: int, **values: Any) -> None:
@@ -302,7 +311,7 @@ def list_incidents(
     open_only: bool = False,
     limit: int = 100,
     before_id: int | None = None,
-) -> list[Row]:
+) -> list[Incident]:
     """Newest first. ``node``: the incident's node, or any culprit named in it (a job incident's ``node`` column
     holds only its first confirmed culprit)."""
     stmt = select(incidents).order_by(incidents.c.id.desc()).limit(limit)
@@ -316,7 +325,7 @@ def list_incidents(
         stmt = stmt.where(incidents.c.open_key.is_not(None))
     if before_id:
         stmt = stmt.where(incidents.c.id < before_id)
-    return _all(conn, stmt)
+    return _incidents(conn, stmt)
 
 
 # Whether an incident's culprits (a JSON list of {node, ...}; JSON null when none) name :culprit_node, per backend.
@@ -347,9 +356,9 @@ def count_incidents_by(conn: Connection, column: str) -> dict[str, int]:
     return {str(k): int(n) for k, n in conn.execute(select(col, func.count()).group_by(col))}
 
 
-def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> Row | None:
+def earlier_open_on(conn: Connection, serialize_key: str, incident_id: int) -> Incident | None:
     """The oldest other open incident on the same node/job, if it is ahead of this one."""
-    return _one(conn, _EARLIER_OPEN_ON, {"serialize_key_": serialize_key, "incident_id_": incident_id})
+    return _incident(conn, _EARLIER_OPEN_ON, {"serialize_key_": serialize_key, "incident_id_": incident_id})
 
 
 # --- steps --------------------------------------------------------------------------------------------------

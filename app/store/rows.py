@@ -4,12 +4,79 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.states import RepairState, StepStatus
+from app.states import IncidentKind, IncidentOutcome, RepairState, State, StepStatus, UndoState
+
+
+@dataclass(frozen=True, kw_only=True)
+class Incident:
+    """One incident (table ``incidents``): a job's failure episode, a node's fault, or one (playbook, target).
+    Transitions (:mod:`app.engine.transitions`) return the row as they wrote it; nothing changes one in place."""
+
+    id: int  # 0: a draft that was never stored (``nightshift explain``)
+    playbook: str
+    target_key: str
+    target: Mapping[str, Any]
+    node: str | None = None
+    job: str | None = None
+    kind: IncidentKind = IncidentKind.TARGET
+    culprits: Sequence[Mapping[str, Any]] | None = None  # each {node, source, reason, playbook, confirmed}
+    act_after: datetime | None = None
+    tick_errors: int = 0
+    job_status_tries: int = 0
+    finalize_tries: int = 0
+    delivered: Sequence[str] | None = None
+    verify_from: datetime | None = None
+    open_key: str | None = None  # None once closed
+    serialize_key: str | None = None
+    state: State | IncidentOutcome  # an outcome once closed
+    outcome: IncidentOutcome | None = None
+    reason: str = ""
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    alert_starts_at: datetime
+    generator_url: str = ""
+    diagnosis: Mapping[str, Any] | None = None
+    attempt: int = 0
+    acted: bool = False
+    held_by_guard: bool = False
+    alert_resolved: bool = False
+    on_resolved_state: UndoState | None = None
+    finalize_pending: bool = False
+    verify_deadline: datetime | None = None
+    annotation_id: int | None = None
+    opened_at: datetime
+    updated_at: datetime
+    closed_at: datetime | None = None
+    next_run_at: datetime | None = None
+    claimed_by: str | None = None
+    claim_expires_at: datetime | None = None
+    poked: bool = False
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Incident:
+        state, outcome, undo = row["state"], row["outcome"], row["on_resolved_state"]
+        return cls(
+            **{
+                **row,
+                "kind": IncidentKind(row["kind"]),
+                "state": State(state) if state in _STATES else IncidentOutcome(state),
+                "outcome": IncidentOutcome(outcome) if outcome is not None else None,
+                "on_resolved_state": UndoState(undo) if undo is not None else None,
+            }
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        """The row's columns by name, as the store holds them (the JSON views' shape)."""
+        return {name: getattr(self, name) for name in _INCIDENT_FIELDS}
+
+
+_STATES = frozenset(State)
+_INCIDENT_FIELDS = tuple(field.name for field in dataclasses.fields(Incident))
 
 
 @dataclass(frozen=True)

@@ -186,7 +186,7 @@ def test_open_key_unique_constraint_holds_on_the_backend(backend_worlds, store_u
     with world.engine.deps.store.transaction() as conn:
         existing = records.get_incident(conn, incident_id)
         assert existing is not None
-        copy = {k: v for k, v in existing.items() if k != "id"}
+        copy = {k: v for k, v in existing.as_dict().items() if k != "id"}
         assert records.insert_incident(conn, copy) is None  # same (playbook, target) while open
         copy["open_key"] = None  # closed incidents never collide
         assert records.insert_incident(conn, copy) is not None

@@ -48,7 +48,7 @@ def failures(app: Any, clock: FakeClock, count: int, *, days_ago: int = 1, attem
             conn.execute(
                 incidents.insert().values(
                     playbook="xid", target_key=f"k{days_ago}-{attempt}-{n}", target={}, kind="job",
-                    state="closed", labels={}, annotations={}, alert_starts_at=when, attempt=attempt,
+                    state="recovered", labels={}, annotations={}, alert_starts_at=when, attempt=attempt,
                     opened_at=when, updated_at=when,
                 )
             )  # fmt: skip
@@ -130,7 +130,7 @@ def job_incident(app: Any, clock: FakeClock, job: str, scheduler: str = "slurm",
         conn.execute(
             incidents.insert().values(
                 playbook="nccl-failure", target_key=f"job/{job}", target=target, kind="job", job=job,
-                state="closed", outcome="recovered", labels={}, annotations={}, alert_starts_at=now, attempt=1,
+                state="recovered", outcome="recovered", labels={}, annotations={}, alert_starts_at=now, attempt=1,
                 opened_at=now, updated_at=now, closed_at=now,
             )
         )  # fmt: skip

@@ -128,9 +128,9 @@ def check_invariants(world: World, delivered: set[tuple[str, str]], resolved: se
         ).all()
         assert all(count == 1 for _, _, count in per_instance)  # a repeat never opens a second incident
         for inc in records.list_incidents(conn, limit=10_000):
-            if inc["outcome"] == "resolved" and "before any action" in inc["reason"]:
-                assert not inc["acted"] and records.firing_alert_count(conn, inc["id"]) == 0
-            assert (inc["open_key"] is None) == (inc["outcome"] is not None)
+            if inc.outcome == "resolved" and "before any action" in inc.reason:
+                assert not inc.acted and records.firing_alert_count(conn, inc.id) == 0
+            assert (inc.open_key is None) == (inc.outcome is not None)
         kinds = [row["kind"] for row in records.iter_ledger(conn)]
     assert "engine_error" not in kinds
     for action in world.actions.values():

@@ -8,10 +8,12 @@ import dataclasses
 import pytest
 
 from app.store import schema
-from app.store.rows import Repair, StepRow
+from app.store.rows import Incident, Repair, StepRow
 
 
-@pytest.mark.parametrize(("table", "row"), [("steps", StepRow), ("node_repairs", Repair)])
+@pytest.mark.parametrize(
+    ("table", "row"), [("incidents", Incident), ("steps", StepRow), ("node_repairs", Repair)]
+)
 def test_a_typed_row_has_its_tables_columns(table: str, row: type) -> None:
     columns = {column.name for column in schema.metadata.tables[table].columns}
     assert {field.name for field in dataclasses.fields(row)} == columns
