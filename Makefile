@@ -56,4 +56,4 @@ clean:
 	rm -rf var test-output .pytest_cache
 
 schema: deps  ## regenerate app/schema/playbook.schema.json from the action registry
-	$(PY) -c 'from app.actions import default_registry; from app.playbooks import SCHEMA_PATH, write_schema; write_schema(SCHEMA_PATH, default_registry())'
+	$(PY) -c 'from app.actions import default_registry; from app.domain.playbooks import SCHEMA_PATH, write_schema; write_schema(SCHEMA_PATH, default_registry())'

@@ -14,12 +14,12 @@ if TYPE_CHECKING:
 
     from app.actions.registry import ActionRegistry
     from app.clients import Clients
-    from app.clock import Clock
     from app.config import Settings
+    from app.domain.clock import Clock
+    from app.domain.permissions import Permissions
+    from app.domain.playbooks import PlaybookSet
     from app.engine import Engine
     from app.metrics import Metrics
-    from app.permissions import Permissions
-    from app.playbooks import PlaybookSet
     from app.store import Store
     from app.web.auth import WebhookAuth
     from app.workloads import WorkloadResolver
@@ -59,13 +59,13 @@ def build_engine(settings: Settings, **overrides: Unpack[Wiring]) -> Engine:
     The one way an engine is built: by the app, the worker, the CLI, the benchmarks and the tests."""
     from app.actions import default_registry
     from app.clients import Clients
-    from app.clock import SystemClock
-    from app.diagnosis import for_settings
+    from app.domain.clock import SystemClock
+    from app.domain.diagnosis import for_settings
+    from app.domain.permissions import load_permissions
+    from app.domain.playbooks import load_playbooks
+    from app.domain.retention import check_windows
     from app.engine import Engine, EngineDeps
     from app.metrics import Metrics
-    from app.permissions import load_permissions
-    from app.playbooks import load_playbooks
-    from app.retention import check_windows
     from app.store import Store
     from app.workloads import workload_resolver
 

@@ -17,9 +17,9 @@ from typing import Any
 
 import click
 
-from app import schedulers as scheduling
-from app.errors import ConfigError, NightshiftError, PayloadError
-from app.states import StepStatus
+from app.domain import schedulers as scheduling
+from app.domain.errors import ConfigError, NightshiftError, PayloadError
+from app.domain.states import StepStatus
 
 config_option = click.option(
     "--config",
@@ -59,10 +59,10 @@ def _settings_file(config: str | None) -> None:
 
 
 def _log_startup(settings: Any, engine: Any) -> None:
-    """The startup summary (app/startup.py), one INFO line each."""
-    from app.startup import startup_summary
+    """The startup summary (app/domain/startup.py), one INFO line each."""
+    from app.domain.startup import startup_summary
 
-    log = logging.getLogger("app.startup")
+    log = logging.getLogger("app.domain.startup")
     playbooks = engine.deps.playbooks
     for line in startup_summary(settings, len(playbooks), engine.deps.permissions, len(playbooks.excluded)):
         log.info("%s", line)
@@ -225,8 +225,8 @@ def check_config(config: str | None, as_json: bool) -> None:
     `serve` would start with them; 2: it would not (the reason, file:line where there is one). The Helm chart
     runs it before the server starts."""
     from app.config import load_settings
+    from app.domain.startup import startup_summary
     from app.preflight import preflight
-    from app.startup import startup_summary
 
     try:
         _settings_file(config)
@@ -304,9 +304,9 @@ def lint(
     Exit 0: no problem (warnings allowed unless --strict); 1: problems found; 2: usage."""
     from app.actions import default_registry
     from app.alert_labels import alert_labels
-    from app.permissions import load_permissions
-    from app.playbook_warnings import warnings
-    from app.playbooks import PlaybookError, load_playbooks
+    from app.domain.permissions import load_permissions
+    from app.domain.playbook_warnings import warnings
+    from app.domain.playbooks import PlaybookError, load_playbooks
 
     chosen = [name.strip() for name in schedulers.split(",") if name.strip()]
     if not chosen or not set(chosen) <= set(scheduling.NAMES):
@@ -441,8 +441,8 @@ def explain(
     Exit 0; 1 when a plan's verdict needs a person (needs_human); 2 on a bad payload or settings."""
     from app import build_engine
     from app.actions import default_registry
-    from app.alertmanager import parse_notification
-    from app.playbooks import load_playbooks
+    from app.domain.alertmanager import parse_notification
+    from app.domain.playbooks import load_playbooks
     from app.store import Store
 
     settings = _settings(config)
@@ -559,7 +559,7 @@ def replay(config: str | None, alert_id: int) -> None:
     """Re-feed a stored alert (by its id in the store) into the engine as a fresh notification; prints the incidents
     it opened, joined and closed, and when none, why (a `note`)."""
     from app import build_engine
-    from app.alertmanager import Alert, Notification
+    from app.domain.alertmanager import Alert, Notification
     from app.store import records
 
     engine = build_engine(_settings(config))
@@ -630,7 +630,7 @@ def export(config: str | None, after_id: int, prunable: bool) -> None:
     """Write the ledger as JSON lines to stdout; with --prunable, what retention would delete now, one
     {"table": ..., "row": {...}} object a line (docs/reliability.md, "Retention"). Reads only."""
     from app import build_engine
-    from app.retention import cutoffs
+    from app.domain.retention import cutoffs
     from app.store import records, retention
 
     settings = _settings(config)
@@ -720,7 +720,7 @@ def diagnose(config: str | None, logfiles: tuple[str, ...], labels: tuple[str, .
 
     Exit 0: benign (a healthy run, or one stopped on purpose: nothing to act on); 1: a fault, or too little
     evidence to name one (`unknown`: a person looks); 2: usage or settings."""
-    from app.diagnosis import for_settings, render
+    from app.domain.diagnosis import for_settings, render
     from app.logfiles import label_pairs, read_tails
 
     try:

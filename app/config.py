@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import schedulers as scheduling
-from app.config_documents import Document, read_documents
-from app.errors import ConfigError
-from app.fleet import FleetSettings
+from app.domain import schedulers as scheduling
+from app.domain.config_documents import Document, read_documents
+from app.domain.errors import ConfigError
+from app.domain.fleet import FleetSettings
 
 ENV_PREFIX = "NIGHTSHIFT_"
 # Settings naming a local file or directory: written relative in a settings file, they mean relative to that file.
@@ -146,7 +146,7 @@ class NotifySettings:
     smtp_password_file: str | None = None
     email_from: str = "nightshift@localhost"
     email_to: list[str] = field(default_factory=list)
-    # PagerDuty Events v2 (the paging channel): pages only when a person is needed (app/paging.py).
+    # PagerDuty Events v2 (the paging channel): pages only when a person is needed (app/domain/paging.py).
     pagerduty_routing_key_file: str | None = None  # the service integration key (32 characters), a secret
     pagerduty_url: str = "https://events.pagerduty.com/v2/enqueue"
     timeout_seconds: float = 10.0
@@ -235,7 +235,7 @@ class CheckpointSettings:
 
 @dataclass
 class DiagnosisSettings:
-    """How sure app/diagnosis must be before it names a fault."""
+    """How sure app/domain/diagnosis must be before it names a fault."""
 
     # Below this confidence the verdict is `unknown` (or `benign`), with what was seen in the summary.
     confidence_floor: float = 0.35
@@ -390,7 +390,7 @@ class Settings:
 
     def history_windows(self) -> list[tuple[str, float]]:
         """``(setting, seconds)`` of every window the guards, the lemon rule and the checkpoint advice read back
-        through closed history (app/retention.py adds each playbook's)."""
+        through closed history (app/domain/retention.py adds each playbook's)."""
         return [
             ("guards.blast_radius_window_seconds", self.guards.blast_radius_window_seconds),
             ("guards.job_recoveries_window_seconds", self.guards.job_recoveries_window_seconds),

@@ -1,6 +1,6 @@
-"""Log files and labels from the command line for ``nightshift diagnose``: the I/O edge of :mod:`app.diagnosis`.
+"""Log files and labels from the command line for ``nightshift diagnose``: the I/O edge of :mod:`app.domain.diagnosis`.
 
-Each file is read from its tail: at most :data:`app.diagnosis.MAX_LOG_CHARS` bytes of it, which is as much as
+Each file is read from its tail: at most :data:`app.domain.diagnosis.MAX_LOG_CHARS` bytes of it, which is as much as
 diagnosis examines of all of them together, so a multi-gigabyte log costs no more than a small one.
 """
 
@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from app.diagnosis import MAX_LOG_CHARS
+from app.domain.diagnosis import MAX_LOG_CHARS
 
 MAX_LABELS = 64
 _LABEL = re.compile(r"(?P<name>[A-Za-z_][A-Za-z0-9_]{0,127})=(?P<value>.{0,1024})", re.DOTALL)

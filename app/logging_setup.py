@@ -22,7 +22,7 @@ from typing import Any
 from gunicorn import glogging
 
 from app.config import LOG_FORMATS
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 ID_FIELDS = ("incident_id", "repair_id", "alert_id", "inbox_id")

@@ -15,14 +15,14 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.schedulers import CREDENTIAL_STATES, NAMES
-from app.states import REPAIR_SETTLED, IncidentOutcome, State
+from app.domain.schedulers import CREDENTIAL_STATES, NAMES
+from app.domain.states import REPAIR_SETTLED, IncidentOutcome, State
 
 STEP_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Created at zero up front: a counter series that first appears at 1 reads as increase() == 0 on dashboards.
 OUTCOMES = tuple(IncidentOutcome)
 ALERT_STATUSES = ("firing", "resolved")
-# How node repairs settle (app.states.REPAIR_SETTLED): the values of nightshift_node_repairs' one label.
+# How node repairs settle (app.domain.states.REPAIR_SETTLED): the values of nightshift_node_repairs' one label.
 REPAIR_OUTCOMES = tuple(sorted(str(state) for state in REPAIR_SETTLED))
 OPEN_STATES = tuple(str(state) for state in State)  # nightshift_open_incidents' label values
 BACKENDS = NAMES  # nightshift_backend_credentials' backend label: the schedulers

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from app.actions import default_registry
 from app.actions.registry import ActionRegistry
 from app.config import Settings, local_files, read_secret
-from app.errors import ConfigError
-from app.permissions import Permissions, load_permissions
-from app.playbooks import PlaybookSet, load_playbooks
-from app.retention import check_windows
+from app.domain.errors import ConfigError
+from app.domain.permissions import Permissions, load_permissions
+from app.domain.playbooks import PlaybookSet, load_playbooks
+from app.domain.retention import check_windows
 from app.web.access import ReadAccess
 from app.web.auth import WebhookAuth, check_operator_token
 

@@ -4,7 +4,7 @@ gunicorn's gthread worker hands a connection to a thread as soon as its first by
 blocks reading the rest of the head and the body: ten clients sending a header line every few seconds hold all the
 threads, and Alertmanager's deliveries wait behind them. :class:`BufferingWorker` reads every request on the
 worker's event loop instead (non-blocking, in the one thread that accepts connections) until
-:func:`app.framing.request_state` says it is complete, and only then gives it, bytes in hand, to a thread. So:
+:func:`app.domain.framing.request_state` says it is complete, and only then gives it, bytes in hand, to a thread. So:
 
 - a thread only ever serves a request that has fully arrived: slow clients cost a socket and a buffer, not a thread;
 - a request must arrive within ``http.read_timeout_seconds`` (408 otherwise), its head within
@@ -33,7 +33,7 @@ from typing import Any
 from gunicorn import util
 from gunicorn.workers.gthread import ThreadWorker
 
-from app.framing import COMPLETE, INCOMPLETE, json_error_response, request_state
+from app.domain.framing import COMPLETE, INCOMPLETE, json_error_response, request_state
 
 READ_SIZE = 65536
 LINGER_SECONDS = 2.0  # after a refusal, how long the rest of the client's request is read and discarded

@@ -8,8 +8,8 @@ import socket
 import threading
 import time
 
+from app.domain.errors import StoreUnavailable
 from app.engine import Engine, vitals
-from app.errors import StoreUnavailable
 
 log = logging.getLogger(__name__)
 

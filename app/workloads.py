@@ -32,9 +32,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app import errors, schedulers
-from app.job_phase import JobStatus, workload_status
-from app.params import K8S_NAME, K8S_NAMESPACE
+from app.domain import errors, schedulers
+from app.domain.job_phase import JobStatus, workload_status
+from app.domain.params import K8S_NAME, K8S_NAMESPACE
 
 Json = Mapping[str, Any]
 # fetch(kind, name) -> the object in the pod's namespace, or None when it does not exist.
@@ -357,7 +357,7 @@ def workload_resolver(settings: Any, clients: Any) -> WorkloadResolver | None:
 def kubernetes_job_status(kube: Any, target: Mapping[str, str]) -> JobStatus:
     """The status of the job ``target`` names (``namespace``, ``job``, and ``kind`` when the API named it): the
     object's finished conditions first (a finished PyTorchJob whose pods were cleaned up is completed or died, not
-    unknown), then its pods (:func:`app.job_phase.workload_status`). Raises the client's BackendError."""
+    unknown), then its pods (:func:`app.domain.job_phase.workload_status`). Raises the client's BackendError."""
     kind, namespace, name = target.get("kind", ""), target["namespace"], target["job"]
     obj = None
     if kind:

@@ -4,7 +4,7 @@ The playbook set is the shipped ``playbooks/`` plus N synthetic playbooks (10, 1
 from a shipped one (real actions from the default registry, new names and matchers). Two series:
 
 - ``indexed``: every synthetic playbook names its alertname with ``alertname="..."`` (two playbooks per name, like
-  the shipped Slurm/Kubernetes pairs), so :class:`app.playbooks.PlaybookSet` looks only at that name's playbooks;
+  the shipped Slurm/Kubernetes pairs), so :class:`app.domain.playbooks.PlaybookSet` looks only at that name's playbooks;
 - ``unindexed_1pct``: as above, but 1% of them match the alertname by regex, which the index cannot key on:
   those are examined for every alert, so this series shows what writing ``alertname=~`` costs at scale.
 
@@ -32,12 +32,12 @@ from typing import Any
 from app import build_engine
 from app.actions import default_registry
 from app.actions.registry import ActionRegistry
-from app.alertmanager import Notification, parse_notification
 from app.config import Settings
+from app.domain.alertmanager import Notification, parse_notification
+from app.domain.matchers import parse_matcher_list
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import Playbook, PlaybookSet, load_playbooks
 from app.engine import Engine
-from app.matchers import parse_matcher_list
-from app.permissions import Grant, Permissions
-from app.playbooks import Playbook, PlaybookSet, load_playbooks
 from app.store import Store
 from bench import record
 from bench.stats import spread

@@ -4,14 +4,14 @@ log with a cause buried before them, and the py-spy dumps of 64 ranks.
 Logs (built in memory, deterministic):
 
 - ``healthy``: 64 ranks' interleaved progress lines (``[rankN]:`` prefixes, timestamps), NCCL INFO chatter and
-  Python warnings, :data:`app.diagnosis.MAX_LINES` lines padded to :data:`TAIL_CHARS` (2 MiB);
+  Python warnings, :data:`app.domain.diagnosis.MAX_LINES` lines padded to :data:`TAIL_CHARS` (2 MiB);
 - ``fault``: the same with a failure at the end (an Xid 79 on one node, then every other rank's NCCL watchdog
   timeout and torchrun's failure summary);
 - ``all_errors``: the worst case for the signature matching: every one of the 20,000 lines is a distinct error
   line (NCCL WARNs, watchdog timeouts, tracebacks), so no line is skipped by the catalogue's prefilter;
 - ``stacks_64``: ``py-spy dump`` output of 64 ranks (8 nodes of 8), one of them stuck elsewhere;
-- ``buried``: :data:`app.diagnosis.MAX_LOG_CHARS` (8 MiB) of healthy lines with an Xid 79 near the start, over
-  60,000 lines before the last :data:`app.diagnosis.MAX_LINES`: the scan for buried causes over every line.
+- ``buried``: :data:`app.domain.diagnosis.MAX_LOG_CHARS` (8 MiB) of healthy lines with an Xid 79 near the start, over
+  60,000 lines before the last :data:`app.domain.diagnosis.MAX_LINES`: the scan for buried causes over every line.
 
 Each is diagnosed ``--repeats`` times after one warm-up (the catalogues are loaded once per process); the median,
 min and max wall time per diagnosis are reported.
@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from app.diagnosis import MAX_LINES, MAX_LOG_CHARS, diagnose, tail_lines
+from app.domain.diagnosis import MAX_LINES, MAX_LOG_CHARS, diagnose, tail_lines
 from bench import record
 from bench.stats import spread
 

@@ -47,7 +47,7 @@ from typing import Any
 import requests
 import yaml
 
-from app.playbooks import parse_duration
+from app.domain.playbooks import parse_duration
 from bench import record
 from bench.stats import spread
 from sim import faults

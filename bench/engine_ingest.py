@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
 from bench import inprocess
 from bench.stats import spread
 from bench.workload import Fleet

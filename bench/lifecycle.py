@@ -18,8 +18,8 @@ from typing import Any
 from sqlalchemy import event
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
 from app.store import records
 from bench import inprocess
 from bench.stats import spread

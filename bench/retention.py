@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from app import build_engine
-from app.alertmanager import am_fingerprint, parse_notification
 from app.clients import Clients
 from app.config import Settings
+from app.domain.alertmanager import am_fingerprint, parse_notification
 from app.engine import Engine
 from bench import record
 from tests.fakes import FakeClock

@@ -59,17 +59,17 @@ from typing import Any
 
 from app import build_engine
 from app.actions import default_registry
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clients.prometheus import Sample
 from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.errors import InboxFull
+from app.domain.hostlist import expand_hostlist
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import load_playbooks
 from app.engine import Engine
-from app.errors import InboxFull
-from app.hostlist import expand_hostlist
-from app.permissions import Grant, Permissions
-from app.playbooks import load_playbooks
 from bench import record
 from bench.runner import AnsweringRunner
 from sim import logtext

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from app.alertmanager import am_fingerprint
+from app.domain.alertmanager import am_fingerprint
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
 # Active instances kept per alertname for repeats: bounds the generator's memory on 100k-alert runs.

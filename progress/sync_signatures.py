@@ -1,4 +1,4 @@
-"""Generate ``src/nightshift_progress/signatures.json`` from Nightshift's ``app/diagnosis/signatures.yaml``.
+"""Generate ``src/nightshift_progress/signatures.json`` from Nightshift's ``app/domain/diagnosis/signatures.yaml``.
 
     .venv/bin/python progress/sync_signatures.py          # rewrite the JSON
     .venv/bin/python progress/sync_signatures.py --check  # exit 1 when it is out of date
@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CATALOGUE = REPO_ROOT / "app" / "diagnosis" / "signatures.yaml"
+CATALOGUE = REPO_ROOT / "app" / "domain" / "diagnosis" / "signatures.yaml"
 TARGET = REPO_ROOT / "progress" / "src" / "nightshift_progress" / "signatures.json"
 # An error_class label signature names its class literally: pattern '^nccl$'.
 _CLASS_PATTERN = re.compile(r"\^([a-z_]+)\$")
@@ -38,7 +38,7 @@ def document(catalogue: list[dict[str, Any]]) -> dict[str, Any]:
         if "label" not in e
     ]
     return {
-        "generated_from": "app/diagnosis/signatures.yaml by progress/sync_signatures.py; do not edit",
+        "generated_from": "app/domain/diagnosis/signatures.yaml by progress/sync_signatures.py; do not edit",
         "classes": dict(sorted(classes.items())),
         "signatures": signatures,
     }

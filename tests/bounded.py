@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from app.errors import StoreUnavailable
+from app.domain.errors import StoreUnavailable
 
 MARGIN_S = 1.5  # what a bounded wait may overrun its timeout by on a loaded 2-core machine
 

@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar
 
 from app.actions.base import Action, ActionContext, Plan
-from app.errors import Unavailable
-from app.outcome import Ok, Outcome
-from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
+from app.domain.errors import Unavailable
+from app.domain.outcome import Ok, Outcome
+from app.domain.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
 
 START = datetime(2026, 12, 2, 3, 0, 0, tzinfo=UTC)
 
@@ -152,7 +152,7 @@ class FakePrometheus:
 
     def query(self, expr: str, at: datetime | None = None) -> list[FakeSample]:
         """The answer keyed by ``expr``, or by ``expr`` with other range durations: the engine shortens the ranges
-        of a verification query to the time since its action (app/promql_window.py)."""
+        of a verification query to the time since its action (app/domain/promql_window.py)."""
         self.queries.append(expr)
         if self.down:
             raise Unavailable("prometheus: connection refused")
@@ -364,7 +364,7 @@ class FakeSlurm:
 
     def job_info(self, job_id: str) -> Any:
         from app.clients.slurm import JobInfo
-        from app.errors import NotFound
+        from app.domain.errors import NotFound
 
         self.lookups += 1
         if job_id not in self.jobs and self.default is None:
@@ -379,7 +379,7 @@ class FakeSlurm:
         """Only the ``node_states`` nodes are known (no partition: the blast radius's share of a partition is
         unknown, its absolute limit applies)."""
         from app.clients.slurm import NodeInfo
-        from app.errors import NotFound
+        from app.domain.errors import NotFound
 
         if node in self.node_states:
             state, *flags = self.node_states[node].split("+")

@@ -6,7 +6,7 @@ import json
 from datetime import datetime
 from typing import Any
 
-from app.alertmanager import am_fingerprint
+from app.domain.alertmanager import am_fingerprint
 from app.engine import IngestResult
 from tests.fakes import START
 

@@ -11,16 +11,16 @@ from typing import Any
 from app import build_engine
 from app.actions import default_registry
 from app.actions.registry import ActionRegistry
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.outcome import Ok
+from app.domain.params import NODE_NAME, SLURM_JOB_ID, Param
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import PlaybookSet, parse_playbooks
 from app.engine import EngineDeps
 from app.engine.ingest import IngestResult
 from app.metrics import Metrics
-from app.outcome import Ok
-from app.params import NODE_NAME, SLURM_JOB_ID, Param
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
 from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, Script, fake_actions
 from tests.payloads import payload

@@ -7,10 +7,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from app.clock import Clock, SystemClock
-from app.outcome import Outcome
-from app.params import Param, validate_params
-from app.states import LedgerKind
+from app.domain.clock import Clock, SystemClock
+from app.domain.outcome import Outcome
+from app.domain.params import Param, validate_params
+from app.domain.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients import Clients
@@ -57,7 +57,7 @@ class Action(ABC):
     scope_keys: ClassVar[tuple[str, ...]] = ()
 
     def validate(self, raw: Mapping[str, Any]) -> dict[str, Any]:
-        """Rendered parameters, checked and typed. Raises :class:`app.errors.ParamError`."""
+        """Rendered parameters, checked and typed. Raises :class:`app.domain.errors.ParamError`."""
         return validate_params(self.name, self.params, raw)
 
     @abstractmethod
@@ -66,4 +66,4 @@ class Action(ABC):
 
     @abstractmethod
     def run(self, params: Mapping[str, Any], ctx: ActionContext) -> Outcome:
-        """Do it. Never raises for backend trouble: every failure is an :class:`app.outcome.Outcome`."""
+        """Do it. Never raises for backend trouble: every failure is an :class:`app.domain.outcome.Outcome`."""

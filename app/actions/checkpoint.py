@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from app.actions.base import ActionContext, Plan
 from app.actions.slurm import SlurmAction, executed_commands
-from app.errors import ParamError
-from app.outcome import Failed, Ok, Outcome, tail
-from app.params import ABS_PATH, Param
+from app.domain.errors import ParamError
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.params import ABS_PATH, Param
 
 if TYPE_CHECKING:
     from app.clients.slurm import SlurmClient

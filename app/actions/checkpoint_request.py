@@ -17,11 +17,11 @@ from typing import TYPE_CHECKING, Any
 from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import _JOB, SlurmAction, executed_commands
 from app.clients.slurm import comment_command, signal_command
-from app.discovery import checkpoint_signal
-from app.errors import BackendError, ConfigError, ParamError
-from app.outcome import Failed, Ok, Outcome, Retry, tail
-from app.params import Param
-from app.states import LedgerKind
+from app.domain.discovery import checkpoint_signal
+from app.domain.errors import BackendError, ConfigError, ParamError
+from app.domain.outcome import Failed, Ok, Outcome, Retry, tail
+from app.domain.params import Param
+from app.domain.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.slurm import CommandResult, SlurmClient

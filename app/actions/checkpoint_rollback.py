@@ -1,6 +1,6 @@
 """``checkpoint.rollback``: quarantine the checkpoint the training framework resumes from and make the previous
-one current, for DeepSpeed, Megatron-LM, Hugging Face Trainer and PyTorch DCP layouts (:mod:`app.checkpoint_layouts`
-decides; this module only reads the directory and carries the plan out).
+one current, for DeepSpeed, Megatron-LM, Hugging Face Trainer and PyTorch DCP layouts
+(:mod:`app.domain.checkpoint_layouts` decides; this module only reads the directory and carries the plan out).
 
 Over SSH on the Slurm host, which shares the checkpoint filesystem with the compute nodes, with the same root
 checks as ``checkpoint.quarantine_latest`` (:func:`app.actions.checkpoint.resolve_below_root`). Order: the tracker
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from app.actions.base import ActionContext, Plan
 from app.actions.checkpoint import CheckpointDirAction, resolve_below_root
 from app.actions.slurm import executed_commands
-from app.checkpoint_layouts import (
+from app.domain.checkpoint_layouts import (
     DCP_FORMAT,
     DCP_METADATA,
     ENTRY_FORMAT,
@@ -30,8 +30,8 @@ from app.checkpoint_layouts import (
     parse_entries,
     plan_rollback,
 )
-from app.outcome import Failed, Ok, Outcome, tail
-from app.params import ABS_PATH, Param
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.params import ABS_PATH, Param
 
 if TYPE_CHECKING:
     from app.clients.slurm import SlurmClient

@@ -7,9 +7,9 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from app.actions.base import Action, ActionContext, Plan
-from app.errors import BackendError, ConfigError
-from app.outcome import Failed, Ok, Outcome, outcome_from_error
-from app.params import Param
+from app.domain.errors import BackendError, ConfigError
+from app.domain.outcome import Failed, Ok, Outcome, outcome_from_error
+from app.domain.params import Param
 
 # Grafana parses "key:value" tags into pairs; keep them to one printable token.
 TAG = r"[A-Za-z0-9_.:/=@+#-]{1,100}"

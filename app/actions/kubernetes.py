@@ -1,7 +1,7 @@
 """Kubernetes actions: cordon/uncordon/taint nodes, evict/delete pods, restart training jobs, read pod logs.
 
 Every API call goes through :class:`app.clients.kube.KubeClient` (``ctx.clients.kube``); its errors become
-outcomes here with :func:`app.outcome.outcome_from_error`. Ownership is recorded on the objects themselves
+outcomes here with :func:`app.domain.outcome.outcome_from_error`. Ownership is recorded on the objects themselves
 (annotations under ``nightshift.io/``), so a later step, another replica or a human can see what Nightshift
 did and undo only that.
 What "restart" means for each job kind is documented in docs/kubernetes.md.
@@ -17,12 +17,12 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from app import errors
 from app.actions.base import Action, ActionContext, Plan
 from app.actions.slurm import VALIDATION_PARAMS, check_validation
-from app.job_phase import JobPhase, finished_phase
-from app.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import (
+from app.domain import errors
+from app.domain.job_phase import JobPhase, finished_phase
+from app.domain.outcome import Ambiguous, Failed, Ok, Outcome, Retry, outcome_from_error, tail
+from app.domain.params import (
     K8S_KEY,
     K8S_LABEL_VALUE,
     K8S_NAME,
@@ -32,8 +32,8 @@ from app.params import (
     NODE_LIST_CHARS,
     Param,
 )
-from app.schedulers import OUR_MARK
-from app.states import LedgerKind
+from app.domain.schedulers import OUR_MARK
+from app.domain.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient
@@ -98,7 +98,7 @@ class KubernetesAction(Action):
 
     @abstractmethod
     def act(self, params: Mapping[str, Any], kube: KubeClient, ctx: ActionContext, command: str) -> Outcome:
-        """Do the work; raise :mod:`app.errors` backend errors, return anything else as an outcome."""
+        """Do the work; raise :mod:`app.domain.errors` backend errors, return anything else as an outcome."""
 
 
 class CordonNode(KubernetesAction):
@@ -273,7 +273,7 @@ class RestartJob(KubernetesAction):
     """Restart a whole training job. Job: delete (propagation Background) and recreate from its own spec.
     PyTorchJob / JobSet / TrainJob: suspend, wait until the operator reports ``Suspended`` (it has deleted the
     pods), then resume (it creates them again). A job whose status says it failed (its finished condition,
-    :data:`app.job_phase.FINISHED_CONDITIONS`) is recreated like a Job whatever its kind: its operator acts on
+    :data:`app.domain.job_phase.FINISHED_CONDITIONS`) is recreated like a Job whatever its kind: its operator acts on
     no suspend once it has finished. A job that succeeded is not restarted.
 
     The suspend is recorded with ``nightshift.io/suspended-by``, so a run interrupted between suspend and
@@ -363,7 +363,7 @@ class RestartJob(KubernetesAction):
             outcome = self._suspend_and_resume(kind, ns, name, kube, ctx, command, change)
         if isinstance(
             outcome, Ok
-        ):  # what Nightshift added (not there before: ours) and dropped (app/exclusions.py)
+        ):  # what Nightshift added (not there before: ours) and dropped (app/domain/exclusions.py)
             added, dropped = list(change.added), list(change.dropped)
             return replace(outcome, data={**outcome.data, "added": added, "dropped": dropped})
         return outcome

@@ -16,7 +16,6 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
-from app import errors
 from app.actions.base import ActionContext, Plan
 from app.actions.kubernetes import JOB_KINDS, NAMESPACE, KubernetesAction
 from app.actions.stacks import (
@@ -26,8 +25,9 @@ from app.actions.stacks import (
     MAX_PROCESSES_PER_NODE,
     PY_SPY,
 )
-from app.outcome import Failed, Ok, Outcome, tail
-from app.params import K8S_NAME, Param
+from app.domain import errors
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.params import K8S_NAME, Param
 
 if TYPE_CHECKING:
     from app.clients.kube import ExecResult, KubeClient
@@ -119,7 +119,7 @@ def exec_in_job(
 
 class JobStacks(KubernetesAction):
     """Dump the Python stacks of every process of a Kubernetes training job's running pods (py-spy in the
-    training image), for the diagnosis: the log :mod:`app.diagnosis.stacks` reads, one header a process."""
+    training image), for the diagnosis: the log :mod:`app.domain.diagnosis.stacks` reads, one header a process."""
 
     name = "kubernetes.job_stacks"
     description = (

@@ -8,10 +8,10 @@ each run to completion and deleted (propagation Background, which takes its pod)
 image (it has the GNU userland: ``sh``, ``realpath``, ``find -printf``, ``base64``, ``mv -n -T``) and its user:
 
 1. **read**: ``dir`` and ``checkpoint.allowed_roots`` resolved (``realpath``) and the directory listed as the Slurm
-   action lists it (:data:`app.checkpoint_layouts.ENTRY_FORMAT`, the DCP metadata files, the tracker files), each
+   action lists it (:data:`app.domain.checkpoint_layouts.ENTRY_FORMAT`, the DCP metadata files, the tracker files), each
    part base64 in the pod's log (:func:`parse_report`);
-2. Nightshift decides, with the same pure logic as on Slurm (:func:`app.checkpoint_layouts.plan_rollback`) and the
-   same root rule (:func:`app.actions.checkpoint.below`);
+2. Nightshift decides, with the same pure logic as on Slurm (:func:`app.domain.checkpoint_layouts.plan_rollback`) and
+   the same root rule (:func:`app.actions.checkpoint.below`);
 3. **apply**: the tracker written beside itself and renamed over it, then the current checkpoint moved into
    ``nightshift-quarantine/`` with ``mv -n -T`` (never overwrites).
 
@@ -30,11 +30,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from app import errors
 from app.actions.base import ActionContext, Plan
 from app.actions.checkpoint import below, path_problem
 from app.actions.kubernetes import JOB_KINDS, NAMESPACE, OWNER, KubernetesAction, _stamp, container_exit_code
-from app.checkpoint_layouts import (
+from app.domain import errors
+from app.domain.checkpoint_layouts import (
     DCP_FORMAT,
     DCP_METADATA,
     ENTRY_FORMAT,
@@ -47,10 +47,10 @@ from app.checkpoint_layouts import (
     parse_entries,
     plan_rollback,
 )
-from app.job_phase import JobPhase, finished_phase
-from app.outcome import Failed, Ok, Outcome, tail
-from app.params import ABS_PATH, K8S_NAME, Param
-from app.states import LedgerKind
+from app.domain.job_phase import JobPhase, finished_phase
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.params import ABS_PATH, K8S_NAME, Param
+from app.domain.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.kube import KubeClient

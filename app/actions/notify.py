@@ -17,12 +17,12 @@ from collections.abc import Callable, Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 from app.actions.base import Action, ActionContext, Plan
-from app.clipping import ELLIPSIS, clip_data, clip_text
 from app.config import read_secret
-from app.errors import BackendError, ConfigError
-from app.outcome import Failed, Ok, Outcome, outcome_from_error
-from app.paging import Notice, page_for
-from app.params import SAFE_TEXT, URL, Param
+from app.domain.clipping import ELLIPSIS, clip_data, clip_text
+from app.domain.errors import BackendError, ConfigError
+from app.domain.outcome import Failed, Ok, Outcome, outcome_from_error
+from app.domain.paging import Notice, page_for
+from app.domain.params import SAFE_TEXT, URL, Param
 
 if TYPE_CHECKING:
     from app.clients import Clients
@@ -125,11 +125,11 @@ def send_notification(
     clients: Clients, settings: Settings, notice: Notice, skip: Collection[str] = ()
 ) -> list[Outcome]:
     """Send the notice's subject and text to every configured channel: one outcome per channel (webhook, email,
-    then PagerDuty when :func:`app.paging.page_for` says the notice needs a person), each clipped to its channel's
-    limit. ``skip``: channels that already delivered this notice (a retried finalisation sends each once).
+    then PagerDuty when :func:`app.domain.paging.page_for` says the notice needs a person), each clipped to its
+    channel's limit. ``skip``: channels that already delivered this notice (a retried finalisation sends each once).
 
     Never raises: a missing secret, an unreachable server or a refusal is that channel's outcome. The webhook
-    body carries ``data`` (made JSON-safe, labels clipped: :func:`app.clipping.clip_data`) under ``nightshift``.
+    body carries ``data`` (made JSON-safe, labels clipped: :func:`app.domain.clipping.clip_data`) under ``nightshift``.
     No channel configured: an empty list.
     """
     section = settings.notify

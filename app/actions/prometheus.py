@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.actions.base import Action, ActionContext, Plan
-from app.errors import BackendError, ConfigError
-from app.outcome import Failed, Ok, Outcome, outcome_from_error, tail
-from app.params import Param
+from app.domain.errors import BackendError, ConfigError
+from app.domain.outcome import Failed, Ok, Outcome, outcome_from_error, tail
+from app.domain.params import Param
 
 
 class PrometheusQuery(Action):

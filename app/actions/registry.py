@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 from app.actions.base import Action
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 
 
 class ActionRegistry:

@@ -33,10 +33,17 @@ from app.clients.slurm import (
     show_job_command,
     tail_command,
 )
-from app.errors import BackendError, CommandFailed, ConfigError, OutcomeUnknown, ParamError, Unavailable
-from app.hostlist import compress_hostlist
-from app.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
-from app.params import (
+from app.domain.errors import (
+    BackendError,
+    CommandFailed,
+    ConfigError,
+    OutcomeUnknown,
+    ParamError,
+    Unavailable,
+)
+from app.domain.hostlist import compress_hostlist
+from app.domain.outcome import Failed, Ok, Outcome, Retry, outcome_from_error, tail
+from app.domain.params import (
     MAX_NODE_LIST,
     NODE_LIST_CHARS,
     SAFE_TEXT,
@@ -46,7 +53,7 @@ from app.params import (
     SLURM_RESERVED,
     Param,
 )
-from app.states import LedgerKind
+from app.domain.states import LedgerKind
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -86,7 +93,7 @@ def exclusion(
     lists expanded (``excluded``: ExcNodeList, ``required``: ReqNodeList), each one hostlist expression (a leaf's
     64 nodes are ``gpu[00064-00127]``, not 64 names). The nodes are added to the excluded ones and removed from the
     required ones, else the job could run nowhere; ``returned`` ones (Nightshift's own, back in service:
-    app/exclusions.py) leave the excluded ones. ReqNodeList is None when it needs no change."""
+    app/domain/exclusions.py) leave the excluded ones. ReqNodeList is None when it needs no change."""
     kept = [n for n in excluded if n not in returned or n in nodes]
     exc = compress_hostlist([*kept, *nodes])
     req = compress_hostlist(n for n in required if n not in nodes) if set(nodes) & set(required) else None
@@ -154,7 +161,7 @@ class SlurmAction(Action):
         self, slurm: SlurmClient, params: Mapping[str, Any], executed: list[CommandResult], ctx: ActionContext
     ) -> Outcome:
         """Do it with checked ``params``; append each finished command to ``executed``. May raise
-        :mod:`app.errors`."""
+        :mod:`app.domain.errors`."""
 
 
 class DrainNode(SlurmAction):
@@ -468,7 +475,7 @@ class RequeueJob(SlurmAction):
             executed.append(slurm.update_job_exclude(job_id, exc_nodes, req_nodes))
         after = slurm.job_info(job_id)
         notes.append(f"job {job_id}: {after.state}, restarts {after.restarts}, excluded: {after.exc_nodes}")
-        # What Nightshift added (not on the list before: ours from now on) and dropped (app/exclusions.py).
+        # What Nightshift added (not on the list before: ours from now on) and dropped (app/domain/exclusions.py).
         return Ok(
             command=executed_commands(executed),
             output=tail("".join(r.output for r in executed) + "\n".join(notes)),

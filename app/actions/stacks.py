@@ -6,14 +6,14 @@ each node of the job's allocation (Slurm's own route to the job's nodes: no SSH 
 On each node the script lists the job's processes (``scontrol listpids``), keeps the Python ones, reads each
 one's rank from its environment (``RANK``, else ``SLURM_PROCID``) and runs ``py-spy dump`` on it under a
 timeout. The dumps come back as one log with a ``==> py-spy node=N rank=R pid=P <==`` header per process, which
-:mod:`app.diagnosis.stacks` reads: all ranks in one collective but one, and that one is the culprit.
+:mod:`app.domain.diagnosis.stacks` reads: all ranks in one collective but one, and that one is the culprit.
 
 A PyTorch rank (``RANK`` in its environment) that serves its debug socket (``nightshift_progress.torch_debug``:
 PyTorch's worker server at ``torch-rank-<RANK>.sock`` in the progress library's node-local exchange directory,
 ``NIGHTSHIFT_PROGRESS_DIR`` else ``/dev/shm/nightshift-progress-<uid>-<SLURM_JOB_ID>``) is also asked for its
 Flight Recorder (``curl --unix-socket ... -X POST /handler/fr_trace_json``, under the same timeout, at most
 :data:`MAX_FLIGHT_BYTES`), under a ``==> flight-recorder rank=R node=N pid=P <==`` header that
-:mod:`app.diagnosis.flight` reads: the ranks behind the collective the others wait in, or that do not answer at
+:mod:`app.domain.diagnosis.flight` reads: the ranks behind the collective the others wait in, or that do not answer at
 all (stopped), are the culprits. The worker server answers while the rank's training thread is blocked in the
 collective, which py-spy shows only as ``_engine_run_backward``.
 
@@ -33,8 +33,8 @@ from typing import TYPE_CHECKING, Any
 from app.actions.base import ActionContext, Plan
 from app.actions.slurm import SlurmAction
 from app.clients.slurm import SlurmClient, show_job_command
-from app.outcome import Failed, Ok, Outcome, tail
-from app.params import ABS_PATH, SLURM_JOB_ID, Param
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.params import ABS_PATH, SLURM_JOB_ID, Param
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult

@@ -1,7 +1,7 @@
 """Thin wrappers that own third-party libraries (requests, paramiko, kubernetes, smtplib).
 
-They always pass timeouts and translate library errors into :mod:`app.errors` once; nothing above this package sees a
-third-party exception type. :class:`Clients` builds each wrapper lazily from settings; tests inject their own.
+They always pass timeouts and translate library errors into :mod:`app.domain.errors` once; nothing above this package
+sees a third-party exception type. :class:`Clients` builds each wrapper lazily from settings; tests inject their own.
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class Clients:
         """Open the SSH connection to the Slurm host now, when one is configured, so that the first incident
         does not pay the handshake (a quarter of a second on loopback, more across a network). A failure is
         logged; the first command meets it again and reports it where it matters."""
-        from app.errors import BackendError, ConfigError
+        from app.domain.errors import BackendError, ConfigError
 
         if not self._settings.slurm.host:
             return

@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from app import errors
 from app.clients.http import bearer_session, json_body, send
-from app.clock import epoch_ms
 from app.config import read_secret
+from app.domain import errors
+from app.domain.clock import epoch_ms
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -54,7 +54,7 @@ class GrafanaClient:
     ) -> int:
         """POST an annotation (a region when ``time_end`` is given); return its id.
 
-        A lost answer raises :class:`~app.errors.OutcomeUnknown`: the annotation may exist.
+        A lost answer raises :class:`~app.domain.errors.OutcomeUnknown`: the annotation may exist.
         """
         body: dict[str, Any] = {"time": epoch_ms(time), "text": text, "tags": list(tags)}
         if time_end is not None:

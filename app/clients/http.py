@@ -1,14 +1,14 @@
-"""HTTP through ``requests``, with its errors translated once into :mod:`app.errors`.
+"""HTTP through ``requests``, with its errors translated once into :mod:`app.domain.errors`.
 
 :func:`send` is the one place where Nightshift's HTTP clients (Prometheus, Grafana, outgoing webhooks) call
 ``requests``: it always passes a timeout and maps every failure by what it means for the caller:
 
-* nothing reached the server (connection refused, DNS, connect timeout) → :class:`~app.errors.Unavailable`
+* nothing reached the server (connection refused, DNS, connect timeout) → :class:`~app.domain.errors.Unavailable`
 * the request left but no answer came back: a mutating request may have taken effect, so
-  :class:`~app.errors.OutcomeUnknown`; a read is safe to repeat, so :class:`~app.errors.Unavailable`
-* 401/403 → :class:`~app.errors.CredentialRejected`, 404 → :class:`~app.errors.NotFound`,
-  409 → :class:`~app.errors.Conflict`, 429 → :class:`~app.errors.RateLimited` (``Retry-After`` honoured),
-  any other 4xx/5xx → :class:`~app.errors.BackendError` with the status and a short body excerpt.
+  :class:`~app.domain.errors.OutcomeUnknown`; a read is safe to repeat, so :class:`~app.domain.errors.Unavailable`
+* 401/403 → :class:`~app.domain.errors.CredentialRejected`, 404 → :class:`~app.domain.errors.NotFound`,
+  409 → :class:`~app.domain.errors.Conflict`, 429 → :class:`~app.domain.errors.RateLimited` (``Retry-After`` honoured),
+  any other 4xx/5xx → :class:`~app.domain.errors.BackendError` with the status and a short body excerpt.
 
 Messages never contain the request URL: outgoing webhook URLs (Slack) are secrets, and ``requests`` and
 ``urllib3`` put the path in theirs, so only the underlying socket reason is kept.
@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 import requests
 import urllib3.exceptions
 
-from app import errors
-from app.outcome import tail
+from app.domain import errors
+from app.domain.outcome import tail
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -55,7 +55,7 @@ def send(
     mutating: bool,
     **kwargs: Any,
 ) -> requests.Response:
-    """Make one request; return the 2xx/3xx response or raise the :mod:`app.errors` exception that fits.
+    """Make one request; return the 2xx/3xx response or raise the :mod:`app.domain.errors` exception that fits.
 
     ``what`` names the backend in messages ("grafana"); ``mutating`` says whether a lost answer leaves the
     outcome unknown. ``kwargs`` go to :meth:`requests.Session.request` (``json``, ``params``, ``headers``...).
@@ -90,7 +90,7 @@ def send(
 
 
 def check_status(response: requests.Response, what: str) -> None:
-    """Raise the :mod:`app.errors` exception for an HTTP error status; return for 1xx-3xx."""
+    """Raise the :mod:`app.domain.errors` exception for an HTTP error status; return for 1xx-3xx."""
     status = response.status_code
     if status < 400:
         return
@@ -111,7 +111,7 @@ def check_status(response: requests.Response, what: str) -> None:
 
 
 def json_body(response: requests.Response, what: str) -> Any:
-    """The decoded JSON body; a body that is not JSON is a :class:`~app.errors.BackendError`."""
+    """The decoded JSON body; a body that is not JSON is a :class:`~app.domain.errors.BackendError`."""
     try:
         return response.json()
     except ValueError:
@@ -195,7 +195,7 @@ class HttpPoster:
         return cls(timeout=settings.notify.timeout_seconds)
 
     def post_json(self, url: str, body: Mapping[str, Any], headers: Mapping[str, str] | None = None) -> int:
-        """POST ``body`` as JSON to ``url``; return the 2xx status. Raises :mod:`app.errors` exceptions.
+        """POST ``body`` as JSON to ``url``; return the 2xx status. Raises :mod:`app.domain.errors` exceptions.
 
         Redirects are not followed (a redirected POST turns into a GET): a 3xx is a BackendError.
         """

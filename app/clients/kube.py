@@ -1,4 +1,4 @@
-"""Kubernetes through the official client, with its errors translated once into :mod:`app.errors`.
+"""Kubernetes through the official client, with its errors translated once into :mod:`app.domain.errors`.
 
 Contract:
   * every request carries ``_request_timeout`` (``kubernetes.request_timeout_seconds``, total per request);
@@ -6,7 +6,7 @@ Contract:
     this client version does not know survives a read-modify-write;
   * read-modify-write sends ``metadata.resourceVersion`` in the patch (optimistic lock) and retries a 409 up
     to :data:`CONFLICT_ATTEMPTS` times with a fresh read;
-  * HTTP 401/403 → :class:`~app.errors.CredentialRejected` (with the RBAC reason), 404 → ``NotFound``,
+  * HTTP 401/403 → :class:`~app.domain.errors.CredentialRejected` (with the RBAC reason), 404 → ``NotFound``,
     409 → ``Conflict``, 429 → ``RateLimited`` (``Retry-After`` or 10 s; for an eviction: a
     PodDisruptionBudget), 5xx and other statuses → ``BackendError``; no connection → ``Unavailable``; a read
     timeout (or a dropped connection) on a mutating call → ``OutcomeUnknown``: the server may have applied it.
@@ -31,9 +31,9 @@ from kubernetes import config as k8s_config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 
-from app import errors
 from app.config import Settings
-from app.outcome import tail
+from app.domain import errors
+from app.domain.outcome import tail
 
 DEFAULT_RETRY_AFTER_SECONDS = 10.0
 CONFLICT_ATTEMPTS = 5
@@ -100,7 +100,7 @@ class KubeClient:
         ServiceAccount when running in a pod, else the default kubeconfig (``$KUBECONFIG`` or
         ``~/.kube/config``).
 
-        Credentials that cannot be loaded raise :class:`~app.errors.CredentialRejected`: the backend is
+        Credentials that cannot be loaded raise :class:`~app.domain.errors.CredentialRejected`: the backend is
         unusable until an operator fixes them, which is what ``credential_error`` tells them.
         """
         kube = settings.kubernetes
@@ -154,7 +154,7 @@ class KubeClient:
 
     def nodes_topology(self, max_nodes: int, page: int) -> dict[str, Json]:
         """Every node's labels and InternalIP addresses (``{name: {"labels": {...}, "addresses": [...]}}``),
-        listed ``page`` nodes a request; more than ``max_nodes`` is a :class:`~app.errors.BackendError`."""
+        listed ``page`` nodes a request; more than ``max_nodes`` is a :class:`~app.domain.errors.BackendError`."""
         found: dict[str, Json] = {}
         token: str | None = None
         while True:
@@ -476,7 +476,7 @@ class KubeClient:
     def _request(
         self, what: str, call: Callable[..., Any], *args: Any, mutating: bool = False, **kwargs: Any
     ) -> bytes:
-        """Run one API call with our timeout; return the raw body, or raise an :mod:`app.errors` type."""
+        """Run one API call with our timeout; return the raw body, or raise an :mod:`app.domain.errors` type."""
         try:
             response = call(*args, _request_timeout=self._timeout, _preload_content=False, **kwargs)
             try:
@@ -552,7 +552,7 @@ def _exec_result(streams: Mapping[int, bytearray], *, closed: bool) -> ExecResul
 
 
 def _api_error(what: str, exc: ApiException, body: str | None = None) -> errors.BackendError:
-    """The :mod:`app.errors` type for an HTTP error; the message carries the server's Status message (for a
+    """The :mod:`app.domain.errors` type for an HTTP error; the message carries the server's Status message (for a
     403, the RBAC reason: which user cannot do which verb on which resource)."""
     status = exc.status or 0
     if body is None:

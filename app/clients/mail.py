@@ -1,9 +1,9 @@
-"""Plain-text email through SMTP (``smtplib``), with its errors translated into :mod:`app.errors`.
+"""Plain-text email through SMTP (``smtplib``), with its errors translated into :mod:`app.domain.errors`.
 
 Until the message is handed over nothing has been delivered, so failures there are
-:class:`~app.errors.Unavailable` (or :class:`~app.errors.CredentialRejected` for a refused login); a
+:class:`~app.domain.errors.Unavailable` (or :class:`~app.domain.errors.CredentialRejected` for a refused login); a
 connection lost or a timeout while the message is transferred may or may not have delivered it
-(:class:`~app.errors.OutcomeUnknown`).
+(:class:`~app.domain.errors.OutcomeUnknown`).
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from email.message import EmailMessage
 from email.utils import formatdate, make_msgid
 from typing import TYPE_CHECKING
 
-from app import errors
 from app.config import read_secret
+from app.domain import errors
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -62,7 +62,7 @@ class Mailer:
         )
 
     def send(self, to: list[str], subject: str, body: str) -> None:
-        """Send a plain-text message to every address in ``to``. Raises :mod:`app.errors` exceptions."""
+        """Send a plain-text message to every address in ``to``. Raises :mod:`app.domain.errors` exceptions."""
         if not to:
             raise errors.BackendError("smtp: no recipients")
         message = self._message(to, subject, body)

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app.errors import CommandFailed
+from app.domain.errors import CommandFailed
 
 if TYPE_CHECKING:
     from app.clients.slurm import CommandRunner

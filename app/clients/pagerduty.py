@@ -16,16 +16,17 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from app import errors
 from app.clients.http import json_body, send
 from app.config import read_secret
-from app.paging import MAX_DEDUP_KEY, MAX_SUMMARY, SEVERITIES, Page
+from app.domain import errors
+from app.domain.paging import MAX_DEDUP_KEY, MAX_SUMMARY, SEVERITIES, Page
 
 if TYPE_CHECKING:
     from app.config import Settings
 
 # An event is at most 512 KB (developer.pagerduty.com, Events API v2, "Send an Alert Event"; the same docs as
-# PagerDuty/developer-docs docs/events-API-v2/): notices are clipped to fit (app/paging.py, app/clipping.py).
+# PagerDuty/developer-docs docs/events-API-v2/): notices are clipped to fit (app/domain/paging.py,
+# app/domain/clipping.py).
 MAX_BODY_BYTES = 512 * 1024
 ROUTING_KEY_CHARS = 32
 
@@ -100,10 +101,10 @@ class PagerDutyClient:
     def trigger(self, page: Page) -> str:
         """Send the trigger event; return the ``dedup_key`` PagerDuty filed it under.
 
-        400 → :class:`~app.errors.BackendError` with PagerDuty's ``errors`` (never retried; an invalid routing key
-        is :class:`~app.errors.CredentialRejected`), 429 →
-        :class:`~app.errors.RateLimited`, 503 → :class:`~app.errors.Unavailable`, a lost answer →
-        :class:`~app.errors.OutcomeUnknown` (a retry is harmless: same ``dedup_key``, same alert).
+        400 → :class:`~app.domain.errors.BackendError` with PagerDuty's ``errors`` (never retried; an invalid routing
+        key is :class:`~app.domain.errors.CredentialRejected`), 429 →
+        :class:`~app.domain.errors.RateLimited`, 503 → :class:`~app.domain.errors.Unavailable`, a lost answer →
+        :class:`~app.domain.errors.OutcomeUnknown` (a retry is harmless: same ``dedup_key``, same alert).
         """
         body = self.body(page)
         encoded = json.dumps(body, default=str).encode()

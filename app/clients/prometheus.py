@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import requests
 
-from app import errors
 from app.clients.http import bearer_session, json_body, send
 from app.config import read_secret
+from app.domain import errors
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -60,8 +60,8 @@ class PrometheusClient:
         """Evaluate ``expr`` at ``at`` (timezone-aware; default: the server's now).
 
         Returns the samples of an instant vector, or one unlabelled sample for a scalar. A query Prometheus
-        rejects (bad PromQL, execution error, timeout) raises :class:`~app.errors.BackendError` with its
-        ``errorType`` and ``error``; an unreachable server raises :class:`~app.errors.Unavailable`.
+        rejects (bad PromQL, execution error, timeout) raises :class:`~app.domain.errors.BackendError` with its
+        ``errorType`` and ``error``; an unreachable server raises :class:`~app.domain.errors.Unavailable`.
         """
         form = {"query": expr}
         if at is not None:

@@ -1,10 +1,10 @@
 """Slurm commands (scontrol, squeue, scancel) built as argv, run over SSH, parsed by pure functions.
 
-Contract: every value is checked against a strict pattern (:mod:`app.params`) before it goes into an argv
-(:class:`~app.errors.ParamError` otherwise, and nothing runs). Methods return parsed data or raise
-:mod:`app.errors`: a non-zero exit is :class:`~app.errors.CommandFailed` (exit code and output kept), and
+Contract: every value is checked against a strict pattern (:mod:`app.domain.params`) before it goes into an argv
+(:class:`~app.domain.errors.ParamError` otherwise, and nothing runs). Methods return parsed data or raise
+:mod:`app.domain.errors`: a non-zero exit is :class:`~app.domain.errors.CommandFailed` (exit code and output kept), and
 Slurm's "Invalid job id specified" / "Invalid node name specified" / "Node X not found" are
-:class:`~app.errors.NotFound`. Transport errors come from the runner (:mod:`app.clients.ssh`).
+:class:`~app.domain.errors.NotFound`. Transport errors come from the runner (:mod:`app.clients.ssh`).
 
 Parsing: ``scontrol show node|job -o`` prints one ``Key=value`` line whose values may contain spaces
 (``Reason=nightshift: Xid 79 [root@2026-...]``, ``JobName=my job``, paths). A value runs up to the next
@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from functools import cache
 from typing import TYPE_CHECKING, Protocol
 
-from app.discovery import parse_node_addresses
-from app.errors import CommandFailed, CredentialRejected, NotFound, ParamError
-from app.hostlist import HostlistError, expand_hostlist
-from app.outcome import tail
-from app.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED
+from app.domain.discovery import parse_node_addresses
+from app.domain.errors import CommandFailed, CredentialRejected, NotFound, ParamError
+from app.domain.hostlist import HostlistError, expand_hostlist
+from app.domain.outcome import tail
+from app.domain.params import SAFE_TEXT, SLURM_JOB_ID, SLURM_NODE_NAME, SLURM_RESERVED
 
 if TYPE_CHECKING:
     from app.clients.ssh import CommandResult
@@ -338,7 +338,7 @@ def privileged(argv: Sequence[str]) -> bool:
 class SlurmClient:
     """Slurm administration through a :class:`CommandRunner`. Build with :meth:`from_settings`. With ``sudo``,
     the :func:`privileged` commands run as ``sudo -n -- <argv>``; a refusal by sudo is
-    :class:`~app.errors.CredentialRejected`."""
+    :class:`~app.domain.errors.CredentialRejected`."""
 
     def __init__(self, runner: CommandRunner, sudo: bool = False):
         self.runner = runner
@@ -424,7 +424,7 @@ class SlurmClient:
 
     def expand_hostlist(self, hostlist: str) -> list[str]:
         """The node names of a hostlist expression (``node[1-3]`` → node1, node2, node3), expanded here
-        (:mod:`app.hostlist`, no round trip); one that parser refuses goes to ``scontrol show hostnames``."""
+        (:mod:`app.domain.hostlist`, no round trip); one that parser refuses goes to ``scontrol show hostnames``."""
         command = hostnames_command(hostlist)  # validates the expression first
         try:
             return expand_hostlist(hostlist)

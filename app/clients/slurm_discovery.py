@@ -1,10 +1,10 @@
-"""The progress endpoints of running Slurm jobs, read over the Slurm client's SSH runner (:mod:`app.discovery`
+"""The progress endpoints of running Slurm jobs, read over the Slurm client's SSH runner (:mod:`app.domain.discovery`
 parses; this module runs the commands).
 
 Three read-only commands, independent of each other, run at once (:meth:`SlurmClient.run_all`, one round
 trip): the running jobs with their nodes (``squeue``, no user text), their comments (``squeue``, the port
 convention), and the nodes' addresses (``sinfo``). A non-zero exit of any is
-:class:`~app.errors.CommandFailed`.
+:class:`~app.domain.errors.CommandFailed`.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from app import discovery
 from app.clients.slurm import NODE_ADDRESSES
+from app.domain import discovery
 
 if TYPE_CHECKING:
     from app.clients.slurm import SlurmClient

@@ -6,12 +6,12 @@ Contract:
   so the remote login environment applies (profile, sshd ``SetEnv``); paramiko's ``environment=`` is dropped
   silently by servers without ``AcceptEnv``, so it is not used.
 - Host keys are checked against ``known_hosts_file`` (or ``~/.ssh/known_hosts``) with a rejecting policy: an
-  unknown or changed host key is :class:`~app.errors.CredentialRejected` ("host key verification failed"),
+  unknown or changed host key is :class:`~app.domain.errors.CredentialRejected` ("host key verification failed"),
   never auto-added.
-- Errors: authentication refused → :class:`~app.errors.CredentialRejected`; host unreachable, connection
-  refused, protocol or banner trouble before the command was sent → :class:`~app.errors.Unavailable` (nothing
+- Errors: authentication refused → :class:`~app.domain.errors.CredentialRejected`; host unreachable, connection
+  refused, protocol or banner trouble before the command was sent → :class:`~app.domain.errors.Unavailable` (nothing
   ran); the command was sent but no exit status came back in time, or the connection died mid-command →
-  :class:`~app.errors.OutcomeUnknown` (it may have run). A non-zero exit is not an error here: it is in the
+  :class:`~app.domain.errors.OutcomeUnknown` (it may have run). A non-zero exit is not an error here: it is in the
   result.
 - One connection per host is kept for every command (one TCP and auth handshake per runner; keepalives every
   30 s; :meth:`SshRunner.connect` opens it ahead of the first command) and reopened when it has died: a channel
@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, NoReturn
 
 import paramiko
 
-from app.errors import ConfigError, CredentialRejected, OutcomeUnknown, Unavailable
+from app.domain.errors import ConfigError, CredentialRejected, OutcomeUnknown, Unavailable
 
 if TYPE_CHECKING:
     from app.config import Settings

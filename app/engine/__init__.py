@@ -6,7 +6,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from app.alertmanager import Notification
+from app.domain.alertmanager import Notification
+from app.domain.states import IncidentOutcome, StepStatus
 from app.engine import guard_facts, transitions, vitals
 from app.engine.deps import EngineDeps
 from app.engine.explain import explain
@@ -16,7 +17,6 @@ from app.engine.ingest import IngestResult, ingest
 from app.engine.lifecycle import Lifecycle
 from app.engine.repair import NodeRepairs
 from app.engine.retention import Retention
-from app.states import IncidentOutcome, StepStatus
 from app.store import records
 from app.wakeup import Wakeup
 

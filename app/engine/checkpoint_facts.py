@@ -1,5 +1,5 @@
 """The facts of checkpoint-interval advice for one job, gathered from the store and Prometheus; the decision is
-:func:`app.checkpoint_advice.advise` (pure).
+:func:`app.domain.checkpoint_advice.advise` (pure).
 
 - **Failures**: the job incidents Nightshift acted on in the last :data:`WINDOW` (its own ledger of recoveries).
 - **Node-seconds**: how long the fleet's training nodes ran in that window, from Prometheus: the number of
@@ -8,8 +8,8 @@
   checkpoint cost (time with ``training_checkpoint_in_progress`` = 1 over the checkpoints written in the last day)
   and its current interval (a day over the checkpoints written in it).
 
-Every query is built from a template with :func:`app.templates.render_promql`, so a label value is one escaped
-string literal. A fact Prometheus cannot give is a :class:`~app.checkpoint_advice.NoAdvice` saying which.
+Every query is built from a template with :func:`app.domain.templates.render_promql`, so a label value is one escaped
+string literal. A fact Prometheus cannot give is a :class:`~app.domain.checkpoint_advice.NoAdvice` saying which.
 """
 
 from __future__ import annotations
@@ -18,13 +18,13 @@ import re
 from collections.abc import Mapping
 from datetime import timedelta
 
-from app.checkpoint_advice import Advice, FailureRate, JobCheckpoints, NoAdvice, advise
 from app.config import ADVICE_WINDOW_SECONDS
+from app.domain.checkpoint_advice import Advice, FailureRate, JobCheckpoints, NoAdvice, advise
+from app.domain.errors import BackendError, ConfigError
+from app.domain.schedulers import SCHEDULERS, Scheduler
+from app.domain.templates import render_promql
 from app.engine.deps import EngineDeps
-from app.errors import BackendError, ConfigError
-from app.schedulers import SCHEDULERS, Scheduler
 from app.store import records
-from app.templates import render_promql
 
 WINDOW = timedelta(seconds=ADVICE_WINDOW_SECONDS)  # retention keeps at least this (app/config.py)
 # Bounds of an advice request (the API's query, the job page's).
@@ -49,7 +49,7 @@ def job_identity(scheduler: str, values: Mapping[str, str]) -> tuple[Scheduler, 
 
 # The fleet's training node-hours over the window (hourly samples of the number of node endpoints).
 NODE_HOURS = "sum(sum_over_time(count(training_step_total)[30d:1h]))"
-# One job's figures; %s is the scheduler's job selector (app/schedulers.py ``job_selector``).
+# One job's figures; %s is the scheduler's job selector (app/domain/schedulers.py ``job_selector``).
 JOB_NODES = "count(training_step_total{%s})"
 CHECKPOINT_SECONDS = (
     "max(sum_over_time(training_checkpoint_in_progress{%s}[1d:15s])) * 15"

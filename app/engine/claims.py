@@ -19,8 +19,8 @@ from typing import Generic, TypeVar
 
 from sqlalchemy import Connection
 
+from app.domain.errors import StoreUnavailable
 from app.engine.deps import EngineDeps
-from app.errors import StoreUnavailable
 from app.store.claims import Queue
 
 log = logging.getLogger(__name__)

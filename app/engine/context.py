@@ -26,7 +26,7 @@ def template_context(
 ) -> Context:
     """An incident's steps: labels, annotations, target, diagnosis, incident. ``incident.culprits`` is the
     comma-separated list of nodes the recovery excludes ("" when none); ``incident.returned`` the nodes Nightshift
-    excluded from the job before that are back in service (app/exclusions.py), dropped from its exclusions."""
+    excluded from the job before that are back in service (app/domain/exclusions.py), dropped from its exclusions."""
     incident_id = str(inc.id or "")  # "" for a draft never stored (nightshift explain)
     return {
         "labels": inc.labels,

@@ -11,11 +11,11 @@ from sqlalchemy import Connection
 
 from app.actions.registry import ActionRegistry
 from app.clients import Clients
-from app.clock import Clock
 from app.config import Settings
+from app.domain.clock import Clock
+from app.domain.permissions import Permissions
+from app.domain.playbooks import Playbook, PlaybookSet
 from app.metrics import Metrics
-from app.permissions import Permissions
-from app.playbooks import Playbook, PlaybookSet
 from app.store import Store, records
 from app.workloads import Resolution, WorkloadResolver, with_workload
 
@@ -62,8 +62,8 @@ def render_target(
     annotations: Mapping[str, str],
     workload: Resolution | None = None,
 ) -> Target:
-    """Raises :class:`app.errors.ParamError` when a rendered target value fails its pattern. ``workload``: what the
-    Kubernetes API says of the alert's pod (:mod:`app.workloads`), which names a Kubernetes target's job."""
+    """Raises :class:`app.domain.errors.ParamError` when a rendered target value fails its pattern. ``workload``: what
+    the Kubernetes API says of the alert's pod (:mod:`app.workloads`), which names a Kubernetes target's job."""
     rendered = {
         name: value for name, value in playbook.render_target(labels, annotations).items() if value != ""
     }

@@ -9,11 +9,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from app.actions.notify import send_notification
+from app.domain.errors import BackendError, ConfigError
+from app.domain.paging import Notice
+from app.domain.states import IncidentOutcome, LedgerKind, NoticeKind, StepStatus
 from app.engine import transitions
 from app.engine.deps import EngineDeps
-from app.errors import BackendError, ConfigError
-from app.paging import Notice
-from app.states import IncidentOutcome, LedgerKind, NoticeKind, StepStatus
 from app.store import records
 from app.store.rows import Incident, StepRow
 

@@ -1,4 +1,4 @@
-"""The nodes a job's next recovery lets it back on (:mod:`app.exclusions` decides): the ones Nightshift excluded
+"""The nodes a job's next recovery lets it back on (:mod:`app.domain.exclusions` decides): the ones Nightshift excluded
 from it itself, whose repair has returned them to service since, as the scheduler confirms now.
 
 Bounded: the job's rows are at most the nodes an exclusion may name; the scheduler is asked only about nodes whose
@@ -8,11 +8,11 @@ client's timeouts; a node it cannot tell about stays excluded.
 
 from __future__ import annotations
 
-from app import exclusions, schedulers
+from app.domain import exclusions, schedulers
+from app.domain.errors import BackendError, ConfigError
+from app.domain.states import IncidentKind
 from app.engine.deps import EngineDeps
 from app.engine.scheduler_backends import backend
-from app.errors import BackendError, ConfigError
-from app.states import IncidentKind
 from app.store import records, repairs
 from app.store.rows import Incident
 

@@ -1,13 +1,13 @@
 """``nightshift explain``: what would happen to a payload, decided by the worker's own policy, read-only.
 
-The alerts are grouped into the episodes the worker would form (:mod:`app.episodes`): per job, the alerts joined,
+The alerts are grouped into the episodes the worker would form (:mod:`app.domain.episodes`): per job, the alerts joined,
 the culprits they name, the one job plan, and a node plan per culprit; a node alert on an idle node is a node
 episode; anything else is one episode per (playbook, target). Each episode is decided by
-:func:`app.incident_policy.decide`, as the worker decides it, over facts gathered read-only (:class:`ExplainSource`):
-the scheduler's view of the job and the node's partition/pool when a scheduler is configured (then ``when:
-job_phase=...`` branches as the worker's do), an empty history (a first incident on a quiet fleet), no log (the
-collect steps are listed, not run). Without a scheduler the culprits are shown as the worker would exclude them *if*
-the scheduler confirms they are in the job's allocation, and the live re-check is shown as the query it would run
+:func:`app.domain.incident_policy.decide`, as the worker decides it, over facts gathered read-only
+(:class:`ExplainSource`): the scheduler's view of the job and the node's partition/pool when a scheduler is configured
+(then ``when: job_phase=...`` branches as the worker's do), an empty history (a first incident on a quiet fleet), no log
+(the collect steps are listed, not run). Without a scheduler the culprits are shown as the worker would exclude them
+*if* the scheduler confirms they are in the job's allocation, and the live re-check is shown as the query it would run
 (assumed to hold). On Kubernetes it asks the API (read-only) which job each alert's pod belongs to, as ingestion
 does (:mod:`app.workloads`). Nothing is written and no step runs. Every alert is reported, an invalid one too.
 """
@@ -18,9 +18,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from app import episodes, schedulers
-from app import incident_policy as policy
-from app.alertmanager import Alert, Notification
+from app.domain import episodes, schedulers
+from app.domain import incident_policy as policy
+from app.domain.alertmanager import Alert, Notification
+from app.domain.errors import BackendError, ConfigError, ParamError
+from app.domain.planning import PlannedStep
+from app.domain.playbooks import Playbook
+from app.domain.states import Guard, GuardDecision, IncidentKind, RepairState, State, StepStatus
+from app.domain.templates import render_promql
 from app.engine import guard_facts
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps, render_target
@@ -29,12 +34,7 @@ from app.engine.ingest import prefetch_workloads
 from app.engine.repair import plan_repair
 from app.engine.scheduler_backends import job_status, pool_facts
 from app.engine.steps import StepRunner
-from app.errors import BackendError, ConfigError, ParamError
-from app.planning import PlannedStep
-from app.playbooks import Playbook
-from app.states import Guard, GuardDecision, IncidentKind, RepairState, State, StepStatus
 from app.store.rows import Incident, Repair
-from app.templates import render_promql
 
 
 @dataclass
@@ -188,7 +188,7 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
         _node_plan(deps, c["node"], c["playbook"], inc)
         for c in draft.culprits
         # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
-        # exclusion, so it gets no repair (the worker counts the earlier ones: app.episodes.repair_due).
+        # exclusion, so it gets no repair (the worker counts the earlier ones: app.domain.episodes.repair_due).
         if episodes.repair_due(deps.playbooks.get(c["playbook"]) if c["playbook"] else None, 0)
     ]
     return report

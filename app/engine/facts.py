@@ -1,4 +1,4 @@
-"""Gathering the facts :func:`app.incident_policy.decide` asks for, and the loop that asks.
+"""Gathering the facts :func:`app.domain.incident_policy.decide` asks for, and the loop that asks.
 
 :func:`decide_with` calls the policy, gathers what it asks for from a :class:`Source`, and calls it again until it
 decides. The worker's source (:class:`app.engine.lifecycle.WorkerSource`) reads the store and the backends and runs
@@ -14,17 +14,17 @@ from dataclasses import replace
 from datetime import timedelta
 from typing import Any, Protocol
 
-from app import guards, schedulers
-from app import incident_policy as policy
+from app.domain import guards, schedulers
+from app.domain import incident_policy as policy
+from app.domain.planning import PlannedStep, nodes_taken_out, plan_steps, when_context
+from app.domain.playbooks import Playbook
+from app.domain.states import IncidentKind, RepairState
+from app.domain.templates import render_promql
 from app.engine import guard_facts
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
 from app.engine.repair import plan_repair
-from app.planning import PlannedStep, nodes_taken_out, plan_steps, when_context
-from app.playbooks import Playbook
-from app.states import IncidentKind, RepairState
 from app.store.rows import Incident, Repair
-from app.templates import render_promql
 
 MAX_GATHERS = 8  # one of each fact at most: a policy that asks for more is a bug, never a loop
 
@@ -58,7 +58,7 @@ class Source(Protocol):
         """Whether the culprits' leaf/rack/block is to blame instead of them."""
 
     def progress(self, inc: Incident) -> policy.Progress:
-        """The job's step counter now and :data:`app.incident_policy.PROGRESS_WINDOW` ago."""
+        """The job's step counter now and :data:`app.domain.incident_policy.PROGRESS_WINDOW` ago."""
 
     def returned(self, inc: Incident) -> tuple[str, ...]:
         """The nodes Nightshift excluded from the job that are back in service (the plan lets the job back)."""

@@ -1,11 +1,11 @@
-"""The engine's side of fleet incidents (app/fleet.py decides): hold a job's recovery while a shared cause lasts.
+"""The engine's side of fleet incidents (app/domain/fleet.py decides): hold a job's recovery while a shared cause lasts.
 
 Called by the lifecycle before a job incident plans its recovery. The shared cause is one record (a control row
-``fleet:<key>``, :class:`app.fleet.FleetRecord`: its incidents, its sampled diagnosis, how its cause was checked,
+``fleet:<key>``, :class:`app.domain.fleet.FleetRecord`: its incidents, its sampled diagnosis, how its cause was checked,
 whether it cleared), told once (one notice, asking a person). Its cause is checked once every
 ``fleet.recheck_seconds`` for the whole fleet incident (not once per held job): the cause's clear query where one
 is set, else a probe job restarted alone; once it cleared (or a person released it, :meth:`FleetHolds.release`),
-every held job goes on to its recovery after its jitter (:func:`app.fleet.release_delay`). The held jobs' own
+every held job goes on to its recovery after its jitter (:func:`app.domain.fleet.release_delay`). The held jobs' own
 alerts resolving says nothing about the cause (a dead job stops erring) and clears nothing.
 """
 
@@ -17,17 +17,17 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import fleet
-from app import incident_policy as policy
+from app.domain import fleet
+from app.domain import incident_policy as policy
+from app.domain.errors import BackendError, ConfigError
+from app.domain.paging import Notice
+from app.domain.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
+from app.domain.topology import Topology, loggers, peer_nodes
 from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.engine.fleet_topology import TopologySource
-from app.errors import BackendError, ConfigError
-from app.paging import Notice
-from app.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
 from app.store import records
 from app.store.rows import Incident
-from app.topology import Topology, loggers, peer_nodes
 
 HOLD_PREFIX = "held by fleet incident"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)

@@ -1,4 +1,5 @@
-"""Where the fleet's topology comes from (:mod:`app.topology` parses): files, the Slurm host, Kubernetes node labels.
+"""Where the fleet's topology comes from (:mod:`app.domain.topology` parses): files, the Slurm host, Kubernetes node
+labels.
 
 ``fleet.topology_file`` and ``fleet.addresses_file`` are read at start (a bad one is a :class:`ConfigError` with
 its ``file:line``). The live sources are read by the worker when the topology is needed and the last read is older
@@ -28,12 +29,20 @@ from typing import Any
 
 import yaml
 
-from app import fleet
+from app.domain import fleet
+from app.domain.errors import BackendError, ConfigError
+from app.domain.states import LedgerKind
+from app.domain.topology import (
+    EMPTY,
+    Domain,
+    Topology,
+    TopologyError,
+    from_labels,
+    parse_slurm,
+    with_addresses,
+)
 from app.engine import transitions
 from app.engine.deps import EngineDeps
-from app.errors import BackendError, ConfigError
-from app.states import LedgerKind
-from app.topology import EMPTY, Domain, Topology, TopologyError, from_labels, parse_slurm, with_addresses
 
 log = logging.getLogger(__name__)
 

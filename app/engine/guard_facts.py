@@ -2,7 +2,7 @@
 
 :func:`read_history` reads what the store knows (attempts on the target, the last recovery, nodes taken out,
 an incident ahead on the same node or job, the pause); :func:`build` turns it, the settings, the playbook and the
-plan into :class:`app.guards.GuardFacts`. ``explain`` passes an empty :class:`History` where it has no store, so
+plan into :class:`app.domain.guards.GuardFacts`. ``explain`` passes an empty :class:`History` where it has no store, so
 the two can only differ in history, never in how settings and plans are read.
 """
 
@@ -15,12 +15,12 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import guards
 from app.actions.registry import ActionRegistry
 from app.config import Settings
-from app.planning import PlannedStep, nodes_taken_out
-from app.playbooks import Playbook
-from app.states import IncidentKind, RepairState, StepStatus
+from app.domain import guards
+from app.domain.planning import PlannedStep, nodes_taken_out
+from app.domain.playbooks import Playbook
+from app.domain.states import IncidentKind, RepairState, StepStatus
 from app.store import records, repairs
 from app.store.rows import Incident, Repair
 

@@ -23,11 +23,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from app.alertmanager import Notification, parse_notification
+from app.domain.alertmanager import Notification, parse_notification
+from app.domain.errors import InboxFull, StoreUnavailable
 from app.engine import transitions
 from app.engine.deps import EngineDeps
 from app.engine.ingest import IngestResult, ingest_alerts, prefetch_workloads, publish
-from app.errors import InboxFull, StoreUnavailable
 from app.store import records
 from app.wakeup import SOCKET_NAME, Wakeup
 

@@ -1,9 +1,9 @@
 """Alerts in, incidents opened or attached, inside the caller's transaction.
 
 Alerts naming the same training job join one job incident, whatever their playbook, rank or node; a node-scoped
-alert on a node with no job opens a node incident; anything else is keyed by (playbook, target) (:mod:`app.episodes`).
-Duplicate deliveries, Alertmanager repeats and HA peers attach to the open incident (the open key is unique in the
-store); a resolved alert closes an incident that has not started acting.
+alert on a node with no job opens a node incident; anything else is keyed by (playbook, target)
+(:mod:`app.domain.episodes`). Duplicate deliveries, Alertmanager repeats and HA peers attach to the open incident (the
+open key is unique in the store); a resolved alert closes an incident that has not started acting.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes, paging, schedulers
-from app.alertmanager import Alert, Notification
+from app.domain import episodes, paging, schedulers
+from app.domain.alertmanager import Alert, Notification
+from app.domain.errors import ParamError
+from app.domain.playbooks import Playbook
+from app.domain.states import NOT_ACTED, IncidentKind, IncidentOutcome, LedgerKind, State
 from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.engine.effects import tell
-from app.errors import ParamError
-from app.playbooks import Playbook
-from app.states import NOT_ACTED, IncidentKind, IncidentOutcome, LedgerKind, State
 from app.store import records, repairs
 from app.store.rows import Incident
 

@@ -1,18 +1,18 @@
-"""Advancing one claimed incident by one tick: gather the facts, decide (:mod:`app.incident_policy`), apply.
+"""Advancing one claimed incident by one tick: gather the facts, decide (:mod:`app.domain.incident_policy`), apply.
 
 Each tick is short; waits (the correlation window, guards, retries, verification polls) release the incident with a
 ``next_run_at`` so one worker thread serves many incidents and a crash loses nothing: every change is one transition
 of :mod:`app.engine.transitions` (one transaction each), a step is marked ``running`` before it starts, and a step
 found ``running`` by a later claimer is ``ambiguous`` and never re-run.
 
-A job incident (one failure episode of a training job, :mod:`app.episodes`) waits out its correlation window unless a
-culprit node is known, diagnoses over all its evidence, confirms its culprits against the job's allocation, and runs
-one recovery of the job that excludes them; each confirmed culprit is handed to the node repair lifecycle
+A job incident (one failure episode of a training job, :mod:`app.domain.episodes`) waits out its correlation window
+unless a culprit node is known, diagnoses over all its evidence, confirms its culprits against the job's allocation, and
+runs one recovery of the job that excludes them; each confirmed culprit is handed to the node repair lifecycle
 (:mod:`app.engine.repair`) in the same transaction, and the job's recovery never waits on it. A node incident (a
 node-scoped fault on a node that runs no job) goes through the same guard chain and live re-check, then hands its node
 to the repair lifecycle and closes with its verdict.
 
-What comes next is :func:`app.incident_policy.decide`'s; the facts it asks for are gathered by
+What comes next is :func:`app.domain.incident_policy.decide`'s; the facts it asks for are gathered by
 :class:`app.engine.worker_facts.WorkerSource`; this module applies the decision through the named transitions and
 runs the attempt's steps and its verification.
 """
@@ -27,23 +27,14 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import incident_policy as policy
-from app.engine import claims, transitions
-from app.engine.context import template_context
-from app.engine.deps import EngineDeps
-from app.engine.effects import Effects
-from app.engine.facts import decide_with
-from app.engine.fleet_hold import FleetHolds, is_held
-from app.engine.scheduler_backends import job_status
-from app.engine.steps import StepRunner
-from app.engine.worker_facts import WorkerSource
-from app.errors import BackendError, ConfigError
-from app.job_phase import JobPhase
-from app.outcome import Ambiguous, CredentialError, Ok, Retry
-from app.planning import PlannedStep
-from app.playbooks import Playbook
-from app.promql_window import clamp_ranges
-from app.states import (
+from app.domain import incident_policy as policy
+from app.domain.errors import BackendError, ConfigError
+from app.domain.job_phase import JobPhase
+from app.domain.outcome import Ambiguous, CredentialError, Ok, Retry
+from app.domain.planning import PlannedStep
+from app.domain.playbooks import Playbook
+from app.domain.promql_window import clamp_ranges
+from app.domain.states import (
     DONE_STEP_STATUSES,
     NOT_ACTED,
     Guard,
@@ -54,10 +45,19 @@ from app.states import (
     StepStatus,
     UndoState,
 )
+from app.domain.templates import render_promql
+from app.engine import claims, transitions
+from app.engine.context import template_context
+from app.engine.deps import EngineDeps
+from app.engine.effects import Effects
+from app.engine.facts import decide_with
+from app.engine.fleet_hold import FleetHolds, is_held
+from app.engine.scheduler_backends import job_status
+from app.engine.steps import StepRunner
+from app.engine.worker_facts import WorkerSource
 from app.store import records
 from app.store.claims import INCIDENTS
 from app.store.rows import Incident, StepRow
-from app.templates import render_promql
 
 log = logging.getLogger(__name__)
 

@@ -1,17 +1,17 @@
 """The node repair worker: one tick of one due repair (claim, decide, run one step, write), and operator controls.
 
-What comes next is decided by :mod:`app.repair_policy` (pure); this module does the I/O around it. Each transition is
-one transaction that writes the repair and its ledger row (:func:`app.store.repairs.write_transition`). A step is
-marked ``running`` durably before its action starts; a later claimer that finds it so holds the node for a person
-(never re-run blind), except validation, which only looks. Every wait is bounded: a step's retries by
+What comes next is decided by :mod:`app.domain.repair_policy` (pure); this module does the I/O around it. Each
+transition is one transaction that writes the repair and its ledger row (:func:`app.store.repairs.write_transition`). A
+step is marked ``running`` durably before its action starts; a later claimer that finds it so holds the node for a
+person (never re-run blind), except validation, which only looks. Every wait is bounded: a step's retries by
 ``worker.step_retry_limit``, the node's return by ``repair.return_timeout_seconds``, each action by its own timeouts;
 the worker's claim is the incidents' one (:mod:`app.engine.claims`: its lease renewed while a step runs), and a tick
 that raises ``worker.max_tick_errors`` times in a row holds the node for a person.
 
 The plan of a repair, from take-out to return (one step each, run one per tick)::
 
-    take_out   the scheduler's (slurm.drain_node, kubernetes.cordon_node: app/schedulers.py); someone else's mark:
-               not ours
+    take_out   the scheduler's (slurm.drain_node, kubernetes.cordon_node: app/domain/schedulers.py); someone
+               else's mark: not ours
     repair:<i> the playbook's node_repair.repair steps     (e.g. slurm.reboot_node; none by default)
     validate   node_repair.validate, or the scheduler's validate_node with repair.validation_command
     return     the scheduler's (slurm.resume_node, kubernetes.uncordon_node): only what carries our mark
@@ -28,8 +28,13 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from app import guards, paging, schedulers
-from app import repair_policy as policy
+from app.domain import guards, paging, schedulers
+from app.domain import repair_policy as policy
+from app.domain.outcome import Outcome, Retry, tail
+from app.domain.planning import SKIPPED, PlannedStep, plan_steps, when_context
+from app.domain.playbooks import Step
+from app.domain.repair_policy import RETURN, TAKE_OUT, VALIDATE
+from app.domain.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.engine import claims, guard_facts
 from app.engine.claims import Claim
 from app.engine.context import repair_context
@@ -37,11 +42,6 @@ from app.engine.deps import EngineDeps
 from app.engine.effects import tell
 from app.engine.scheduler_backends import hold_default, pool_facts
 from app.engine.steps import action_context, run_action
-from app.outcome import Outcome, Retry, tail
-from app.planning import SKIPPED, PlannedStep, plan_steps, when_context
-from app.playbooks import Step
-from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
-from app.states import REPAIR_SETTLED, Guard, GuardDecision, LedgerKind, RepairState, StepStatus
 from app.store import records, repairs
 from app.store.claims import REPAIRS
 from app.store.rows import Incident, Repair
@@ -57,7 +57,8 @@ STEP_NAMES = {TAKE_OUT: "take out", VALIDATE: "validate", RETURN: "return to ser
 
 
 def default_steps(scheduler: str) -> dict[str, Step]:
-    """The take-out, validation and return steps of the scheduler (:meth:`app.schedulers.Scheduler.default_steps`)."""
+    """The take-out, validation and return steps of the scheduler
+    (:meth:`app.domain.schedulers.Scheduler.default_steps`)."""
     return {
         marker: Step(action=action, with_=with_, name=STEP_NAMES[marker])
         for marker, (action, with_) in schedulers.named(scheduler).default_steps().items()

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from app.domain.retention import Cutoffs, cutoffs
+from app.domain.states import LedgerKind
 from app.engine import transitions
 from app.engine.deps import EngineDeps
-from app.retention import Cutoffs, cutoffs
-from app.states import LedgerKind
 from app.store import retention as prunable
 
 log = logging.getLogger(__name__)

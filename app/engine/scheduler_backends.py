@@ -1,8 +1,8 @@
 """What Nightshift asks a scheduler: a training job's status and allocation, a node's partition or pool.
 
 The facts that need no asking (job identity, default repair steps, our mark, target rules) are
-:mod:`app.schedulers` (pure); each backend here is the I/O half of one of them, reading through ``app.clients``.
-Errors are the clients' :mod:`app.errors` types; the caller decides (a job's status unread is asked again; a pool
+:mod:`app.domain.schedulers` (pure); each backend here is the I/O half of one of them, reading through ``app.clients``.
+Errors are the clients' :mod:`app.domain.errors` types; the caller decides (a job's status unread is asked again; a pool
 unknown leaves only the blast radius's absolute limit).
 """
 
@@ -12,12 +12,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app import schedulers
 from app.clients import Clients
 from app.config import Settings
+from app.domain import schedulers
+from app.domain.errors import BackendError, ConfigError
+from app.domain.job_phase import JobStatus, slurm_phase
 from app.engine.deps import EngineDeps
-from app.errors import BackendError, ConfigError
-from app.job_phase import JobStatus, slurm_phase
 from app.workloads import kubernetes_job_status
 
 
@@ -131,9 +131,9 @@ def pool_facts(
     deps: EngineDeps, scheduler: schedulers.Scheduler | None, node: str
 ) -> tuple[dict[str, Any], str]:
     """The blast-radius inputs about the node's partition (Slurm) or node pool (Kubernetes label
-    ``guards.node_pool_label``): ``pool``, ``pool_nodes``, ``blast_max_share`` for :class:`app.guards.GuardFacts`,
-    and a note. Unknown (no scheduler, lookup failed, no partition, no label): no facts, so only the absolute limit
-    applies."""
+    ``guards.node_pool_label``): ``pool``, ``pool_nodes``, ``blast_max_share`` for
+    :class:`app.domain.guards.GuardFacts`, and a note. Unknown (no scheduler, lookup failed, no partition, no label): no
+    facts, so only the absolute limit applies."""
     if scheduler is None:
         return {}, f"node {node}: the target names no scheduler"
     try:

@@ -9,17 +9,17 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app import schedulers
 from app.actions.base import Action, ActionContext
+from app.domain import schedulers
+from app.domain.errors import ParamError
+from app.domain.outcome import Failed, Ok, Outcome, tail
+from app.domain.planning import PlannedStep, plan_steps, when_context
+from app.domain.playbooks import Step
+from app.domain.states import LedgerKind
 from app.engine import transitions
 from app.engine.claims import Claim, kept
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
-from app.errors import ParamError
-from app.outcome import Failed, Ok, Outcome, tail
-from app.planning import PlannedStep, plan_steps, when_context
-from app.playbooks import Step
-from app.states import LedgerKind
 from app.store import records
 from app.store.claims import INCIDENTS
 from app.store.rows import Incident, StepRow

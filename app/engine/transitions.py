@@ -20,11 +20,11 @@ from typing import Any
 
 from sqlalchemy import Connection
 
-from app import episodes, schedulers
-from app.incident_policy import Learned
-from app.planning import RUN, PlannedStep
-from app.playbooks import PlaybookSet
-from app.states import (
+from app.domain import episodes, schedulers
+from app.domain.incident_policy import Learned
+from app.domain.planning import RUN, PlannedStep
+from app.domain.playbooks import PlaybookSet
+from app.domain.states import (
     AttemptOutcome,
     Guard,
     IncidentOutcome,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from app.domain.startup import credential_states
 from app.engine.deps import EngineDeps
-from app.startup import credential_states
 from app.store import records, repairs
 
 HEARTBEAT_SECONDS = 15.0

@@ -1,23 +1,23 @@
-"""The worker's facts for :func:`app.incident_policy.decide`: from the store, the scheduler and Prometheus, and the
-diagnosis (its collect steps run as step rows)."""
+"""The worker's facts for :func:`app.domain.incident_policy.decide`: from the store, the scheduler and Prometheus, and
+the diagnosis (its collect steps run as step rows)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app import episodes, schedulers
-from app import incident_policy as policy
+from app.domain import episodes, schedulers
+from app.domain import incident_policy as policy
+from app.domain.errors import BackendError, ConfigError
+from app.domain.outcome import Ok
+from app.domain.playbooks import Playbook
+from app.domain.states import IncidentKind, StepStatus
 from app.engine import guard_facts, transitions
 from app.engine.deps import EngineDeps
 from app.engine.exclusions import returned_nodes
 from app.engine.fleet_hold import FleetHolds
 from app.engine.scheduler_backends import job_status, pool_facts
 from app.engine.steps import StepRunner
-from app.errors import BackendError, ConfigError
-from app.outcome import Ok
-from app.playbooks import Playbook
-from app.states import IncidentKind, StepStatus
 from app.store import repairs
 from app.store.rows import Incident
 

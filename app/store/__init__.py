@@ -1,6 +1,6 @@
 """The durable store: SQLAlchemy 2 Core on SQLite (WAL, default) or PostgreSQL (HA replicas).
 
-``Store`` owns the engine and transactions and translates driver errors into :class:`app.errors.StoreUnavailable`
+``Store`` owns the engine and transactions and translates driver errors into :class:`app.domain.errors.StoreUnavailable`
 once; the query functions live in :mod:`app.store.records`, each taking an open connection so that the engine can
 compose them into one transaction.
 
@@ -27,9 +27,9 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DBAPIError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
-from app.clock import Clock, SystemClock
 from app.config import StoreSettings
-from app.errors import ConfigError, StoreUnavailable
+from app.domain.clock import Clock, SystemClock
+from app.domain.errors import ConfigError, StoreUnavailable
 from app.store.schema import (
     ADDED_COLUMNS,
     ADDED_INDEXES,

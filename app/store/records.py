@@ -22,9 +22,9 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
-from app.alertmanager import Alert, Notification
+from app.domain.alertmanager import Alert, Notification
+from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
-from app.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.store.rows import Incident, StepRow
 from app.store.schema import (
     UtcDateTime,

@@ -15,7 +15,7 @@ from typing import Any
 from sqlalchemy import Connection, func, insert, or_, select, update
 from sqlalchemy.exc import IntegrityError
 
-from app.states import REPAIR_OPEN, LedgerKind, RepairState, StepStatus
+from app.domain.states import REPAIR_OPEN, LedgerKind, RepairState, StepStatus
 from app.store import records
 from app.store.rows import Repair
 from app.store.schema import node_repairs, steps

@@ -11,7 +11,7 @@ Groups, each deleted with what depends on it (docs/reliability.md, "Retention"):
 - ``inbox``: notifications set aside (their ingestion failed) before the alerts cutoff, with the new alert
   instances they carried (``inbox_alerts``);
 - ``incidents``: incidents closed before the incidents cutoff, with their links, attempts, steps and ledger rows
-  and the exclusions they added (app/exclusions.py: a node whose row is gone is never dropped from its job),
+  and the exclusions they added (app/domain/exclusions.py: a node whose row is gone is never dropped from its job),
   unless one of their alerts is still notified or a repair they asked for is open or settled after the cutoff;
 - ``node_repairs``: repairs settled before the incidents cutoff whose incident is closed;
 - ``ledger``: rows of no incident, per-alert ones (received, unmatched...) after the alerts cutoff, the rest
@@ -28,7 +28,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Table, and_, delete, exists, func, or_, select
 
-from app.retention import Cutoffs
+from app.domain.retention import Cutoffs
 from app.store import records
 from app.store.schema import (
     alerts,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.states import IncidentKind, IncidentOutcome, RepairState, State, StepStatus, UndoState
+from app.domain.states import IncidentKind, IncidentOutcome, RepairState, State, StepStatus, UndoState
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,7 +115,7 @@ class StepRow:
 
 @dataclass(frozen=True)
 class Repair:
-    """A node's way through repair (table ``node_repairs``; :mod:`app.repair_policy` says what comes next)."""
+    """A node's way through repair (table ``node_repairs``; :mod:`app.domain.repair_policy` says what comes next)."""
 
     id: int
     node: str

@@ -142,7 +142,7 @@ incidents = Table(
     Column("target", JSON, nullable=False),
     Column("node", String(255)),
     Column("job", String(255)),
-    # app.states.IncidentKind: a job's failure episode, a node's fault, or one (playbook, target).
+    # app.domain.states.IncidentKind: a job's failure episode, a node's fault, or one (playbook, target).
     Column("kind", String(16), nullable=False, default="target", server_default="target"),
     # Job incidents: the nodes named as culprits, each {node, source, reason, playbook, confirmed}; confirmed = in
     # the job's allocation (only confirmed culprits are excluded and repaired).
@@ -151,7 +151,7 @@ incidents = Table(
     Column("act_after", UtcDateTime),
     # Consecutive failed ticks; at worker.max_tick_errors the incident goes to a person.
     Column("tick_errors", Integer, nullable=False, default=0, server_default="0"),
-    # Failed reads of the job's allocation (app.incident_policy.ALLOCATION_TRIES).
+    # Failed reads of the job's allocation (app.domain.incident_policy.ALLOCATION_TRIES).
     Column("job_status_tries", Integer, nullable=False, default=0, server_default="0"),
     # Finalisations retried (app.engine.effects.FINALIZE_TRIES), and the channels that delivered the outcome notice.
     Column("finalize_tries", Integer, nullable=False, default=0, server_default="0"),
@@ -253,7 +253,7 @@ steps = Table(
 )
 
 # The nodes Nightshift added to a job's exclusion list (they were not on it before: a node already there is someone
-# else's), one row per job and node, deleted when Nightshift drops the node again (app/exclusions.py).
+# else's), one row per job and node, deleted when Nightshift drops the node again (app/domain/exclusions.py).
 job_exclusions = Table(
     "job_exclusions",
     metadata,
@@ -303,7 +303,7 @@ node_repairs = Table(
     Column("id", Integer, primary_key=True),
     Column("node", String(255), nullable=False),
     Column("scheduler", String(16), nullable=False),  # slurm | kubernetes
-    Column("state", String(16), nullable=False),  # app.states.RepairState
+    Column("state", String(16), nullable=False),  # app.domain.states.RepairState
     Column("open_key", String(300), unique=True),
     Column("playbook", String(200)),  # whose node_repair section plans the repair; NULL: the defaults
     Column("incident_id", Integer),  # the incident that asked for it (ledger rows carry it)

@@ -6,7 +6,7 @@ hundreds of milliseconds late (measured: p99 310 ms with the worker in a process
 here first never meet SQLite's lock held: threads of a process queue on a ``threading.Lock``, processes on
 ``flock(2)`` of a file beside the database.
 
-Every wait ends after ``timeout_s`` with :class:`app.errors.StoreUnavailable`, so that a process holding the lock
+Every wait ends after ``timeout_s`` with :class:`app.domain.errors.StoreUnavailable`, so that a process holding the lock
 (a stuck worker, an operator's ``sqlite3`` shell) costs the webhook a prompt 503, which Alertmanager retries, instead
 of a hang. ``flock`` has no timeout of its own and a blocking call cannot be interrupted from Python outside the main
 thread, so a process that finds the file locked tries again every ``POLL_S`` (``LOCK_NB``) until its deadline. The
@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 from types import TracebackType
 
-from app.errors import StoreUnavailable
+from app.domain.errors import StoreUnavailable
 
 # How often a process waiting for another's flock tries again: the most it adds to a hand-over between processes.
 POLL_S = 0.001

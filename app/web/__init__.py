@@ -10,7 +10,7 @@ from flask.json.provider import DefaultJSONProvider
 from werkzeug.exceptions import HTTPException
 from werkzeug.routing import IntegerConverter, Map
 
-from app.errors import StoreUnavailable
+from app.domain.errors import StoreUnavailable
 
 # Ids are SQL BIGINTs: a path id outside 1..2**63-1 matches no route (404), never reaches the store.
 MAX_ID = 2**63 - 1

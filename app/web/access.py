@@ -28,7 +28,7 @@ from typing import Any
 from flask import current_app, g, request, session
 
 from app.config import Settings, read_secret
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 from app.store import sessions as session_records
 from app.web.auth import bearer, refuse_failure, same_secret
 

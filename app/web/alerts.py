@@ -20,8 +20,8 @@ import logging
 from flask import Blueprint, current_app, jsonify, request
 from werkzeug.exceptions import RequestEntityTooLarge
 
-from app.alertmanager import parse_notification
-from app.errors import InboxFull, PayloadError
+from app.domain.alertmanager import parse_notification
+from app.domain.errors import InboxFull, PayloadError
 from app.web import error
 from app.web.auth import refuse_failure
 

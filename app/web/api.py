@@ -15,11 +15,11 @@ from typing import Any
 
 from flask import Blueprint, abort, current_app, jsonify, request
 
-from app import schedulers
-from app.checkpoint_advice import NoAdvice
+from app.domain import schedulers
+from app.domain.checkpoint_advice import NoAdvice
+from app.domain.params import NODE_NAME
+from app.domain.states import IncidentOutcome, State
 from app.engine import checkpoint_facts
-from app.params import NODE_NAME
-from app.states import IncidentOutcome, State
 from app.web import MAX_ID, error, header_text, int_arg, plain_text
 from app.web.access import VIEWER, read_access, read_refusal
 from app.web.auth import bearer, refuse_failure, same_secret
@@ -89,7 +89,7 @@ def get_incident(incident_id: int):
 
 @bp.get("/checkpoint-advice")
 def checkpoint_advice():
-    """The checkpoint interval that minimises a job's expected lost time (app/checkpoint_advice.py), from the
+    """The checkpoint interval that minimises a job's expected lost time (app/domain/checkpoint_advice.py), from the
     failures Nightshift measured and the job's progress markers. ``scheduler`` (slurm | kubernetes), ``job`` (a
     Slurm job id, or the ``train_job`` on Kubernetes), ``namespace`` (Kubernetes), ``gpus_per_node`` 1..64
     (default 8)."""
@@ -195,7 +195,7 @@ def release_node(node: str):
 @operator_only
 def hold_node(node: str):
     """Hold a node: its repair stops where it is, or (none open) no later request repairs or returns it.
-    Body: ``{"reason": ..., "scheduler": <one of app.schedulers.NAMES>}`` (scheduler: for a node with no repair
+    Body: ``{"reason": ..., "scheduler": <one of app.domain.schedulers.NAMES>}`` (scheduler: for a node with no repair
     yet; default :func:`app.engine.scheduler_backends.hold_default`)."""
     engine = current_app.extensions["nightshift"].engine
     body = request.get_json(silent=True) or {}
@@ -236,7 +236,7 @@ def release_fleet(key: str):
 
 
 def _node_name(node: str) -> str:
-    """A node name as in a playbook target (``app.params.NODE_NAME``, at most 253 characters), else 400."""
+    """A node name as in a playbook target (``app.domain.params.NODE_NAME``, at most 253 characters), else 400."""
     if not re.fullmatch(NODE_NAME, node):
         abort(400, f"node: {node[:100]!r} is not a node name")
     return node

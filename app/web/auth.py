@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from flask import Response, current_app, request
 
 from app.config import Settings, WebhookSettings, read_secret
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 
 LIMITER_KEY = "nightshift.auth_failures"
 # The token in examples/webhook.token: anyone who read the repository knows it.

@@ -21,7 +21,7 @@ from typing import Any
 from flask import Blueprint, Response, current_app, jsonify
 
 from app.clients.slurm_discovery import Discovered, discover
-from app.errors import BackendError, ConfigError, Unavailable
+from app.domain.errors import BackendError, ConfigError, Unavailable
 from app.web import error
 from app.web.access import read_refusal
 

@@ -7,8 +7,8 @@ from importlib import metadata
 from flask import Blueprint, Response, current_app, jsonify
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from app.domain.errors import StoreUnavailable
 from app.engine import vitals
-from app.errors import StoreUnavailable
 from app.metrics import inbox_families, repair_families, vitals_families
 from app.web import error
 

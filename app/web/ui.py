@@ -35,11 +35,11 @@ from flask import (
 from flask.blueprints import BlueprintSetupState
 from werkzeug.exceptions import HTTPException
 
-from app import schedulers
-from app.checkpoint_advice import NoAdvice
+from app.domain import schedulers
+from app.domain.checkpoint_advice import NoAdvice
+from app.domain.errors import StoreUnavailable
+from app.domain.params import NODE_NAME
 from app.engine import Engine, checkpoint_facts
-from app.errors import StoreUnavailable
-from app.params import NODE_NAME
 from app.web import int_arg, plain_text, views
 from app.web.access import (
     ACCESS_KEY,
@@ -233,7 +233,8 @@ def incident(incident_id: int):
 
 @bp.get("/jobs/<job>")
 def job(job: str):
-    """One job: its state, the checkpoint interval advised for it (app/checkpoint_advice.py) and its incidents."""
+    """One job: its state, the checkpoint interval advised for it (app/domain/checkpoint_advice.py) and its
+    incidents."""
     engine = _engine()
     incidents = engine.incidents(job=job[:255], limit=JOB_PAGE)
     if not incidents:

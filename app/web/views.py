@@ -13,8 +13,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from app import schedulers
-from app.states import IncidentOutcome, LedgerKind, State, StepStatus
+from app.domain import schedulers
+from app.domain.states import IncidentOutcome, LedgerKind, State, StepStatus
 
 Row = Mapping[str, Any]
 
@@ -181,7 +181,7 @@ def guard_view(status: Mapping[str, Any], blast: Mapping[str, Any]) -> GuardView
 @dataclass(frozen=True)
 class CredentialView:
     backend: str
-    state: str  # app.schedulers.CREDENTIAL_STATES: unset | configured | credential_error
+    state: str  # app.domain.schedulers.CREDENTIAL_STATES: unset | configured | credential_error
     reason: str
     at: str | None
 
@@ -480,7 +480,8 @@ def repair_view(row: Row) -> RepairView:
 
 @dataclass(frozen=True)
 class AdviceView:
-    """The checkpoint-interval advice of a job as the job page shows it (app/checkpoint_advice.py), or why none."""
+    """The checkpoint-interval advice of a job as the job page shows it (app/domain/checkpoint_advice.py), or why
+    none."""
 
     advised: str | None = None
     current: str | None = None
@@ -503,7 +504,7 @@ def spoken_duration(seconds: float) -> str:
 
 
 def advice_view(advice: Mapping[str, Any] | None, reason: str = "") -> AdviceView:
-    """From :meth:`app.checkpoint_advice.Advice.as_dict` (None, with ``reason``: no advice)."""
+    """From :meth:`app.domain.checkpoint_advice.Advice.as_dict` (None, with ``reason``: no advice)."""
     if advice is None:
         return AdviceView(reason=reason)
 

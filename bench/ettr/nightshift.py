@@ -26,16 +26,16 @@ from typing import Any
 
 from app import build_engine
 from app.actions import default_registry
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clients.prometheus import Sample
 from app.clients.slurm import SlurmClient
 from app.clients.ssh import CommandResult
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.hostlist import expand_hostlist
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import load_playbooks
 from app.engine import Engine
-from app.hostlist import expand_hostlist
-from app.permissions import Grant, Permissions
-from app.playbooks import load_playbooks
 from bench.ettr.causes import KINDS
 from bench.ettr.responders import People
 from bench.ettr.world import JOB, START, TRAIN_JOB, Alert, World

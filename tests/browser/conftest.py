@@ -24,10 +24,10 @@ from app import create_app
 from app.actions import default_registry
 from app.clients import Clients
 from app.config import Settings
+from app.domain.outcome import Ambiguous, CredentialError, Failed, Ok
+from app.domain.params import SLURM_JOB_ID, Param
 from app.engine import Engine
 from app.metrics import Metrics
-from app.outcome import Ambiguous, CredentialError, Failed, Ok
-from app.params import SLURM_JOB_ID, Param
 from tests.fakes import FakeAction, FakeClock, FakePrometheus, FakeSample, FakeSlurm, fake_actions
 from tests.fixtures.procs import IN_CI, free_port, require_binary, wait_until
 from tests.payloads import alert, body, xid

@@ -6,7 +6,7 @@ import re
 
 import requests
 
-from app.guards import CHAIN
+from app.domain.guards import CHAIN
 from tests.browser.conftest import VIEWER_TOKEN, Page
 
 GUARDS = [guard.__name__ for guard in CHAIN] + [

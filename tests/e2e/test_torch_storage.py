@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from app.checkpoint_layouts import QUARANTINE_DIR
+from app.domain.checkpoint_layouts import QUARANTINE_DIR
 from sim import faults, statedir, torch_job
 from sim.stack import Stack
 from sim.torch_trainer import newest_checkpoint

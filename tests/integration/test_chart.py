@@ -29,8 +29,8 @@ from pydantic import BaseModel
 from app.actions import default_registry
 from app.alert_labels import own
 from app.config import load_settings
-from app.permissions import load_permissions
-from app.playbooks import load_playbooks
+from app.domain.permissions import load_permissions
+from app.domain.playbooks import load_playbooks
 from rules import gen_prometheusrule
 from tests.fixtures.containers import CHART, HELM_TIMEOUT_SECONDS, RenderRefused, rbac_grants, render
 from tests.fixtures.kube import KubeAdmin, assert_contains

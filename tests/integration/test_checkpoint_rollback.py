@@ -11,9 +11,9 @@ import pytest
 
 from app.actions.base import ActionContext
 from app.actions.checkpoint_rollback import CheckpointRollback
-from app.checkpoint_layouts import QUARANTINE_DIR
 from app.clients import Clients
-from app.outcome import Failed, Ok
+from app.domain.checkpoint_layouts import QUARANTINE_DIR
+from app.domain.outcome import Failed, Ok
 from sim import checkpoint_styles
 from tests.fakes import FakeClock
 from tests.fixtures.slurm import SlurmCluster

@@ -20,7 +20,7 @@ import pytest
 import requests
 from sqlalchemy import select
 
-from app.alertmanager import am_fingerprint
+from app.domain.alertmanager import am_fingerprint
 from app.store import Store
 from app.store.schema import alerts
 from tests.fixtures.procs import wait_until

@@ -15,8 +15,8 @@ import pytest
 from app.actions.base import ActionContext
 from app.actions.stacks import JobStacks
 from app.clients import Clients
-from app.diagnosis import diagnose
-from app.outcome import Failed, Ok
+from app.domain.diagnosis import diagnose
+from app.domain.outcome import Failed, Ok
 from tests.fixtures.procs import wait_until
 from tests.fixtures.slurm import SlurmCluster
 

@@ -24,10 +24,10 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from app.alertmanager import parse_notification
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.states import RepairState
 from app.engine import Engine
-from app.states import RepairState
 from app.store import repairs
 from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, engines_on, restarts_of_recovered_job
 from tests.fixtures.kube_nodes import GPU_RESOURCE, NodeStack

@@ -19,9 +19,9 @@ import pytest
 from app.actions.base import ActionContext
 from app.actions.kubernetes import CORDONED_AT, CORDONED_BY, RESTARTED_AT, SUSPENDED_BY, RestartJob
 from app.clients.kube import CONFLICT_ATTEMPTS, KubeClient
-from app.errors import CredentialRejected
-from app.job_phase import JobPhase
-from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
+from app.domain.errors import CredentialRejected
+from app.domain.job_phase import JobPhase
+from app.domain.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
 from app.workloads import kubernetes_job_status
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (
@@ -240,7 +240,7 @@ def test_delete_pod(kube_admin: KubeAdmin, kube_context: MakeContext, kube_names
 
 def test_negative_grace_is_rejected_before_any_call() -> None:
     from app.actions.kubernetes import DeletePod
-    from app.errors import ParamError
+    from app.domain.errors import ParamError
 
     with pytest.raises(ParamError, match="must be >= 0"):
         DeletePod().validate({"namespace": "ns", "pod": "p", "grace_seconds": -1})

@@ -3,7 +3,7 @@ checkpoint volume, list the directory and roll it back (app/actions/kubernetes_r
 
 No Job controller or kubelet runs here: :class:`tests.fixtures.kube.JobRunner` plays them, running each Job's
 command for real on this machine (the training job's volume is a hostPath mounted at its own path, so the Job sees
-these very files). The decisions are the Slurm action's (app/checkpoint_layouts.py; every layout is in
+these very files). The decisions are the Slurm action's (app/domain/checkpoint_layouts.py; every layout is in
 tests/unit/test_checkpoint_layouts.py); what is tested here is the way there: the volume found from the job's
 template, the Jobs' manifests as the apiserver stores them, the report read back through pods/log, the roots, the
 clean-up."""
@@ -18,8 +18,8 @@ import pytest
 
 from app.actions.base import ActionContext
 from app.actions.kubernetes_rollback import COMPONENT, CheckpointRollback
-from app.checkpoint_layouts import QUARANTINE_DIR
-from app.outcome import Failed, Ok
+from app.domain.checkpoint_layouts import QUARANTINE_DIR
+from app.domain.outcome import Failed, Ok
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import TRAINING_KINDS, JobRunner, KubeAdmin
 

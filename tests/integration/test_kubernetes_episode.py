@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from app.alertmanager import parse_notification
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.states import RepairState
 from app.engine import Engine
-from app.states import RepairState
 from app.store import repairs
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (

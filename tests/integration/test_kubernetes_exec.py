@@ -13,9 +13,9 @@ import pytest
 
 from app.actions.base import ActionContext
 from app.actions.kubernetes_exec import CHECKPOINT_REQUEST
-from app.diagnosis import diagnose
-from app.errors import NotFound
-from app.outcome import Failed, Ok
+from app.domain.diagnosis import diagnose
+from app.domain.errors import NotFound
+from app.domain.outcome import Failed, Ok
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import KubeAdmin, run_action, run_training_pod
 from tests.fixtures.procs import free_port, wait_until

@@ -15,11 +15,11 @@ from typing import Any
 import pytest
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.clients.kube import WORKLOADS
+from app.domain.alertmanager import parse_notification
+from app.domain.permissions import Permissions
 from app.engine import Engine
-from app.permissions import Permissions
 from app.workloads import MAX_OWNER_DEPTH, Workload, WorkloadResolver
 from tests.fixtures.kube import KubeAdmin, KubeCluster, controller_ref
 from tests.payloads import alert, payload

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from app.alertmanager import parse_notification
+from app.domain.alertmanager import parse_notification
 from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeEngine
 from tests.payloads import alert, payload
 

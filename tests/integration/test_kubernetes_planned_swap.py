@@ -22,9 +22,9 @@ from typing import Any
 import pytest
 
 from app.actions.kubernetes_exec import CHECKPOINT_REQUEST
-from app.alertmanager import parse_notification
 from app.config import Settings
-from app.states import RepairState
+from app.domain.alertmanager import parse_notification
+from app.domain.states import RepairState
 from app.store import repairs
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import TRAINING_KINDS, KubeAdmin, KubeEngine, SuspendController, run_training_pod

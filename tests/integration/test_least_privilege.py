@@ -33,7 +33,7 @@ from app.clients.slurm import (
     tail_command,
 )
 from app.config import Settings
-from app.outcome import Ok
+from app.domain.outcome import Ok
 from tests.fixtures.procs import wait_until
 from tests.fixtures.slurm import SHIPPED_SUDOERS, SlurmCluster
 

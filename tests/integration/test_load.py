@@ -18,7 +18,7 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from app.alertmanager import am_fingerprint, parse_notification
+from app.domain.alertmanager import am_fingerprint, parse_notification
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, payload, xid

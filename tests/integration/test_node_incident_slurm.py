@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from app.alertmanager import parse_notification
 from app.clients import Clients
-from app.clock import SystemClock
-from app.states import IncidentOutcome
+from app.domain.alertmanager import parse_notification
+from app.domain.clock import SystemClock
+from app.domain.states import IncidentOutcome
 from app.store import repairs
 from tests.fakes import FakePrometheus, FakeSample, node_repair_playbook
 from tests.fixtures.procs import wait_until

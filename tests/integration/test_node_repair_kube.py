@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from app.clients import Clients
-from app.clock import SystemClock
-from app.states import RepairState
+from app.domain.clock import SystemClock
+from app.domain.states import RepairState
 from tests.fakes import node_repair_playbook
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import KubeAdmin, KubeCluster

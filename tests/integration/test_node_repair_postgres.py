@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from app.states import RepairState
+from app.domain.states import RepairState
 from app.store import Store, repairs
 from app.store.claims import REPAIRS
 from tests.fakes import START, FakeClock

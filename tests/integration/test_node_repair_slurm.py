@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from app.clients import Clients
-from app.clock import SystemClock
-from app.states import RepairState
+from app.domain.clock import SystemClock
+from app.domain.states import RepairState
 from sim import faults
 from tests.fakes import node_repair_playbook
 from tests.fixtures.procs import wait_until

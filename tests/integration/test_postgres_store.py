@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, text
 
-from app.alertmanager import parse_notification
 from app.config import StoreSettings
+from app.domain.alertmanager import parse_notification
 from app.engine import Engine
 from app.store import PG_POOL_SIZE, Store, records
 from app.store.claims import INCIDENTS

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from app import errors
 from app.actions.base import ActionContext
 from app.actions.prometheus import PrometheusQuery
 from app.clients import Clients
 from app.clients.prometheus import PrometheusClient
 from app.config import PrometheusSettings, Settings
+from app.domain import errors
 from tests.fixtures.procs import wait_until
 from tests.fixtures.prometheus import PrometheusServer, launch_prometheus
 

@@ -30,7 +30,7 @@ from app.actions.kubernetes_rollback import ACTIONS as ROLLBACK_ACTIONS
 from app.actions.kubernetes_rollback import COMPONENT
 from app.clients.kube import KubeClient
 from app.config import load_settings
-from app.outcome import Ok, Retry
+from app.domain.outcome import Ok, Retry
 from tests.fixtures.containers import rbac_grants, render
 from tests.fixtures.fake_kubelet import FakeKubelet
 from tests.fixtures.kube import (

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.diagnosis.xid import catalogue, xid_class
+from app.domain.diagnosis.xid import catalogue, xid_class
 from rules import gen_xid_rules
 from tests.fixtures.procs import require_binary
 

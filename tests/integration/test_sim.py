@@ -18,8 +18,8 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from app.diagnosis import diagnose
-from app.diagnosis.xid import xid_from_line
+from app.domain.diagnosis import diagnose
+from app.domain.diagnosis.xid import xid_from_line
 from sim import checkpoints, faults, gpus, statedir
 from sim.cluster import REPO_ROOT
 from sim.procs import free_port

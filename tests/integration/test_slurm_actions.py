@@ -15,8 +15,8 @@ from app.actions.base import ActionContext
 from app.actions.checkpoint import QuarantineLatest
 from app.actions.slurm import ACTIONS, CancelJob, DrainNode, JobInfoAction, JobLog, RequeueJob, ResumeNode
 from app.clients import Clients
-from app.errors import ParamError
-from app.outcome import Failed, Ok
+from app.domain.errors import ParamError
+from app.domain.outcome import Failed, Ok
 from tests.fixtures.procs import wait_until
 from tests.fixtures.slurm import SlurmCluster
 

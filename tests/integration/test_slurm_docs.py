@@ -114,7 +114,10 @@ def test_docs_slurm_gives_a_running_advisory_service(
         assert "drain" not in clean_slurm.node_state("node1")
         assert list(state.iterdir()), "the store lives in data_dir"
         log = daemon.log_path.read_text()
-        assert "INFO app.startup: mode: advisory" in log and "reads: with viewer token, operator token" in log
+        assert (
+            "INFO app.domain.startup: mode: advisory" in log
+            and "reads: with viewer token, operator token" in log
+        )
         assert f"INFO app.ledger: incident {incident['id']}: step: " in log  # the decisions reach the log
     finally:
         daemon.stop()

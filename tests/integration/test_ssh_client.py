@@ -15,7 +15,7 @@ import pytest
 from app.clients import Clients
 from app.clients.ssh import MAX_STREAM_BYTES, SshRunner
 from app.config import Settings
-from app.errors import CredentialRejected, OutcomeUnknown, Unavailable
+from app.domain.errors import CredentialRejected, OutcomeUnknown, Unavailable
 from tests.fixtures.procs import free_port, wait_until
 from tests.fixtures.slurm import SlurmCluster
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import pytest
 
 from app.clients.slurm import signal_command
-from app.discovery import checkpoint_signal
+from app.domain.discovery import checkpoint_signal
 from sim import torch_job
 from sim.cluster import scrape
 from sim.procs import free_port

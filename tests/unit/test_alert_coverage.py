@@ -12,7 +12,7 @@ import yaml
 
 from app.actions import default_registry
 from app.alert_labels import own
-from app.playbooks import PlaybookSet, load_playbooks
+from app.domain.playbooks import PlaybookSet, load_playbooks
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTES = ROOT / "alerts" / "routes-to-people.yaml"

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app import alertmanager
-from app.alertmanager import (
+from app.domain import alertmanager
+from app.domain.alertmanager import (
     MAX_LABEL_VALUE,
     MAX_LABELS,
     Alert,
@@ -18,7 +18,7 @@ from app.alertmanager import (
     parse_notification,
     parse_time,
 )
-from app.errors import PayloadError
+from app.domain.errors import PayloadError
 
 # Captured from Debian's Alertmanager 0.25.0 (reference/tech.md §1.6), receiver "gpu.remediator".
 LIVE_FIRING = (
@@ -386,7 +386,7 @@ def test_decoder_recursion_is_a_payload_error():
 def test_nul_in_a_label_or_annotation_is_refused():
     import json
 
-    from app.errors import PayloadError
+    from app.domain.errors import PayloadError
 
     for where in ("labels", "annotations"):
         alert = {

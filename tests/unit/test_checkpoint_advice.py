@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from app.checkpoint_advice import (
+from app.domain.checkpoint_advice import (
     Advice,
     FailureRate,
     JobCheckpoints,

@@ -1,11 +1,11 @@
-"""app/checkpoint_layouts.py: which layout a listing is, which checkpoint the framework resumes from, the rollback
-plan, and every refusal (pure: listings are built by hand)."""
+"""app/domain/checkpoint_layouts.py: which layout a listing is, which checkpoint the framework resumes from, the
+rollback plan, and every refusal (pure: listings are built by hand)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.checkpoint_layouts import (
+from app.domain.checkpoint_layouts import (
     QUARANTINE_DIR,
     Layout,
     LayoutRefused,

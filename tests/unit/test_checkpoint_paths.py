@@ -22,9 +22,9 @@ from app.actions.base import ActionContext
 from app.clients import Clients
 from app.clients.ssh import CommandResult
 from app.config import Settings
-from app.permissions import Permissions
-from app.planning import INVALID, plan_steps
-from app.playbooks import load_playbooks
+from app.domain.permissions import Permissions
+from app.domain.planning import INVALID, plan_steps
+from app.domain.playbooks import load_playbooks
 from tests.fakes import FakeClock
 
 PLAYBOOKS = Path(__file__).resolve().parents[2] / "playbooks"

@@ -15,14 +15,14 @@ from app import build_engine
 from app.actions import default_registry
 from app.actions.base import ActionContext
 from app.actions.checkpoint_request import WaitForCheckpoint
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.errors import ParamError
+from app.domain.outcome import Failed, Ok, Retry
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import PlaybookSet, parse_playbooks
 from app.engine import Engine
-from app.errors import ParamError
-from app.outcome import Failed, Ok, Retry
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm
 from tests.payloads import alert, payload
 

@@ -152,8 +152,8 @@ def test_explain_rejects_a_bad_payload_with_the_reason(tmp_path):
 
 def test_export_and_replay(tmp_path):
     from app import build_engine
-    from app.alertmanager import parse_notification
     from app.config import Settings
+    from app.domain.alertmanager import parse_notification
 
     settings = Settings(data_dir=str(tmp_path / "var"), playbook_paths=[str(ROOT / "playbooks")])
     engine = build_engine(settings)
@@ -263,7 +263,7 @@ def test_check_config_refuses_exactly_what_serve_refuses(tmp_path):
     the operator). Both run app.preflight; each case fails both with the same message, a good file passes both."""
     from app import create_app
     from app.config import load_settings
-    from app.errors import ConfigError
+    from app.domain.errors import ConfigError
 
     (tmp_path / "webhook.token").write_text(SECRET)
     (tmp_path / "copy.token").write_text(SECRET)

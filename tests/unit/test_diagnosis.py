@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from app.diagnosis import (
+from app.domain.diagnosis import (
     CATEGORIES,
     MAX_EVIDENCE,
     MAX_EVIDENCE_CHARS,
@@ -24,8 +24,8 @@ from app.diagnosis import (
     load_catalogue,
     tail_lines,
 )
-from app.diagnosis import xid as xids
-from app.errors import ConfigError
+from app.domain.diagnosis import xid as xids
+from app.domain.errors import ConfigError
 
 LOGS = Path(__file__).parent / "data" / "logs"
 
@@ -479,10 +479,10 @@ def test_a_custom_catalogue_drives_diagnosis(tmp_path):
 
 
 def test_the_diagnosis_package_stays_pure():
-    """Importing every module of app.diagnosis loads no network, database, process or web library."""
+    """Importing every module of app.domain.diagnosis loads no network, database, process or web library."""
     code = (
-        "import sys, app.diagnosis, app.diagnosis.lines, app.diagnosis.evidence, app.diagnosis.stacks, "
-        "app.diagnosis.signatures, app.diagnosis.xid; "
+        "import sys, app.domain.diagnosis, app.domain.diagnosis.lines, app.domain.diagnosis.evidence, "
+        "app.domain.diagnosis.stacks, app.domain.diagnosis.signatures, app.domain.diagnosis.xid; "
         "io = ('flask', 'requests', 'sqlalchemy', 'socket', 'urllib.request', 'paramiko', 'subprocess', "
         "'kubernetes'); bad = [m for m in io if m in sys.modules]; print(bad); sys.exit(1 if bad else 0)"
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from app.diagnosis import MAX_LINES, MAX_LOG_CHARS, diagnose, tail_lines
+from app.domain.diagnosis import MAX_LINES, MAX_LOG_CHARS, diagnose, tail_lines
 from bench import diagnosis
 
 

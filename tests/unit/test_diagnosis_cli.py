@@ -9,8 +9,8 @@ import pytest
 import yaml
 
 from app.config import DiagnosisSettings, Settings
-from app.diagnosis import MAX_LOG_CHARS, for_settings
-from app.errors import ConfigError
+from app.domain.diagnosis import MAX_LOG_CHARS, for_settings
+from app.domain.errors import ConfigError
 from app.logfiles import label_pairs, read_tails
 from tests.fixtures.procs import nightshift_cli as nightshift
 

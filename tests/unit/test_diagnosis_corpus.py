@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app.diagnosis import BENIGN, UNKNOWN, Diagnosis, diagnose
+from app.domain.diagnosis import BENIGN, UNKNOWN, Diagnosis, diagnose
 
 CORPUS = Path(__file__).parents[1] / "data" / "diagnosis"
 REAL = CORPUS / "real"

@@ -1,14 +1,14 @@
-"""The parts of app.diagnosis: who wrote a line, required literals, py-spy dumps, and the rules that keep healthy
+"""The parts of app.domain.diagnosis: who wrote a line, required literals, py-spy dumps, and the rules that keep healthy
 runs quiet and name the culprit (each shown on the smallest log that exercises it)."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.diagnosis import BENIGN, Culprit, Diagnosis, diagnose
-from app.diagnosis.lines import normalise_pci, parse_line
-from app.diagnosis.signatures import required_literals
-from app.diagnosis.stacks import judge, parse_dumps
+from app.domain.diagnosis import BENIGN, Culprit, Diagnosis, diagnose
+from app.domain.diagnosis.lines import normalise_pci, parse_line
+from app.domain.diagnosis.signatures import required_literals
+from app.domain.diagnosis.stacks import judge, parse_dumps
 
 # --- who wrote a line -------------------------------------------------------------------------------------
 

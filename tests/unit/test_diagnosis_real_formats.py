@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from app.diagnosis import (
+from app.domain.diagnosis import (
     BENIGN,
     CATEGORIES,
     MAX_BURIED,
@@ -22,7 +22,7 @@ from app.diagnosis import (
     stacks,
     tail_lines,
 )
-from app.diagnosis.launcher import LauncherReading
+from app.domain.diagnosis.launcher import LauncherReading
 
 XID = (
     "Dec  3 09:59:58 gpu-n07 kernel: NVRM: Xid (PCI:0000:c1:00): 79, pid='<unknown>', name=<unknown>, "

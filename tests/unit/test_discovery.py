@@ -1,4 +1,4 @@
-"""Slurm service discovery of progress endpoints (app/discovery.py, pure) and the cache that logs portless jobs
+"""Slurm service discovery of progress endpoints (app/domain/discovery.py, pure) and the cache that logs portless jobs
 once (app/web/discovery.py). The endpoint on a real Slurm: tests/integration/test_slurm_discovery.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from app import discovery, hostlist
 from app.clients.slurm_discovery import Discovered
-from app.errors import Unavailable
+from app.domain import discovery, hostlist
+from app.domain.errors import Unavailable
 from app.web.discovery import DiscoveryCache
 
 
@@ -156,7 +156,7 @@ def test_a_product_over_the_bound_is_refused_before_it_is_built(expression):
     ],
 )
 def test_the_checkpoint_signal_a_job_announces(comment: str, signal: str | None) -> None:
-    from app.discovery import checkpoint_signal
+    from app.domain.discovery import checkpoint_signal
 
     assert checkpoint_signal(comment) == signal
 

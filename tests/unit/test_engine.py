@@ -7,8 +7,8 @@ from datetime import timedelta
 import pytest
 
 from app.clients import Clients
-from app.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
-from app.playbooks import PlaybookSet, parse_playbooks
+from app.domain.outcome import Ambiguous, CredentialError, Failed, Ok, Retry
+from app.domain.playbooks import PlaybookSet, parse_playbooks
 from app.store import records
 from app.store.claims import INCIDENTS
 from tests.fakes import FakeSample, FakeSlurm

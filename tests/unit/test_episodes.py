@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app import episodes
-from app.outcome import Failed, Ok
-from app.permissions import Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
+from app.domain import episodes
+from app.domain.outcome import Failed, Ok
+from app.domain.permissions import Permissions
+from app.domain.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
 from app.store.claims import INCIDENTS
 from tests.fakes import FakeClock, FakeSample, FakeSlurm
@@ -298,7 +298,7 @@ def test_the_correlation_rules_are_pure():
 def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_excluding_none(tmp_path):
     class Unreachable(FakeSlurm):
         def job_info(self, job_id: str) -> Any:
-            from app.errors import Unavailable
+            from app.domain.errors import Unavailable
 
             self.lookups += 1
             raise Unavailable("ssh: connection refused")

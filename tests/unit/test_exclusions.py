@@ -1,5 +1,5 @@
-"""Exclusions that shrink (app/exclusions.py, app/engine/exclusions.py): a node Nightshift kept a job off leaves the
-job's list on its next recovery once its repair returned it and the scheduler says it is in service; nothing else
+"""Exclusions that shrink (app/domain/exclusions.py, app/engine/exclusions.py): a node Nightshift kept a job off leaves
+the job's list on its next recovery once its repair returned it and the scheduler says it is in service; nothing else
 does, and a node someone else excluded never does."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from app.actions.kubernetes import excluded_templates, not_in_values
+from app.domain.exclusions import Excluded, returned
+from app.domain.outcome import Ok
+from app.domain.params import NODE_NAME, SLURM_JOB_ID, Param
+from app.domain.permissions import Grant, Permissions
+from app.domain.playbooks import PlaybookSet, parse_playbooks
+from app.domain.states import RepairState
 from app.engine import Engine
-from app.exclusions import Excluded, returned
-from app.outcome import Ok
-from app.params import NODE_NAME, SLURM_JOB_ID, Param
-from app.permissions import Grant, Permissions
-from app.playbooks import PlaybookSet, parse_playbooks
-from app.states import RepairState
 from app.store import records, repairs
 from tests.fakes import START, FakeAction, FakeSample, FakeSlurm
 from tests.payloads import alert, xid

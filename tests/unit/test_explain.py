@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.config import Settings
-from app.permissions import Grant, Permissions
+from app.domain.alertmanager import parse_notification
+from app.domain.permissions import Grant, Permissions
 from app.store import Store
 from tests.fakes import FakeClock
 from tests.payloads import alert, payload, xid

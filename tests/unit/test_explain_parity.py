@@ -1,6 +1,6 @@
 """``nightshift explain`` and the worker on the same payloads, the shipped playbooks and the same scheduler view
 decide the same: the same plan (action, status, command), the same collect steps, the same outcome. Both call
-:func:`app.incident_policy.decide`; explain gathers its facts read-only (issue 20: explain printed "advisory, 0
+:func:`app.domain.incident_policy.decide`; explain gathers its facts read-only (issue 20: explain printed "advisory, 0
 whitelisted" for ``job-gone-slurm`` while the worker requeued the job, and omitted the collect steps)."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.clients import Clients
 from app.config import Settings
+from app.domain.alertmanager import parse_notification
+from app.domain.permissions import Grant, Permissions
 from app.engine import Engine
-from app.permissions import Grant, Permissions
 from tests.fakes import FakeClock, FakePrometheus, FakeSample, FakeSlurm
 from tests.payloads import alert, payload, xid
 

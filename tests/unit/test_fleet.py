@@ -1,4 +1,5 @@
-"""app/fleet.py: which job failures share one cause, the storm guard, the release jitter, the settings' bounds."""
+"""app/domain/fleet.py: which job failures share one cause, the storm guard, the release jitter, the settings'
+bounds."""
 
 from __future__ import annotations
 
@@ -6,8 +7,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from app.errors import ConfigError
-from app.fleet import (
+from app.domain.errors import ConfigError
+from app.domain.fleet import (
     FleetRecord,
     FleetSettings,
     JobFailure,
@@ -20,7 +21,7 @@ from app.fleet import (
     shared_cause,
     storm_tripped,
 )
-from app.topology import parse_slurm
+from app.domain.topology import parse_slurm
 
 T0 = datetime(2026, 1, 5, 2, 0, tzinfo=UTC)
 TOPO = parse_slurm("SwitchName=leaf0 Nodes=n[0-7]\nSwitchName=leaf1 Nodes=n[8-15]\n")

@@ -7,7 +7,7 @@ import json
 import re
 from datetime import timedelta
 
-from app import fleet
+from app.domain import fleet
 from app.engine.fleet_hold import read_record, write_record
 from app.store import Store, records
 from tests.fixtures.procs import nightshift_cli as nightshift

@@ -1,4 +1,5 @@
-"""app.framing: where a request ends, from its bytes, and the front's refusals (the buffering worker's decisions)."""
+"""app.domain.framing: where a request ends, from its bytes, and the front's refusals (the buffering worker's
+decisions)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 
 import pytest
 
-from app.framing import COMPLETE, INCOMPLETE, REFUSE, json_error_response, request_state
+from app.domain.framing import COMPLETE, INCOMPLETE, REFUSE, json_error_response, request_state
 
 HEAD = b"POST /api/v1/alerts HTTP/1.1\r\nHost: x\r\n"
 

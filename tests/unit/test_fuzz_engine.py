@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import func, select
 
-from app.alertmanager import am_fingerprint, parse_notification
+from app.domain.alertmanager import am_fingerprint, parse_notification
 from app.store import records
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeSample

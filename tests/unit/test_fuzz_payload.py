@@ -10,9 +10,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from app.alertmanager import Notification, am_fingerprint, parse_notification
-from app.errors import PayloadError
-from app.matchers import OPERATORS, Matcher, MatcherError, matches_all, parse_matchers
+from app.domain.alertmanager import Notification, am_fingerprint, parse_notification
+from app.domain.errors import PayloadError
+from app.domain.matchers import OPERATORS, Matcher, MatcherError, matches_all, parse_matchers
 from tests.strategies import json_values, long_strings, payloads
 
 FUZZ = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -21,15 +21,15 @@ import pytest
 import requests
 import responses
 
-from app import errors
 from app.actions.base import ActionContext
 from app.actions.grafana import GrafanaAnnotate
 from app.clients import Clients
 from app.clients.grafana import GrafanaClient
 from app.clients.http import DEFAULT_RETRY_AFTER, retry_after
 from app.config import GrafanaSettings, Settings
-from app.errors import ParamError
-from app.outcome import Retry, outcome_from_error
+from app.domain import errors
+from app.domain.errors import ParamError
+from app.domain.outcome import Retry, outcome_from_error
 from tests.contracts import GrafanaFake, grafana_contract
 from tests.fixtures.procs import free_port
 

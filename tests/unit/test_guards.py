@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from app import guards
-from app.guards import GuardFacts, PastAttempt
-from app.states import GuardDecision
+from app.domain import guards
+from app.domain.guards import GuardFacts, PastAttempt
+from app.domain.states import GuardDecision
 from tests.fakes import START
 
 NOW = START

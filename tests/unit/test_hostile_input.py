@@ -322,7 +322,7 @@ def test_a_chunked_body_over_the_limit_is_413_not_invalid_json(tmp_path):
 
 
 def test_label_names_are_bounded_and_the_name_cache_keeps_none_of_the_long_ones(app):
-    from app import alertmanager
+    from app.domain import alertmanager
 
     client = reader_client(app)
     for n in range(100):
@@ -367,9 +367,9 @@ def test_pages_forbid_framing_twice(app):
 def test_a_recheck_built_from_a_lone_surrogate_says_why_it_found_nothing():
     from datetime import UTC, datetime, timedelta
 
-    from app.alertmanager import parse_notification
-    from app.guards import recheck
-    from app.templates import render_promql
+    from app.domain.alertmanager import parse_notification
+    from app.domain.guards import recheck
+    from app.domain.templates import render_promql
 
     doc = json.loads(body(alert({**xid(), "Hostname": "node1"})))
     raw = json.dumps(doc).replace('"node1"', '"node\\ud8001"')  # a lone surrogate, as JSON allows
@@ -386,9 +386,9 @@ def test_label_markup_is_escaped_for_slack_and_email(tmp_path):
     from app.actions.notify import NotifyWebhook, send_notification
     from app.clients import Clients
     from app.clients.mail import Mailer
-    from app.paging import Notice
-    from app.planning import render_params
-    from app.states import NoticeKind
+    from app.domain.paging import Notice
+    from app.domain.planning import render_params
+    from app.domain.states import NoticeKind
 
     hostile = "<!channel> <https://evil.example/approve|Approve here> & more"
     rendered = render_params(
@@ -440,7 +440,7 @@ def test_label_markup_is_escaped_for_slack_and_email(tmp_path):
 )
 def test_values_a_backend_reads_as_something_else_are_refused(action, param, value):
     from app.actions import default_registry
-    from app.errors import ParamError
+    from app.domain.errors import ParamError
 
     registry = default_registry()
     spec = registry.get(action)
@@ -453,7 +453,7 @@ def test_values_a_backend_reads_as_something_else_are_refused(action, param, val
 @pytest.mark.parametrize("op", ["=~", "!~"])
 def test_templates_inside_regex_matchers_fail_lint(op):
     from app.actions.registry import ActionRegistry
-    from app.playbooks import PlaybookError, parse_playbooks
+    from app.domain.playbooks import PlaybookError, parse_playbooks
 
     registry = ActionRegistry(fake_actions().values())
     text = PLAYBOOK.replace(

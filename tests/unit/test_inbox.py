@@ -8,10 +8,10 @@ import threading
 import pytest
 from sqlalchemy import func, insert, select
 
-from app.alertmanager import parse_notification
 from app.config import ConfigError, load_settings
+from app.domain.alertmanager import parse_notification
+from app.domain.errors import InboxFull
 from app.engine import Engine
-from app.errors import InboxFull
 from app.store import Store, records
 from app.store.schema import SCHEMA_VERSION, metadata, schema_version
 from app.store.schema import alerts as alerts_table

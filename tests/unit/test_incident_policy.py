@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from app import guards
-from app import incident_policy as policy
 from app.actions.base import Action, ActionContext, Plan
-from app.incident_policy import (
+from app.domain import guards
+from app.domain import incident_policy as policy
+from app.domain.incident_policy import (
     Blame,
     Facts,
     FleetHold,
@@ -23,10 +23,10 @@ from app.incident_policy import (
     RepairView,
     Subject,
 )
-from app.job_phase import JobPhase, JobStatus
-from app.outcome import Outcome
-from app.planning import INVALID, RUN, WOULD_RUN, PlannedStep
-from app.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
+from app.domain.job_phase import JobPhase, JobStatus
+from app.domain.outcome import Outcome
+from app.domain.planning import INVALID, RUN, WOULD_RUN, PlannedStep
+from app.domain.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
 
 NOW = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
 XID = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from app.config import Settings
-from app.guards import recoveries_verdict as job_budget
-from app.states import GuardDecision
+from app.domain.guards import recoveries_verdict as job_budget
+from app.domain.states import GuardDecision
 
 NOW = datetime(2026, 12, 2, 12, 0, tzinfo=UTC)
 DAY = timedelta(hours=24)

@@ -1,4 +1,4 @@
-"""app/job_phase.py: a Kubernetes training job's status from its object's conditions first, then its pods."""
+"""app/domain/job_phase.py: a Kubernetes training job's status from its object's conditions first, then its pods."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app.job_phase import JobPhase, workload_status
+from app.domain.job_phase import JobPhase, workload_status
 
 
 def job(*conditions: tuple[str, str]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import base64
 import pytest
 
 from app.actions.kubernetes_rollback import mount_of, parse_report, pod_templates
-from app.checkpoint_layouts import LayoutRefused
+from app.domain.checkpoint_layouts import LayoutRefused
 
 
 def b64(text: str) -> str:

@@ -12,7 +12,7 @@ import pytest
 from gunicorn.config import Config
 
 from app.config import load_settings
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 from app.logging_setup import GunicornLogger, JsonFormatter, configure_logging, json_logging
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.matchers import (
+from app.domain.matchers import (
     MAX_REGEX_LENGTH,
     Matcher,
     MatcherError,

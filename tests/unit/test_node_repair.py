@@ -14,8 +14,8 @@ from app.actions.slurm import ACTIONS as SLURM_ACTIONS
 from app.clients import Clients
 from app.clients.slurm import SlurmClient
 from app.config import Settings
+from app.domain.states import NoticeKind, RepairState, StepStatus
 from app.metrics import Metrics
-from app.states import NoticeKind, RepairState, StepStatus
 from app.store import repairs
 from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, node_repair_playbook
 from tests.worlds import World
@@ -382,7 +382,7 @@ def test_api_lists_held_nodes_and_the_operator_releases_one(tmp_path):
 def test_node_actions_refuse_anything_but_one_node(node: str):
     from app.actions.slurm import RebootNode, ValidateNode
     from app.clients.slurm import reboot_command
-    from app.errors import ParamError
+    from app.domain.errors import ParamError
 
     with pytest.raises(ParamError):
         RebootNode().validate({"node": node, "reason": "Xid 79"})
@@ -395,7 +395,7 @@ def test_node_actions_refuse_anything_but_one_node(node: str):
 def test_validation_parameters_are_bounded():
     from app.actions.kubernetes import ValidateNode as PodValidation
     from app.actions.slurm import ValidateNode
-    from app.errors import ParamError
+    from app.domain.errors import ParamError
 
     for action in (ValidateNode(), PodValidation()):
         for bad in (
@@ -456,7 +456,7 @@ def test_a_held_node_is_told_to_people_once(tmp_path):
 def test_a_node_nothing_took_out_is_never_called_out_of_service_and_never_paged(tmp_path, node):
     """A take-out that failed (a name the scheduler does not know) leaves the node in service: the notice says so,
     and it is evidence, not a page (issue 22 item 5: 'Node ALL (slurm) is out of service and held', critical)."""
-    from app import paging
+    from app.domain import paging
 
     posted: list[dict[str, Any]] = []
 

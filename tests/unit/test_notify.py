@@ -30,16 +30,16 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from app import errors
 from app.actions.base import ActionContext
 from app.actions.notify import NotifyEmail, NotifyWebhook, send_notification
 from app.clients import Clients
 from app.clients.http import HttpPoster
 from app.clients.mail import Mailer
 from app.config import NotifySettings, Settings
-from app.errors import ParamError
-from app.paging import Notice
-from app.states import NoticeKind
+from app.domain import errors
+from app.domain.errors import ParamError
+from app.domain.paging import Notice
+from app.domain.states import NoticeKind
 from tests.fixtures.procs import free_port
 
 HOOK = "https://hooks.slack.test/services/T0000/B0000/SECRETxSECRETxSECRET"

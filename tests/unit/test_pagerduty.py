@@ -1,5 +1,5 @@
 """The paging channel: PagerDutyClient against a fake of the Events API v2 contract (tests/contracts.py), what
-pages and what does not (app/paging.py), and send_notification delivering a page beside the other channels."""
+pages and what does not (app/domain/paging.py), and send_notification delivering a page beside the other channels."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ import pytest
 import requests
 import responses
 
-from app import errors
 from app.actions.notify import send_notification
 from app.clients import Clients
 from app.clients.pagerduty import PagerDutyClient
 from app.config import NotifySettings, Settings
-from app.paging import MAX_DEDUP_KEY, Notice, Page, dedup_key, node_held, page_for, unmatched_alert
-from app.states import NoticeKind
+from app.domain import errors
+from app.domain.paging import MAX_DEDUP_KEY, Notice, Page, dedup_key, node_held, page_for, unmatched_alert
+from app.domain.states import NoticeKind
 from tests.contracts import PagerDutyEventsFake, pagerduty_contract
 
 URL = "https://events.pagerduty.test/v2/enqueue"

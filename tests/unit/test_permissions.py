@@ -9,10 +9,10 @@ import pytest
 
 from app.actions.base import Action, Plan
 from app.actions.registry import ActionRegistry
-from app.errors import ConfigError
-from app.outcome import Ok
-from app.params import NODE_NAME, Param
-from app.permissions import Grant, Permissions, PermissionsError, load_permissions
+from app.domain.errors import ConfigError
+from app.domain.outcome import Ok
+from app.domain.params import NODE_NAME, Param
+from app.domain.permissions import Grant, Permissions, PermissionsError, load_permissions
 
 
 class _TestAction(Action):

@@ -7,7 +7,7 @@ import re
 from pathlib import Path
 
 from app.actions import default_registry
-from app.playbooks import PLAYBOOK_NAME, parse_playbooks
+from app.domain.playbooks import PLAYBOOK_NAME, parse_playbooks
 from tests.fixtures.procs import nightshift_cli as nightshift
 
 ROOT = Path(__file__).resolve().parents[2]

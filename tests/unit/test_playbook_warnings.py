@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from app.actions import default_registry
-from app.playbook_warnings import warnings
-from app.playbooks import parse_playbooks
+from app.domain.playbook_warnings import warnings
+from app.domain.playbooks import parse_playbooks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -22,7 +22,7 @@ def test_lint_warns_when_a_verification_window_reaches_before_the_action():
 def test_ranges_are_found_and_shortened_outside_string_literals():
     from datetime import timedelta
 
-    from app.promql_window import clamp_ranges, ranges
+    from app.domain.promql_window import clamp_ranges, ranges
 
     expr = 'increase(x{a=~"n[0-9]+"}[5m]) > 0 and max_over_time(y[1h30m:1m]) > 0 and rate(z[10s])'
     assert ranges(expr) == [300, 5400, 10]

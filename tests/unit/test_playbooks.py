@@ -12,12 +12,12 @@ import pytest
 from app.actions import default_registry
 from app.actions.base import Action, Plan
 from app.actions.registry import ActionRegistry
-from app.config_documents import read_documents
-from app.errors import ConfigError, ParamError
-from app.matchers import parse_matchers
-from app.outcome import Ok
-from app.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
-from app.playbooks import (
+from app.domain.config_documents import read_documents
+from app.domain.errors import ConfigError, ParamError
+from app.domain.matchers import parse_matchers
+from app.domain.outcome import Ok
+from app.domain.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
+from app.domain.playbooks import (
     SCHEMA_PATH,
     Budget,
     Playbook,
@@ -872,7 +872,7 @@ def test_shipped_schema_is_the_generated_one():
     assert shipped == playbook_schema(default_registry()), (
         "app/schema/playbook.schema.json is stale: regenerate it with "
         "`.venv/bin/python -c 'from app.actions import default_registry; "
-        "from app.playbooks import SCHEMA_PATH, write_schema; write_schema(SCHEMA_PATH, default_registry())'`"
+        "from app.domain.playbooks import SCHEMA_PATH, write_schema; write_schema(SCHEMA_PATH, default_registry())'`"
     )
 
 

@@ -1,5 +1,5 @@
 """nightshift_progress (progress/): identity from the environment, the metric contract, serving and the linger,
-the error-line classifier (in sync with app/diagnosis/signatures.yaml), the Hugging Face callback driven by the
+the error-line classifier (in sync with app/domain/diagnosis/signatures.yaml), the Hugging Face callback driven by the
 real ``transformers`` CallbackHandler, and the package's dependency boundary."""
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def test_signatures_json_is_in_sync_with_the_diagnosis_catalogue():
 def test_classifier_agrees_with_the_diagnosis_on_the_simulated_jobs_error_texts():
     """Each crash text the simulator's trainer logs (real NCCL, PyTorch, botocore formats) counts as the error
     class of its fault, and the diagnosis reads the same text as that class's category."""
-    from app.diagnosis.signatures import load_catalogue
+    from app.domain.diagnosis.signatures import load_catalogue
     from sim import faults, logtext
     from sim.trainer import CRASH_TEXT
 

@@ -17,13 +17,13 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 import responses
 
-from app import errors
 from app.actions.base import ActionContext
 from app.actions.prometheus import PrometheusQuery
 from app.clients import Clients
 from app.clients.prometheus import MAX_GET_QUERY_CHARS, PrometheusClient, Sample
 from app.config import PrometheusSettings, Settings
-from app.errors import ParamError
+from app.domain import errors
+from app.domain.errors import ParamError
 from tests.fixtures.procs import free_port
 
 URL = "http://prometheus.test:9090"

@@ -6,9 +6,9 @@ from datetime import timedelta
 
 import pytest
 
-from app import repair_policy as policy
-from app.repair_policy import RETURN, TAKE_OUT, VALIDATE, Limits, Result
-from app.states import RepairState, StepStatus
+from app.domain import repair_policy as policy
+from app.domain.repair_policy import RETURN, TAKE_OUT, VALIDATE, Limits, Result
+from app.domain.states import RepairState, StepStatus
 from tests.fakes import START
 
 OK = Result(StepStatus.OK)

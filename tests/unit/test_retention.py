@@ -15,15 +15,15 @@ from click.testing import CliRunner
 from sqlalchemy import func, select
 
 from app import build_engine
-from app.alertmanager import parse_notification
 from app.cli import cli
 from app.clients import Clients
 from app.config import Settings, load_settings
+from app.domain.alertmanager import parse_notification
+from app.domain.errors import ConfigError
+from app.domain.playbooks import PlaybookSet, parse_playbooks
+from app.domain.retention import check_windows
 from app.engine import Engine
-from app.errors import ConfigError
 from app.metrics import PRUNED_TABLES
-from app.playbooks import PlaybookSet, parse_playbooks
-from app.retention import check_windows
 from app.store import records
 from app.store import retention as prunable
 from app.store.schema import inbox, ledger, metadata, node_repairs
@@ -185,7 +185,7 @@ def test_nightshift_export_prunable_lists_what_the_next_pass_deletes(tmp_path):
 
 
 def prunable_cutoffs(engine: Engine) -> Any:
-    from app.retention import cutoffs
+    from app.domain.retention import cutoffs
 
     return cutoffs(engine.deps.settings.retention, engine.deps.clock.now())
 

@@ -1,4 +1,4 @@
-"""The scheduler seam: what differs between Slurm and Kubernetes is app/schedulers.py (pure) and its I/O half
+"""The scheduler seam: what differs between Slurm and Kubernetes is app/domain/schedulers.py (pure) and its I/O half
 app/engine/scheduler_backends.py; nothing else in app/ names a scheduler."""
 
 from __future__ import annotations
@@ -8,17 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from app import schedulers
 from app.actions import default_registry
 from app.actions.kubernetes import CORDONED_BY, OWNER
+from app.domain import schedulers
+from app.domain.errors import ParamError
+from app.domain.job_phase import JobPhase, workload_status
+from app.domain.repair_policy import RETURN, TAKE_OUT, VALIDATE
 from app.engine import scheduler_backends as backends
-from app.errors import ParamError
-from app.job_phase import JobPhase, workload_status
-from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
 
 ROOT = Path(__file__).resolve().parents[2]
 # Where a scheduler's name may be written: the seam itself and the clients of each scheduler.
-SEAM = ("app/schedulers.py", "app/engine/scheduler_backends.py", "app/clients/")
+SEAM = ("app/domain/schedulers.py", "app/engine/scheduler_backends.py", "app/clients/")
 
 
 def test_a_target_names_its_job_by_its_scheduler() -> None:
@@ -105,4 +105,4 @@ def test_nothing_outside_the_seam_names_a_scheduler() -> None:
         if not str(path.relative_to(ROOT)).startswith(SEAM)
     ]
     assert outside and not [hit for path in outside for hit in _names_a_scheduler(path)]
-    assert _names_a_scheduler(ROOT / "app" / "schedulers.py")  # the check finds what it looks for
+    assert _names_a_scheduler(ROOT / "app" / "domain" / "schedulers.py")  # the check finds what it looks for

@@ -8,7 +8,7 @@ import re
 import pytest
 from flask.testing import FlaskClient
 
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 from tests.webapps import OPERATOR, VIEWER, make_app, webhook_settings
 
 PROXY = "10.9.8.7"

@@ -92,7 +92,7 @@ def test_the_example_settings_work_from_any_directory(
     ],
 )
 def test_settings_errors_name_file_line_and_what_to_write(tmp_path, monkeypatch, text, expected):
-    from app.errors import ConfigError
+    from app.domain.errors import ConfigError
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "settings.yaml").write_text(text)
@@ -102,7 +102,7 @@ def test_settings_errors_name_file_line_and_what_to_write(tmp_path, monkeypatch,
 
 
 def test_an_environment_number_is_checked_too():
-    from app.errors import ConfigError
+    from app.domain.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"worker\.lease_seconds: expected an integer, got '1\.9'"):
         load_settings(env={"NIGHTSHIFT_WORKER__LEASE_SECONDS": "1.9"})

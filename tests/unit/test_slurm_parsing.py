@@ -20,9 +20,9 @@ from app.clients.slurm import (
     tail_command,
 )
 from app.clients.ssh import CommandResult
-from app.errors import CommandFailed, NotFound, ParamError
-from app.hostlist import compress_hostlist, expand_hostlist
-from app.params import MAX_NODE_LIST
+from app.domain.errors import CommandFailed, NotFound, ParamError
+from app.domain.hostlist import compress_hostlist, expand_hostlist
+from app.domain.params import MAX_NODE_LIST
 
 NODE_IDLE = (
     "NodeName=node2 Arch=x86_64 CoresPerSocket=2  CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.62 "

@@ -23,7 +23,7 @@ from werkzeug.serving import make_server
 
 from app import create_app
 from app.config import Settings, StoreSettings
-from app.errors import StoreUnavailable
+from app.domain.errors import StoreUnavailable
 from app.metrics import Metrics
 from app.store import WAL_RESTART_PAGES, Store
 from app.store.writer_lock import STUCK_WAIT_S, WriterLock

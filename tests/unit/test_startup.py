@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from app.config import Settings
-from app.permissions import Grant, Permissions
-from app.startup import startup_summary
+from app.domain.permissions import Grant, Permissions
+from app.domain.startup import startup_summary
 
 
 def test_a_bare_install_says_advisory_unset_and_closed():

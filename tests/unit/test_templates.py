@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.templates import (
+from app.domain.templates import (
     TemplateError,
     check_promql_template,
     check_template,

@@ -1,10 +1,11 @@
-"""app/topology.py: topology.conf and `scontrol show topology` read, bad topologies refused, blame by topology."""
+"""app/domain/topology.py: topology.conf and `scontrol show topology` read, bad topologies refused, blame by
+topology."""
 
 from __future__ import annotations
 
 import pytest
 
-from app.topology import (
+from app.domain.topology import (
     Topology,
     TopologyError,
     blame,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 
-from app.outcome import Ambiguous, CredentialError, Failed, Ok
+from app.domain.outcome import Ambiguous, CredentialError, Failed, Ok
 from app.web import views
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, xid

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import create_engine
 
 from app.config import Settings
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 from tests.payloads import alert, body, ingest_inbox, xid
 from tests.webapps import OPERATOR, TOKEN, auth, make_app, reader_client, webhook_settings, write
 
@@ -34,7 +34,8 @@ def test_webhook_queues_the_notification_and_the_worker_opens_an_incident(client
     assert len(ingest_inbox(client.application).opened) == 1
     assert client.get("/api/v1/status").json["inbox"]["pending"] == 0
     listed = client.get("/api/v1/incidents").json["incidents"]
-    # One job incident (app/episodes.py): it names the job; the node is its alerts' (Hostname), not the incident's.
+    # One job incident (app/domain/episodes.py): it names the job; the node is its alerts' (Hostname), not the
+    # incident's.
     assert [(i["playbook"], i["node"], i["job"]) for i in listed] == [("gpu-xid-79", None, "1234")]
     detail = client.get(f"/api/v1/incidents/{listed[0]['id']}").json
     assert detail["alerts"][0]["labels"]["xid"] == "79"

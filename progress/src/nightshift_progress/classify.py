@@ -1,7 +1,7 @@
 """Error lines to error classes, with the signatures Nightshift's diagnosis uses (pure apart from reading the
 packaged catalogue once).
 
-``signatures.json`` is generated from Nightshift's ``app/diagnosis/signatures.yaml`` by
+``signatures.json`` is generated from Nightshift's ``app/domain/diagnosis/signatures.yaml`` by
 ``progress/sync_signatures.py`` and kept equal to it by a test, so a line the job counts as ``nccl`` is a line
 the diagnosis reads as an NCCL failure. It holds every log-line signature (category, regex, weight) and the
 category of each error class (from the catalogue's ``error_class`` label signatures). A line votes once, for its

@@ -2,7 +2,7 @@
 
 Pure: no I/O. Slack and email get every notice (:func:`app.actions.notify.send_notification`); a paging channel
 (PagerDuty Events v2) gets only the notices where a person is needed, and :func:`page_for` says which, from the
-notice's :class:`app.states.NoticeKind` (and, for an incident's outcome, the outcome in its ``data``):
+notice's :class:`app.domain.states.NoticeKind` (and, for an incident's outcome, the outcome in its ``data``):
 
 * an incident that closed ``needs_human``, ``failed``, ``credential_error``, ``unverified`` or ``advisory`` (an
   advisory incident is a plan that only a person can carry out) — not ``recovered``, ``blocked``, ``resolved``;
@@ -22,8 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.clipping import clip_labels, clip_text
-from app.states import IncidentOutcome, NoticeKind
+from app.domain.clipping import clip_labels, clip_text
+from app.domain.states import IncidentOutcome, NoticeKind
 
 # PagerDuty Events v2 limits (developer.pagerduty.com, "Send an Alert Event").
 MAX_SUMMARY = 1024

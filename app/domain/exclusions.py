@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 
-from app.states import RepairState
+from app.domain.states import RepairState
 
 IN_SERVICE_AFTER_REPAIR = frozenset({RepairState.RETURNED, RepairState.RELEASED})
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
-from app.params import (
+from app.domain.params import (
     K8S_NAMESPACE,
     SLURM_JOB_ID,
     SLURM_NODE_NAME,
@@ -25,7 +25,7 @@ from app.params import (
     Param,
     validate_params,
 )
-from app.repair_policy import RETURN, TAKE_OUT, VALIDATE
+from app.domain.repair_policy import RETURN, TAKE_OUT, VALIDATE
 
 if TYPE_CHECKING:
     from app.config import Settings
@@ -52,13 +52,13 @@ class Scheduler(Protocol):
     # The job identity's values as an API request gives them (GET /api/v1/checkpoint-advice).
     identity_params: Mapping[str, Param]
     # PromQL label matchers of one job's series (the progress library's labels), over ``target.<identity key>``
-    # (app/engine/checkpoint_facts.py, app/episodes.progress_query).
+    # (app/engine/checkpoint_facts.py, app/domain/episodes.progress_query).
     job_selector: str
     # Whether the Kubernetes API is asked which job an alert's pod belongs to (app/workloads.py).
     resolves_workloads: bool
 
     def check_target(self, target: Mapping[str, str]) -> None:
-        """Raise :class:`app.errors.ParamError` when a rendered target's values break this scheduler's rules."""
+        """Raise :class:`app.domain.errors.ParamError` when a rendered target's values break this scheduler's rules."""
 
     def default_steps(self) -> dict[str, tuple[str, dict[str, str]]]:
         """The take-out, validation and return steps of a node repair: marker -> (action, parameter templates)."""
@@ -67,7 +67,7 @@ class Scheduler(Protocol):
         """Whether a take-out that changed nothing (``data``: its outcome's data) found the node out by us."""
 
     def connection(self, settings: Settings) -> str:
-        """How Nightshift reaches it with ``settings``, for the startup summary (:mod:`app.startup`)."""
+        """How Nightshift reaches it with ``settings``, for the startup summary (:mod:`app.domain.startup`)."""
 
     def credentials(self, settings: Settings, readable: Callable[[str], bool]) -> tuple[str, str]:
         """(state, why) of its credentials before any use (:data:`CREDENTIAL_STATES`); ``readable(path)``: whether
@@ -203,7 +203,7 @@ def job_identity(target: Mapping[str, str]) -> str | None:
 
 def of_incident(target: Mapping[str, str]) -> Scheduler:
     """The scheduler of a job or node incident's target (one always names a scheduler: :func:`job_identity`,
-    :func:`app.episodes.episode_of`). Raises ValueError for a target that names none."""
+    :func:`app.domain.episodes.episode_of`). Raises ValueError for a target that names none."""
     scheduler = of(target)
     if scheduler is None:
         raise ValueError(f"target {dict(target)} names no scheduler")

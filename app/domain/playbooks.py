@@ -6,8 +6,8 @@ structure (keys, types, which ``with:`` keys each action takes), then Python che
 templates, literal parameter values, durations) of every section the first pass found sound, so one run
 reports every error it can.
 
-The YAML reader and the per-document error collector live in :mod:`app.config_documents` (shared with
-:mod:`app.permissions`).
+The YAML reader and the per-document error collector live in :mod:`app.domain.config_documents` (shared with
+:mod:`app.domain.permissions`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from app import schedulers as scheduling
 from app.actions.base import Action
 from app.actions.registry import ActionRegistry
-from app.config_documents import (
+from app.domain import schedulers as scheduling
+from app.domain.config_documents import (
     DURATION_HINT,
     ConfigFileError,
     Document,
@@ -32,9 +32,9 @@ from app.config_documents import (
     read_documents,
     show,
 )
-from app.errors import ParamError
-from app.matchers import Matcher, MatcherError, equality_value, matches_all, parse_matchers
-from app.params import (
+from app.domain.errors import ParamError
+from app.domain.matchers import Matcher, MatcherError, equality_value, matches_all, parse_matchers
+from app.domain.params import (
     K8S_NAME,
     K8S_NAMESPACE,
     NODE_NAME,
@@ -42,7 +42,7 @@ from app.params import (
     Param,
     validate_params,
 )
-from app.templates import (
+from app.domain.templates import (
     NAMESPACES,
     TemplateError,
     check_promql_template,
@@ -52,7 +52,7 @@ from app.templates import (
 )
 
 API_VERSION = "nightshift/v1"
-SCHEMA_PATH = Path(__file__).parent / "schema" / "playbook.schema.json"
+SCHEMA_PATH = Path(__file__).parents[1] / "schema" / "playbook.schema.json"
 PLAYBOOK_NAME = r"[a-z0-9](?:[-a-z0-9_.]{0,61}[a-z0-9])?"
 DURATION = re.compile(r"(?=[0-9])(?:([0-9]+)d)?(?:([0-9]+)h)?(?:([0-9]+)m)?(?:([0-9]+)s)?")
 SERIALIZE = ("node", "job", "none")
@@ -145,7 +145,7 @@ class ExcludeNode:
 # Bound on exclude_node.repair_after (a count of exclusions looked up in the incidents of the window).
 MAX_REPAIR_AFTER = 100
 # Bounds on self_recovery: a job trains again when its step counter grew over the last minute, all after the fault
-# (app.incident_policy.PROGRESS_WINDOW is half the shortest grace); longer than an hour is a job left broken.
+# (app.domain.incident_policy.PROGRESS_WINDOW is half the shortest grace); longer than an hour is a job left broken.
 SELF_RECOVERY_MIN = timedelta(minutes=2)
 SELF_RECOVERY_MAX = timedelta(hours=1)
 
@@ -205,7 +205,7 @@ class Playbook:
     def render_target(self, labels: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, str]:
         """The target for one alert: templates rendered, empty values left out, every value checked.
 
-        Raises :class:`app.errors.ParamError` when a rendered value fails its pattern (a node with spaces).
+        Raises :class:`app.domain.errors.ParamError` when a rendered value fails its pattern (a node with spaces).
         """
         context = {"labels": labels, "annotations": annotations}
         rendered = {key: render(text, context) for key, text in self.target.items()}

@@ -2,7 +2,7 @@
 one: pure, bounded.
 
 Used wherever Nightshift needs the nodes of a job or a partition (:meth:`app.clients.slurm.SlurmClient.expand_hostlist`
-parses here instead of asking ``scontrol show hostnames`` over SSH; :mod:`app.discovery`), so it costs no round
+parses here instead of asking ``scontrol show hostnames`` over SSH; :mod:`app.domain.discovery`), so it costs no round
 trip. An expression this parser does not accept raises :class:`HostlistError`.
 """
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from app.config import RetentionSettings, Settings
-from app.playbooks import Playbook
+from app.domain.playbooks import Playbook
 
 DAY = timedelta(days=1)
 

@@ -1,7 +1,7 @@
 """The Alertmanager webhook payload (version "4") as immutable values, validated with JSON-path errors.
 
 :func:`parse_notification` is the only way in: it accepts the body Alertmanager POSTs (``notify/webhook``,
-``template.Data``) and raises :class:`app.errors.PayloadError` (HTTP 400, which Alertmanager does not retry)
+``template.Data``) and raises :class:`app.domain.errors.PayloadError` (HTTP 400, which Alertmanager does not retry)
 naming the offending field, e.g. ``alerts[3].labels.gpu: expected a string, got number``. Unknown keys
 (``notification_reason``, ``routeLabels``, Grafana's extras) are ignored.
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
-from app.errors import PayloadError
+from app.domain.errors import PayloadError
 
 PAYLOAD_VERSION = "4"
 STATUSES = ("firing", "resolved")

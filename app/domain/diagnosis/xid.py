@@ -1,7 +1,7 @@
 """NVIDIA Xid errors: the packaged catalogue, our action classes, and Xids found in labels and kernel logs.
 
 Pure: the only file read is the packaged ``xid_catalog.csv`` (a copy of NVIDIA's Xid catalogue, Ampere and
-newer), loaded once per process. Nothing here decides the diagnosis category; :mod:`app.diagnosis` does.
+newer), loaded once per process. Nothing here decides the diagnosis category; :mod:`app.domain.diagnosis` does.
 """
 
 from __future__ import annotations

@@ -12,12 +12,12 @@ from typing import Any
 
 from app.actions.base import Action
 from app.actions.registry import ActionRegistry
-from app.errors import ParamError
-from app.matchers import matches_all
-from app.permissions import Permissions
-from app.playbooks import Step
-from app.states import StepStatus
-from app.templates import TemplateError, render_promql, render_value
+from app.domain.errors import ParamError
+from app.domain.matchers import matches_all
+from app.domain.permissions import Permissions
+from app.domain.playbooks import Step
+from app.domain.states import StepStatus
+from app.domain.templates import TemplateError, render_promql, render_value
 
 RUN, WOULD_RUN, SKIPPED, INVALID = (
     StepStatus.PENDING,

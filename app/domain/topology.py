@@ -26,7 +26,7 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from app.hostlist import expand_hostlist
+from app.domain.hostlist import expand_hostlist
 
 # A leaf (or rack) holding more nodes than this is refused at load: a blamed domain is excluded whole.
 MAX_SWITCH_NODES = 1024

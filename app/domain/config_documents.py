@@ -2,7 +2,7 @@
 
 :func:`read_documents` turns YAML text into plain data (keys as written, duplicate keys refused, aliases bounded)
 and remembers where each value came from; :class:`DocumentCheck` collects ``file:line: message`` problems for one
-document, starting with its JSON-schema errors. Used by :mod:`app.playbooks` and :mod:`app.permissions`.
+document, starting with its JSON-schema errors. Used by :mod:`app.domain.playbooks` and :mod:`app.domain.permissions`.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 
 PathKey = tuple[str | int, ...]
 # Values in one document once aliases are expanded (what jsonschema walks): stops "billion laughs" YAML.

@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from app.guards import human_duration
-from app.states import REPAIR_OPEN, RepairState, StepStatus
+from app.domain.guards import human_duration
+from app.domain.states import REPAIR_OPEN, RepairState, StepStatus
 
 TAKE_OUT, VALIDATE, RETURN = "take_out", "validate", "return"
 REPAIR_PREFIX = "repair:"
@@ -39,7 +39,7 @@ def repair_index(step: str) -> int | None:
 
 @dataclass(frozen=True)
 class Result:
-    """One run of a step, as the policy needs it (the engine builds it from an :class:`app.outcome.Outcome`).
+    """One run of a step, as the policy needs it (the engine builds it from an :class:`app.domain.outcome.Outcome`).
 
     ``changed``: whether the run changed the node (take-out: drained/cordoned it now or earlier by us; return:
     resumed/uncordoned it). ``False`` means the node carried someone else's mark, or none of ours.

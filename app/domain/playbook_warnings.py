@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
-from app.config_documents import PathKey
-from app.playbooks import Playbook
-from app.promql_window import ranges
-from app.templates import TemplateError, template_refs
+from app.domain.config_documents import PathKey
+from app.domain.playbooks import Playbook
+from app.domain.promql_window import ranges
+from app.domain.templates import TemplateError, template_refs
 
 # Sections whose templates render for an alert: the target is left out here, as its empty values are dropped on
 # purpose (a job label absent means a node-only target).

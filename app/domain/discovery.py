@@ -22,8 +22,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from app.hostlist import HostlistError, expand_hostlist
-from app.params import NODE_NAME, SLURM_JOB_ID
+from app.domain.hostlist import HostlistError, expand_hostlist
+from app.domain.params import NODE_NAME, SLURM_JOB_ID
 
 PORT_TOKEN = re.compile(r"(?:^|[\s,;])nightshift\.progress_port=([0-9]{1,5})(?=$|[\s,;])")
 # A job that answers checkpoint requests says with which signal (a signal it does not handle would terminate it)

@@ -43,12 +43,12 @@ from datetime import datetime, timedelta
 from enum import StrEnum
 from typing import Any
 
-from app import episodes, guards
-from app.job_phase import JobPhase
-from app.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
-from app.planning import INVALID, PlannedStep
-from app.playbooks import SELF_RECOVERY_MIN
-from app.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
+from app.domain import episodes, guards
+from app.domain.job_phase import JobPhase
+from app.domain.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
+from app.domain.planning import INVALID, PlannedStep
+from app.domain.playbooks import SELF_RECOVERY_MIN
+from app.domain.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
 
 ALLOCATION_TRIES = 3  # looks at a job's allocation before its recovery goes ahead without exclusions
 BENIGN_CATEGORIES = frozenset({"benign", "no_fault"})  # diagnosis verdicts that mean "do not act"

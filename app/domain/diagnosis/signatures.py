@@ -4,7 +4,7 @@ The catalogue is data (``signatures.yaml``, packaged); this module loads and val
 and labels. A signature is ``{category, pattern, weight, description}`` and applies to each log line, or, with
 ``label: <name>``, to the value of that alert label. Its optional ``role`` says what a match means (see
 :data:`ROLES`): evidence of a fault (``cause``, the default), or one of the markers that keep a healthy run
-quiet. Loading reports every mistake as ``file:line: message`` in a :class:`~app.errors.ConfigError`. No I/O
+quiet. Loading reports every mistake as ``file:line: message`` in a :class:`~app.domain.errors.ConfigError`. No I/O
 beyond reading the catalogue file.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from app.errors import ConfigError
+from app.domain.errors import ConfigError
 
 # Every fault category a signature may vote for. "benign" (a verdict that there is nothing to act on) and
 # "unknown" (not enough evidence either way) are verdicts, never votes of a cause signature.

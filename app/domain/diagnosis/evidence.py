@@ -1,8 +1,8 @@
-"""Reading a log once: the votes, markers, Xids and facts that :mod:`app.diagnosis` weighs.
+"""Reading a log once: the votes, markers, Xids and facts that :mod:`app.domain.diagnosis` weighs.
 
 Pure: strings in, a :class:`Reading` out. Each line is classified by the signature catalogue; lines that vote, mark
 or carry context (NCCL's rank table, torchrun's failure summary, grad-norm figures) are parsed for who wrote
-them (:mod:`app.diagnosis.lines`). Nothing here decides the verdict.
+them (:mod:`app.domain.diagnosis.lines`). Nothing here decides the verdict.
 """
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from app.diagnosis import launcher as launchers
-from app.diagnosis import xid as xids
-from app.diagnosis.lines import LogLine, normalise_pci
-from app.diagnosis.lines import parse_line as parse_one
-from app.diagnosis.signatures import Signature, SignatureCatalogue
+from app.domain.diagnosis import launcher as launchers
+from app.domain.diagnosis import xid as xids
+from app.domain.diagnosis.lines import LogLine, normalise_pci
+from app.domain.diagnosis.lines import parse_line as parse_one
+from app.domain.diagnosis.signatures import Signature, SignatureCatalogue
 
 MAX_LINE_CHARS = 4096  # a pathological multi-megabyte "line" is matched on its head only
 
@@ -83,7 +83,7 @@ class Vote:
 
 @dataclass(frozen=True)
 class Marker:
-    """A line marking shutdown, completion, progress or recovery (see :data:`app.diagnosis.signatures.ROLES`)."""
+    """A line marking shutdown, completion, progress or recovery (see :data:`app.domain.diagnosis.signatures.ROLES`)."""
 
     index: int
     signature: Signature

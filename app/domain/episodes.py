@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from app import schedulers
-from app.playbooks import Playbook
-from app.states import IncidentKind
-from app.templates import render_promql
+from app.domain import schedulers
+from app.domain.playbooks import Playbook
+from app.domain.states import IncidentKind
+from app.domain.templates import render_promql
 
 MAX_CULPRITS_KEPT = 32  # culprit entries kept on one incident (evidence beyond this is in the ledger)
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from app.errors import ParamError
+from app.domain.errors import ParamError
 
 # Any hostname-like node name (a playbook target, before the backend is known): one name, no list, no range.
 NODE_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?"
@@ -27,7 +27,7 @@ SLURM_NODE_NAME = NODE_NAME
 MAX_NODE_LIST = 16_384
 NODE_LIST_CHARS = 1_048_576
 # Several Slurm node names, comma-separated (the nodes a requeued job is kept off), at most MAX_NODE_LIST; the
-# command sends them as one compressed hostlist (app/hostlist.py).
+# command sends them as one compressed hostlist (app/domain/hostlist.py).
 SLURM_NODE_LIST = rf"{SLURM_NODE_NAME}(?:,{SLURM_NODE_NAME}){{0,{MAX_NODE_LIST - 1}}}"
 SLURM_RESERVED = ("all",)  # compared without case: scontrol reads NodeName=ALL (or all) as every node
 # Slurm job ids: 1234, array tasks 1234_7, het components 1234+1.

@@ -1,7 +1,7 @@
 """What an action's run produced, as values the engine decides on by type.
 
 Every backend error is translated into one of these at the boundary (``app/clients`` raises the exceptions of
-``app.errors``; ``Action.run`` maps them with :func:`outcome_from_error`), so the engine never sees a third-party
+``app.domain.errors``; ``Action.run`` maps them with :func:`outcome_from_error`), so the engine never sees a third-party
 exception type.
 """
 
@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import errors
-from app.states import StepStatus
+from app.domain import errors
+from app.domain.states import StepStatus
 
 OUTPUT_TAIL_CHARS = 4000
 

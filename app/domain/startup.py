@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from urllib.parse import urlsplit, urlunsplit
 
-from app import schedulers
 from app.config import Settings
-from app.permissions import Permissions
+from app.domain import schedulers
+from app.domain.permissions import Permissions
 
 
 def startup_summary(
@@ -56,7 +56,7 @@ def startup_summary(
 
 def credential_states(settings: Settings, readable: Callable[[str], bool]) -> dict[str, dict[str, str]]:
     """Per scheduler, what its credentials are before any use: ``{"state", "reason"}``
-    (:data:`app.schedulers.CREDENTIAL_STATES`); one the settings do not act on is ``unset``."""
+    (:data:`app.domain.schedulers.CREDENTIAL_STATES`); one the settings do not act on is ``unset``."""
     states = {}
     for name, scheduler in schedulers.SCHEDULERS.items():
         acted_on = name in settings.schedulers

@@ -3,8 +3,8 @@
 A storage outage under 125 jobs is one fault, not 125: requeueing each job restarts it into the outage. The jobs'
 incidents that fail within ``fleet.window_seconds`` of each other are compared (:func:`shared_cause`): the same
 shared-cause diagnosis (storage I/O, an object store, the file system) in ``fleet.min_jobs`` jobs or more, or
-culprits that are all behind one leaf switch, rack or block (a :class:`app.topology.Domain`). Such a cause gets one
-fleet record (:class:`FleetRecord`), one diagnosis (read from the logs of ``fleet.diagnosis_sample`` member jobs,
+culprits that are all behind one leaf switch, rack or block (a :class:`app.domain.topology.Domain`). Such a cause gets
+one fleet record (:class:`FleetRecord`), one diagnosis (read from the logs of ``fleet.diagnosis_sample`` member jobs,
 adopted by the others), one notice and at most one page; the jobs' recoveries are held (never requeued into the
 outage) until the cause clears or a person releases it, then released together, each after a jitter
 (:func:`release_delay`) so that they do not restart in one stampede.
@@ -34,9 +34,9 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
-from app.errors import ConfigError
-from app.params import MAX_NODE_LIST
-from app.topology import Domain, Topology
+from app.domain.errors import ConfigError
+from app.domain.params import MAX_NODE_LIST
+from app.domain.topology import Domain, Topology
 
 # Diagnosis categories whose cause lies outside the job's nodes, shared by every job that uses it.
 SHARED_CATEGORIES = frozenset({"storage_io", "object_store_timeout"})

@@ -1,7 +1,7 @@
 """What torchrun's elastic agent says about its workers: the failure summary, exit codes, signals, its own kills.
 
-Pure string work, fed one line body at a time (prefixes already peeled by :mod:`app.diagnosis.lines`). The formats
-are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
+Pure string work, fed one line body at a time (prefixes already peeled by :mod:`app.domain.diagnosis.lines`). The
+formats are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
 
 - the agent's line when a worker dies: ``failed (exitcode: -9) local_rank: 1 (pid: 16322) of binary: ...``;
 - the ``ChildFailedError`` summary: ``Failures:`` and ``Root Cause (first observed failure):``, then one block per

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
-from app.states import Guard, GuardDecision, IncidentOutcome
+from app.domain.states import Guard, GuardDecision, IncidentOutcome
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ class GuardFacts:
     blast_max_nodes: int = 3
     blast_window: timedelta = timedelta(hours=1)
     # Blast radius on nodes (see :func:`blast_radius`). ``takes_out``: the nodes the granted steps take out of
-    # service (drain, cordon, reboot; :func:`app.planning.nodes_taken_out`). ``taken_out``: nodes taken out
+    # service (drain, cordon, reboot; :func:`app.domain.planning.nodes_taken_out`). ``taken_out``: nodes taken out
     # fleet-wide within the window or still out (:func:`app.engine.guard_facts.taken_out_nodes`). ``pool_nodes``:
     # every node of the partition / node pool of the node taken out (empty: unknown, no share limit), named ``pool``.
     takes_out: frozenset[str] = frozenset()

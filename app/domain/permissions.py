@@ -28,8 +28,8 @@ from typing import Any
 
 from app.actions.base import Action
 from app.actions.registry import ActionRegistry
-from app.config_documents import ConfigFileError, DocumentCheck, PathKey, read_documents
-from app.playbooks import API_VERSION
+from app.domain.config_documents import ConfigFileError, DocumentCheck, PathKey, read_documents
+from app.domain.playbooks import API_VERSION
 
 # Grant field → the target field it scopes.
 LIST_SCOPES = {"partitions": "partition", "namespaces": "namespace", "clusters": "cluster"}

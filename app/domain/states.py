@@ -56,7 +56,7 @@ class IncidentOutcome(StrEnum):
 
 @unique
 class Guard(StrEnum):
-    """The guards of the chain (app/guards.py), in its order; the live re-check is the engine's last."""
+    """The guards of the chain (app/domain/guards.py), in its order; the live re-check is the engine's last."""
 
     KILL_SWITCH = "kill_switch"
     PERMISSION = "permission"
@@ -71,8 +71,8 @@ class Guard(StrEnum):
 
 @unique
 class GuardDecision(StrEnum):
-    """A guard's verdict (app/guards.py): go on to the next guard, hold the incident until the verdict's ``until``
-    (re-decided then), or stop it with the verdict's outcome."""
+    """A guard's verdict (app/domain/guards.py): go on to the next guard, hold the incident until the verdict's
+    ``until`` (re-decided then), or stop it with the verdict's outcome."""
 
     PASS = "pass"
     WAIT = "wait"
@@ -237,7 +237,7 @@ class LedgerKind(StrEnum):
 
 @unique
 class NoticeKind(StrEnum):
-    """What a notice to people is about (app/paging.py): it decides whether, and how, it pages."""
+    """What a notice to people is about (app/domain/paging.py): it decides whether, and how, it pages."""
 
     OUTCOME = "outcome"  # an incident closed: its outcome and plan (pages when a person is needed)
     NODE_HELD = "node_held"  # a node out of service, held for a person (pages)

@@ -6,7 +6,7 @@ classified in full, each only up to :data:`MAX_LINE_CHARS`, and the lines before
 causes (:data:`BURIED`: an Xid 20,000 lines before the end is still found).
 
 How a verdict is reached:
-1. One pass over the lines (:mod:`app.diagnosis.evidence`): each line votes for its heaviest matching cause
+1. One pass over the lines (:mod:`app.domain.diagnosis.evidence`): each line votes for its heaviest matching cause
    signature (``signatures.yaml``) unless it is known noise; markers note shutdown, completion, progress and
    recovery; Xids, NCCL's rank table, torchrun's failure summary, gradient norms and py-spy dumps are read.
 2. What a healthy run explains away is dropped: errors after the job was cancelled or timed out (shutdown
@@ -15,7 +15,7 @@ How a verdict is reached:
 3. Patterns across lines add votes: the same app-class Xid on one GPU across processes (suspect the GPU) or on
    many GPUs (the application), NaN from one rank at several iterations across restarts (silent data
    corruption), gradient norms exploding, a long gap without progress before a time limit (a hang), the ranks'
-   stacks (:mod:`app.diagnosis.stacks`).
+   stacks (:mod:`app.domain.diagnosis.stacks`).
 4. Label signatures and the Xid verdict add their weights; consequences of a decisive cause are discounted
    (the tracebacks and peer NCCL errors a dead rank drags along), and an application exception that comes
    before the first NCCL error is the cause of it rather than its consequence.
@@ -39,13 +39,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from app.diagnosis import flight
-from app.diagnosis import launcher as launchers
-from app.diagnosis import stacks as stackdumps
-from app.diagnosis import xid as xids
-from app.diagnosis.evidence import MAX_LINE_CHARS, Reading, Vote, exploding, iteration_of, read
-from app.diagnosis.lines import LogLine, normalise_pci, parse_line
-from app.diagnosis.signatures import (
+from app.domain.diagnosis import flight
+from app.domain.diagnosis import launcher as launchers
+from app.domain.diagnosis import stacks as stackdumps
+from app.domain.diagnosis import xid as xids
+from app.domain.diagnosis.evidence import MAX_LINE_CHARS, Reading, Vote, exploding, iteration_of, read
+from app.domain.diagnosis.lines import LogLine, normalise_pci, parse_line
+from app.domain.diagnosis.signatures import (
     BENIGN,
     CATEGORIES,
     UNKNOWN,
@@ -226,7 +226,7 @@ class Diagnosis:
     ``category`` is one of :data:`CATEGORIES`, ``benign`` (the run is healthy or was stopped on purpose:
     nothing to act on) or ``unknown`` (not enough evidence); ``confidence`` is in [0, 1] (0 for unknown);
     ``evidence`` holds the supporting label facts and log lines (at most 20, each at most 500 characters);
-    ``xid``/``xid_class`` are set whenever an Xid was seen (class: see :data:`app.diagnosis.xid.SEVERITY`);
+    ``xid``/``xid_class`` are set whenever an Xid was seen (class: see :data:`app.domain.diagnosis.xid.SEVERITY`);
     ``culprit`` is the node/rank/GPU the evidence points at, when it points at one; ``restartable`` whether a
     restart (off the culprit, from the last good checkpoint) can recover the job without a change to its code or
     configuration (False for benign and unknown verdicts: there is nothing to restart for).
