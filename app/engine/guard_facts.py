@@ -22,7 +22,7 @@ from app.domain.planning import PlannedStep, nodes_taken_out
 from app.domain.playbooks import Playbook
 from app.domain.states import IncidentKind, RepairState, StepStatus
 from app.store import records, repairs
-from app.store.rows import Incident, Repair
+from app.store.rows import Attempt, Incident, Repair
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def read_history(
     paused, reason = pause_state
     return History(
         attempts=tuple(_past(a) for a in attempts),
-        job_recoveries=tuple(a["started_at"] for a in job_attempts),
+        job_recoveries=tuple(a.started_at for a in job_attempts),
         last_recovery=_past(recovery) if recovery else None,
         taken_out=taken_out_nodes(conn, settings, registry, now),
         ahead=f"incident #{ahead.id} ({ahead.playbook}, {ahead.state})" if ahead else None,
@@ -170,7 +170,7 @@ def _repair_past(row: Repair) -> guards.PastAttempt:
     return guards.PastAttempt(started_at=row.taken_out_at, finished_at=row.closed_at, outcome=row.state)
 
 
-def _past(row: Mapping[str, Any]) -> guards.PastAttempt:
+def _past(attempt: Attempt) -> guards.PastAttempt:
     return guards.PastAttempt(
-        started_at=row["started_at"], finished_at=row["finished_at"], outcome=row["outcome"]
+        started_at=attempt.started_at, finished_at=attempt.finished_at, outcome=attempt.outcome
     )

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.alertmanager import Alert, Notification
 from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
-from app.store.rows import Incident, StepRow
+from app.store.rows import Attempt, Incident, StepRow
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -400,14 +400,16 @@ def finish_attempt(conn: Connection, incident_id: int, number: int, outcome: str
 
 def attempts_for_target(
     conn: Connection, playbook: str | None, target_key: str, since: datetime
-) -> list[Row]:
+) -> list[Attempt]:
     stmt = _ATTEMPTS_FOR_TARGET[playbook is not None]
-    return _all(conn, stmt, {"playbook_": playbook, "target_key_": target_key, "since_": since})
+    params = {"playbook_": playbook, "target_key_": target_key, "since_": since}
+    return [Attempt.from_row(dict(row._mapping)) for row in conn.execute(stmt, params)]
 
 
-def last_recovery(conn: Connection, playbook: str | None, target_key: str) -> Row | None:
+def last_recovery(conn: Connection, playbook: str | None, target_key: str) -> Attempt | None:
     stmt = _LAST_RECOVERY[playbook is not None]
-    return _one(conn, stmt, {"playbook_": playbook, "target_key_": target_key})
+    row = conn.execute(stmt, {"playbook_": playbook, "target_key_": target_key}).first()
+    return Attempt.from_row(dict(row._mapping)) if row is not None else None
 
 
 # --- inbox --------------------------------------------------------------------------------------------------

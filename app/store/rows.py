@@ -9,7 +9,15 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from app.domain.states import IncidentKind, IncidentOutcome, RepairState, State, StepStatus, UndoState
+from app.domain.states import (
+    AttemptOutcome,
+    IncidentKind,
+    IncidentOutcome,
+    RepairState,
+    State,
+    StepStatus,
+    UndoState,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,6 +85,28 @@ class Incident:
 
 _STATES = frozenset(State)
 _INCIDENT_FIELDS = tuple(field.name for field in dataclasses.fields(Incident))
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One execution of a playbook's steps on a target (table ``attempts``): what budgets, backoff, cooldown and
+    the blast radius count."""
+
+    id: int
+    incident_id: int
+    number: int
+    playbook: str
+    target_key: str
+    node: str | None
+    destructive: bool
+    started_at: datetime
+    finished_at: datetime | None = None
+    outcome: AttemptOutcome | None = None  # None: in progress
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Attempt:
+        outcome = row["outcome"]
+        return cls(**{**row, "outcome": AttemptOutcome(outcome) if outcome is not None else None})
 
 
 @dataclass(frozen=True)

@@ -280,7 +280,7 @@ def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finish
         with after.engine.deps.store.read() as conn:
             attempts = records.attempts_for_target(conn, None, "slurm/4242", clock.now() - timedelta(days=1))
             errors = [row for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "engine_error"]
-        assert all(a["outcome"] for a in attempts), at  # no attempt left "in progress"
+        assert all(a.outcome for a in attempts), at  # no attempt left "in progress"
         assert errors == [], (at, errors[:1])
 
 

@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from app.store import schema
-from app.store.rows import Incident, Repair, StepRow
+from app.store.rows import Attempt, Incident, Repair, StepRow
 
 
 @pytest.mark.parametrize(
-    ("table", "row"), [("incidents", Incident), ("steps", StepRow), ("node_repairs", Repair)]
+    ("table", "row"),
+    [("incidents", Incident), ("attempts", Attempt), ("steps", StepRow), ("node_repairs", Repair)],
 )
 def test_a_typed_row_has_its_tables_columns(table: str, row: type) -> None:
     columns = {column.name for column in schema.metadata.tables[table].columns}
