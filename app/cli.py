@@ -13,13 +13,16 @@ import signal
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from app.domain import schedulers as scheduling
 from app.domain.errors import ConfigError, NightshiftError, PayloadError
 from app.domain.states import StepStatus
+
+if TYPE_CHECKING:  # the store is imported by the commands that open it
+    from app.store.rows import AlertRow
 
 config_option = click.option(
     "--config",
@@ -568,17 +571,17 @@ def replay(config: str | None, alert_id: int) -> None:
     if row is None:
         raise click.ClickException(f"alert {alert_id} not found")
     alert = Alert(
-        status=row["status"],
-        labels=row["labels"],
-        annotations=row["annotations"],
-        starts_at=row["starts_at"],
-        ends_at=row["ends_at"],
-        generator_url=row["generator_url"],
-        fingerprint=row["fingerprint"],
+        status=row.status,
+        labels=row.labels,
+        annotations=row.annotations,
+        starts_at=row.starts_at,
+        ends_at=row.ends_at,
+        generator_url=row.generator_url,
+        fingerprint=row.fingerprint,
     )
     notification = Notification(
-        receiver=row["receiver"],
-        status=row["status"],
+        receiver=row.receiver,
+        status=row.status,
         alerts=(alert,),
         group_labels={},
         common_labels={},
@@ -595,7 +598,7 @@ def replay(config: str | None, alert_id: int) -> None:
     click.echo(json.dumps(report))
 
 
-def _why_nothing(engine: Any, alert_id: int, row: dict[str, Any]) -> str:
+def _why_nothing(engine: Any, alert_id: int, row: AlertRow) -> str:
     """Why replaying alert ``alert_id`` opened, joined and closed nothing, from the store."""
     from app.store import records
 
@@ -611,9 +614,9 @@ def _why_nothing(engine: Any, alert_id: int, row: dict[str, Any]) -> str:
             f"alert {alert_id} already belongs to incident {told}; a repeat of an alert whose incident has closed "
             "is not a new fault, and one whose incident is open is already in it"
         )
-    if row["status"] == "resolved":
+    if row.status == "resolved":
         return f"alert {alert_id} is resolved: a resolved alert opens nothing"
-    if not engine.deps.playbooks.match(row["labels"]):
+    if not engine.deps.playbooks.match(row.labels):
         return f"alert {alert_id}: no loaded playbook matches its labels (nightshift explain says more)"
     return f"alert {alert_id}: its playbooks opened nothing (the ledger says why; nightshift explain shows the plan)"
 

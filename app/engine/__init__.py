@@ -136,7 +136,7 @@ class Engine:
                 return None
             return {
                 "incident": row.as_dict(),
-                "alerts": records.get_alerts_for_incident(conn, incident_id),
+                "alerts": [alert.as_dict() for alert in records.get_alerts_for_incident(conn, incident_id)],
                 "steps": [step.as_dict() for step in records.get_steps(conn, incident_id)],
                 "ledger": records.ledger_for(conn, incident_id),
             }

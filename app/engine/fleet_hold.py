@@ -296,9 +296,7 @@ class FleetHolds:
             alerts = records.get_alerts_for_incident(conn, record.probe) if probe else []
         if probe is None:
             return None
-        again = [
-            a["starts_at"] for a in alerts if a["status"] == "firing" and a["starts_at"] > record.probe_at
-        ]
+        again = [a.starts_at for a in alerts if a.status == "firing" and a.starts_at > record.probe_at]
         return fleet.ProbeView(
             probe.id,
             probe.open_key is not None,

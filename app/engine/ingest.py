@@ -24,7 +24,7 @@ from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.engine.effects import tell
 from app.store import records, repairs
-from app.store.rows import Incident
+from app.store.rows import AlertRow, Incident
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
 MAX_UNMATCHED_NOTICES = 5
@@ -160,7 +160,7 @@ def _ingest_alert(
         episode = episodes.episode_of(playbook, target.values, target.key)
         # An instance already tied to an incident of this episode (or, per target, of this playbook) is a repeat:
         # attached already when that incident is open, and not a new fault when it has closed.
-        if previous is not None and _had_incident(conn, row["id"], playbook.name, episode):
+        if previous is not None and _had_incident(conn, row.id, playbook.name, episode):
             continue
         _join(deps, conn, row, alert, playbook, target, episode, now, facts, result)
 
@@ -168,7 +168,7 @@ def _ingest_alert(
 def _join(
     deps: EngineDeps,
     conn: Connection,
-    row: records.Row,
+    row: AlertRow,
     alert: Alert,
     playbook: Playbook,
     target: Target,
@@ -199,7 +199,7 @@ def _join(
             conn,
             now,
             _incident_values(deps, alert, playbook, target, episode, now),
-            row["id"],
+            row.id,
             f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
             + (f"; culprit {episode.culprit}" if episode.culprit else "")
             + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
@@ -233,7 +233,7 @@ def _join(
     # A known culprit ends the correlation wait of an incident that has not acted.
     act_now = named is not None and not incident.acted
     if transitions.attach(
-        conn, now, incident, row["id"], message, data, culprits=named, act_now=act_now, leading=leading
+        conn, now, incident, row.id, message, data, culprits=named, act_now=act_now, leading=leading
     ):
         result.attached.append(incident.id)
 
@@ -300,9 +300,9 @@ def _culprit_reason(alert: Alert) -> str:
 
 
 def _resolve(
-    deps: EngineDeps, conn: Connection, alert_row: records.Row, name: str, now: datetime, result: IngestResult
+    deps: EngineDeps, conn: Connection, alert_row: AlertRow, name: str, now: datetime, result: IngestResult
 ) -> None:
-    for incident in records.incidents_for_alert(conn, alert_row["id"]):
+    for incident in records.incidents_for_alert(conn, alert_row.id):
         if records.firing_alert_count(conn, incident.id) > 0:
             continue  # other alerts of this incident still fire
         if incident.open_key is None:

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.alertmanager import Alert, Notification
 from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
-from app.store.rows import Attempt, Incident, StepRow
+from app.store.rows import AlertRow, Attempt, Incident, StepRow
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -199,14 +199,14 @@ _DELETE_INBOX_ALERTS = inbox_alerts.delete().where(inbox_alerts.c.inbox_id == bi
 
 def upsert_alert(
     conn: Connection, alert: Alert, notification: Notification, now: datetime
-) -> tuple[Row, str | None]:
+) -> tuple[AlertRow, str | None]:
     """Record one alert instance; return its row and its status before this notification (None when new)."""
     key = {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
     # FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a replica that read the
     # row before another one resolved it must not write its stale status back.
     existing = _one(conn, _ALERT_INSTANCE, key)
     if existing is None:
-        values = {
+        values: dict[str, Any] = {
             "fingerprint": alert.fingerprint,
             "starts_at": alert.starts_at,
             "status": alert.status,
@@ -224,7 +224,7 @@ def upsert_alert(
         }
         new_id = conn.execute(_NEW_ALERT[conn.dialect.name], values).scalar()
         if new_id is not None:
-            return {**values, "id": new_id}, None
+            return AlertRow(id=new_id, **values), None
         existing = _one(conn, _ALERT_INSTANCE, key)  # a concurrent replica inserted the same instance first
         assert existing is not None
     previous = existing["status"]
@@ -234,21 +234,24 @@ def upsert_alert(
         changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
     # Incremented in SQL: replicas updating the same row under READ COMMITTED must not lose a delivery.
     conn.execute(_UPDATE_ALERT, {**changes, "alert_id_": existing["id"]})
-    return {**existing, **changes, "notifications": existing["notifications"] + 1}, previous
+    return AlertRow.from_row(
+        {**existing, **changes, "notifications": existing["notifications"] + 1}
+    ), previous
 
 
-def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[Row]:
+def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[AlertRow]:
     stmt = (
         select(alerts)
         .join(incident_alerts, incident_alerts.c.alert_id == alerts.c.id)
         .where(incident_alerts.c.incident_id == incident_id)
         .order_by(alerts.c.id)
     )
-    return _all(conn, stmt)
+    return [AlertRow.from_row(row) for row in _all(conn, stmt)]
 
 
-def get_alert(conn: Connection, alert_id: int) -> Row | None:
-    return _one(conn, select(alerts).where(alerts.c.id == alert_id))
+def get_alert(conn: Connection, alert_id: int) -> AlertRow | None:
+    row = _one(conn, select(alerts).where(alerts.c.id == alert_id))
+    return AlertRow.from_row(row) if row is not None else None
 
 
 # --- incidents ----------------------------------------------------------------------------------------------

@@ -110,6 +110,33 @@ class Attempt:
 
 
 @dataclass(frozen=True)
+class AlertRow:
+    """One alert instance as received (table ``alerts``): Alertmanager's fingerprint plus its startsAt."""
+
+    id: int
+    fingerprint: str
+    starts_at: datetime
+    status: str  # firing | resolved (a resolved instance never fires again)
+    ends_at: datetime | None
+    alertname: str  # a short copy for display; ``labels`` keep it whole
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+    generator_url: str
+    receiver: str
+    group_key: str
+    first_received_at: datetime
+    last_received_at: datetime
+    notifications: int  # deliveries of it, repeats included
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> AlertRow:
+        return cls(**row)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class StepRow:
     """One planned step of an incident's attempt and phase (table ``steps``)."""
 

@@ -94,10 +94,10 @@ def test_postgres_store_keeps_aware_utc_times_and_json(postgres_url):
         with store.transaction() as conn:
             row, previous = records.upsert_alert(conn, notification.alerts[0], notification, START)
         with store.transaction() as conn:
-            stored = records.get_alert(conn, row["id"])
+            stored = records.get_alert(conn, row.id)
         assert previous is None and stored is not None
-        assert stored["starts_at"] == START and stored["starts_at"].tzinfo is not None
-        assert stored["labels"] == labels
+        assert stored.starts_at == START and stored.starts_at.tzinfo is not None
+        assert stored.labels == labels
     finally:
         store.dispose()
 

@@ -124,10 +124,10 @@ def test_a_pass_prunes_closed_history_and_keeps_what_is_open(tmp_path, store_url
     ]
     with engine.deps.store.read() as conn:
         doomed_links = {
-            (closed_old["id"], a["id"]) for a in records.get_alerts_for_incident(conn, closed_old["id"])
+            (closed_old["id"], a.id) for a in records.get_alerts_for_incident(conn, closed_old["id"])
         }
-        recent_alerts = {a["id"] for a in records.get_alerts_for_incident(conn, closed_recent["id"])}
-        open_alerts = {a["id"] for a in records.get_alerts_for_incident(conn, still_open["id"])}
+        recent_alerts = {a.id for a in records.get_alerts_for_incident(conn, closed_recent["id"])}
+        open_alerts = {a.id for a in records.get_alerts_for_incident(conn, still_open["id"])}
         held = conn.execute(select(node_repairs).where(node_repairs.c.node == "node9")).one()
     before, kinds_before = rows(engine), unattached_kinds(engine)
 

@@ -8,12 +8,18 @@ import dataclasses
 import pytest
 
 from app.store import schema
-from app.store.rows import Attempt, Incident, Repair, StepRow
+from app.store.rows import AlertRow, Attempt, Incident, Repair, StepRow
 
 
 @pytest.mark.parametrize(
     ("table", "row"),
-    [("incidents", Incident), ("attempts", Attempt), ("steps", StepRow), ("node_repairs", Repair)],
+    [
+        ("incidents", Incident),
+        ("attempts", Attempt),
+        ("alerts", AlertRow),
+        ("steps", StepRow),
+        ("node_repairs", Repair),
+    ],
 )
 def test_a_typed_row_has_its_tables_columns(table: str, row: type) -> None:
     columns = {column.name for column in schema.metadata.tables[table].columns}
