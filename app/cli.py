@@ -646,7 +646,7 @@ def export(config: str | None, after_id: int, prunable: bool) -> None:
                     click.echo(line)
             return
         for row in records.iter_ledger(conn, after_id=after_id):
-            click.echo(json.dumps(row, default=str, sort_keys=True))
+            click.echo(json.dumps(row.as_dict(), default=str, sort_keys=True))
 
 
 @cli.command()

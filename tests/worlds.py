@@ -246,7 +246,7 @@ class World:
     def rows(self, kind: str | None = None) -> list[dict[str, Any]]:
         """Every ledger row (of ``kind``), whatever it is about."""
         with self.store.read() as conn:
-            return [r for r in records.iter_ledger(conn) if kind is None or r["kind"] == kind]
+            return [r.as_dict() for r in records.iter_ledger(conn) if kind is None or r.kind == kind]
 
     def close(self) -> None:
         self.store.dispose()

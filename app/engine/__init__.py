@@ -138,7 +138,7 @@ class Engine:
                 "incident": row.as_dict(),
                 "alerts": [alert.as_dict() for alert in records.get_alerts_for_incident(conn, incident_id)],
                 "steps": [step.as_dict() for step in records.get_steps(conn, incident_id)],
-                "ledger": records.ledger_for(conn, incident_id),
+                "ledger": [entry.as_dict() for entry in records.ledger_for(conn, incident_id)],
             }
 
     def incidents(self, **filters: Any) -> list[dict[str, Any]]:

@@ -25,7 +25,7 @@ from sqlalchemy.exc import IntegrityError
 from app.domain.alertmanager import Alert, Notification
 from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
-from app.store.rows import AlertRow, Attempt, Incident, StepRow
+from app.store.rows import AlertRow, Attempt, Incident, LedgerEntry, StepRow
 from app.store.schema import (
     UtcDateTime,
     alerts,
@@ -584,17 +584,19 @@ def record(
     log_entry(kind, message, incident_id, data or {})
 
 
-def ledger_for(conn: Connection, incident_id: int) -> list[Row]:
-    return _all(conn, select(ledger).where(ledger.c.incident_id == incident_id).order_by(ledger.c.id))
+def ledger_for(conn: Connection, incident_id: int) -> list[LedgerEntry]:
+    stmt = select(ledger).where(ledger.c.incident_id == incident_id).order_by(ledger.c.id)
+    return [LedgerEntry.from_row(row) for row in _all(conn, stmt)]
 
 
-def iter_ledger(conn: Connection, *, after_id: int = 0, batch: int = 1000) -> Iterator[Row]:
+def iter_ledger(conn: Connection, *, after_id: int = 0, batch: int = 1000) -> Iterator[LedgerEntry]:
     while True:
-        rows = _all(conn, select(ledger).where(ledger.c.id > after_id).order_by(ledger.c.id).limit(batch))
-        if not rows:
+        stmt = select(ledger).where(ledger.c.id > after_id).order_by(ledger.c.id).limit(batch)
+        entries = [LedgerEntry.from_row(row) for row in _all(conn, stmt)]
+        if not entries:
             return
-        yield from rows
-        after_id = rows[-1]["id"]
+        yield from entries
+        after_id = entries[-1].id
 
 
 # --- controls -----------------------------------------------------------------------------------------------

@@ -137,6 +137,26 @@ class AlertRow:
 
 
 @dataclass(frozen=True)
+class LedgerEntry:
+    """One row of the ledger (table ``ledger``): a decision, a command with its output, an observation.
+    ``kind`` stays a string: the ledger is history, and a kind an older version wrote stays readable."""
+
+    id: int
+    ts: datetime
+    incident_id: int | None
+    kind: str  # app.states.LedgerKind, for the rows this version writes
+    message: str
+    data: Mapping[str, Any]
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> LedgerEntry:
+        return cls(**row)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
 class StepRow:
     """One planned step of an incident's attempt and phase (table ``steps``)."""
 

@@ -52,7 +52,7 @@ def test_a_topology_file_naming_nodes_slurm_does_not_know_is_refused(
     error = engine.fleet.source.view()["error"]
     assert f"{path}:2: 2 node(s) the scheduler does not know: node10, node9" in error
     with engine.deps.store.read() as conn:
-        assert [r["kind"] for r in records.iter_ledger(conn)] == ["fleet_topology"]
+        assert [r.kind for r in records.iter_ledger(conn)] == ["fleet_topology"]
 
 
 def test_kubernetes_node_labels_make_racks_and_their_internal_ips_map_to_the_nodes(

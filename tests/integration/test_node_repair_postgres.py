@@ -49,7 +49,7 @@ def test_concurrent_requests_open_one_repair_and_one_worker_claims_it(postgres_u
         assert [c for c in claims if c is not None] == list(ids)
         with stores[0].read() as conn:
             rows = repairs.list_repairs(conn, node="node2")
-            absorbed = [r for r in repairs.records.iter_ledger(conn) if r["kind"] == "repair_absorbed"]
+            absorbed = [r.as_dict() for r in repairs.records.iter_ledger(conn) if r.kind == "repair_absorbed"]
         assert [r.state for r in rows] == [RepairState.REQUESTED]
         assert len(absorbed) == len(stores) - 1
     finally:

@@ -258,7 +258,7 @@ def test_hostile_label_never_reaches_an_action(tmp_path):
     w.run()
     assert opened == []  # the target job fails its pattern: ledgered, no incident, no call
     with w.engine.deps.store.transaction() as conn:
-        kinds = [row["kind"] for row in records.iter_ledger(conn)]
+        kinds = [row.kind for row in records.iter_ledger(conn)]
     assert "target_invalid" in kinds
     assert w.calls("fake.requeue") == [] and w.calls("fake.logs") == []
 

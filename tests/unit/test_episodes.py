@@ -279,7 +279,7 @@ def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finish
         assert requeues <= 1, at  # a requeue that may have run is never run again blind
         with after.engine.deps.store.read() as conn:
             attempts = records.attempts_for_target(conn, None, "slurm/4242", clock.now() - timedelta(days=1))
-            errors = [row for row in records.ledger_for(conn, inc["id"]) if row["kind"] == "engine_error"]
+            errors = [row for row in records.ledger_for(conn, inc["id"]) if row.kind == "engine_error"]
         assert all(a.outcome for a in attempts), at  # no attempt left "in progress"
         assert errors == [], (at, errors[:1])
 
@@ -493,9 +493,7 @@ def test_a_job_its_launcher_does_not_bring_back_is_requeued_once_the_grace_ends(
     w.run()
     assert w.requeue.script.calls == [{"job": "4242"}]
     with w.engine.deps.store.read() as conn:
-        notes = [
-            r["message"] for r in records.ledger_for(conn, w.only()["id"]) if r["kind"] == "self_recovery"
-        ]
+        notes = [r.message for r in records.ledger_for(conn, w.only()["id"]) if r.kind == "self_recovery"]
     assert notes == ["job 4242 still runs but it did not train again within 180 s of the fault"]
 
 

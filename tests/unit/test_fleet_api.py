@@ -27,7 +27,7 @@ def open_fleet_incident(store, key: str = "storage_io") -> None:
 
 def released_rows(store) -> list[dict]:
     with store.read() as conn:
-        return [r for r in records.iter_ledger(conn) if r["kind"] == "fleet_cleared"]
+        return [r.as_dict() for r in records.iter_ledger(conn) if r.kind == "fleet_cleared"]
 
 
 def test_the_api_lists_fleet_incidents_and_an_operator_releases_one(tmp_path):

@@ -74,7 +74,7 @@ def record(w, key: str = "storage_io"):
 
 def ledger(w, kind: str) -> list[dict[str, Any]]:
     with w.engine.deps.store.read() as conn:
-        return [r for r in records.iter_ledger(conn) if r["kind"] == kind]
+        return [r.as_dict() for r in records.iter_ledger(conn) if r.kind == kind]
 
 
 def held(w) -> None:

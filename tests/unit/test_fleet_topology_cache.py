@@ -25,7 +25,7 @@ def engine_with(tmp_path, host: FakeSlurmHost, **fleet):
 
 def ledger(engine) -> list[str]:
     with engine.deps.store.read() as conn:
-        return [r["message"] for r in records.iter_ledger(conn) if r["kind"] == "fleet_topology"]
+        return [r.message for r in records.iter_ledger(conn) if r.kind == "fleet_topology"]
 
 
 def test_the_slurm_topology_is_read_once_a_refresh_interval_and_a_failed_read_keeps_the_last(tmp_path):

@@ -131,7 +131,7 @@ def check_invariants(world: World, delivered: set[tuple[str, str]], resolved: se
             if inc.outcome == "resolved" and "before any action" in inc.reason:
                 assert not inc.acted and records.firing_alert_count(conn, inc.id) == 0
             assert (inc.open_key is None) == (inc.outcome is not None)
-        kinds = [row["kind"] for row in records.iter_ledger(conn)]
+        kinds = [row.kind for row in records.iter_ledger(conn)]
     assert "engine_error" not in kinds
     for action in world.actions.values():
         for params in action.script.calls:

@@ -39,7 +39,7 @@ def ledger_kinds(app: Flask) -> list[str]:
     from app.store import records
 
     with app.extensions["nightshift"].store.transaction() as conn:
-        return [row["kind"] for row in records.iter_ledger(conn)]
+        return [row.kind for row in records.iter_ledger(conn)]
 
 
 @pytest.fixture

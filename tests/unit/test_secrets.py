@@ -165,7 +165,7 @@ def test_secrets_stay_out_of_logs_responses_and_the_ledger(tmp_path, hook_sink, 
     engine.run_until_idle()
 
     with app.extensions["nightshift"].store.transaction() as conn:
-        ledger = [json.dumps(row, default=str) for row in records.iter_ledger(conn)]
+        ledger = [json.dumps(row.as_dict(), default=str) for row in records.iter_ledger(conn)]
     notifications = [row for row in ledger if '"kind": "notification"' in row]
     # Every secret was used: the sink got the posts, the SMTP server was offered the password, and both
     # failures (closed webhook port, refused login) reached the ledger.

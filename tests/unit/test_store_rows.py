@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from app.store import schema
-from app.store.rows import AlertRow, Attempt, Incident, Repair, StepRow
+from app.store.rows import AlertRow, Attempt, Incident, LedgerEntry, Repair, StepRow
 
 
 @pytest.mark.parametrize(
@@ -17,6 +17,7 @@ from app.store.rows import AlertRow, Attempt, Incident, Repair, StepRow
         ("incidents", Incident),
         ("attempts", Attempt),
         ("alerts", AlertRow),
+        ("ledger", LedgerEntry),
         ("steps", StepRow),
         ("node_repairs", Repair),
     ],
