@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, Self
 
 from app.domain.states import (
     AttemptOutcome,
@@ -18,6 +18,17 @@ from app.domain.states import (
     StepStatus,
     UndoState,
 )
+
+
+class _Columns:
+    """A row whose columns need no conversion: built from them as they are, given back by name."""
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Self:
+        return cls(**row)
+
+    def as_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]  # every subclass is a dataclass
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +121,7 @@ class Attempt:
 
 
 @dataclass(frozen=True)
-class AlertRow:
+class AlertRow(_Columns):
     """One alert instance as received (table ``alerts``): Alertmanager's fingerprint plus its startsAt."""
 
     id: int
@@ -128,16 +139,9 @@ class AlertRow:
     last_received_at: datetime
     notifications: int  # deliveries of it, repeats included
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> AlertRow:
-        return cls(**row)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class LedgerEntry:
+class LedgerEntry(_Columns):
     """One row of the ledger (table ``ledger``): a decision, a command with its output, an observation.
     ``kind`` stays a string: the ledger is history, and a kind an older version wrote stays readable."""
 
@@ -148,16 +152,9 @@ class LedgerEntry:
     message: str
     data: Mapping[str, Any]
 
-    @classmethod
-    def from_row(cls, row: Mapping[str, Any]) -> LedgerEntry:
-        return cls(**row)
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
 
 @dataclass(frozen=True)
-class StepRow:
+class StepRow(_Columns):
     """One planned step of an incident's attempt and phase (table ``steps``)."""
 
     id: int
@@ -185,9 +182,6 @@ class StepRow:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StepRow:
         return cls(**{**row, "status": StepStatus(row["status"])})
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclass(frozen=True)
