@@ -148,7 +148,7 @@ class LedgerEntry(_Columns):
     id: int
     ts: datetime
     incident_id: int | None
-    kind: str  # app.states.LedgerKind, for the rows this version writes
+    kind: str  # app.domain.states.LedgerKind, for the rows this version writes
     message: str
     data: Mapping[str, Any]
 
