@@ -71,7 +71,7 @@ class Lifecycle:
         self.steps = StepRunner(deps)
         self.fleet = FleetHolds(deps, self.effects.fleet_incident)
         self.source = WorkerSource(deps, self.steps, self.fleet)
-        self.claims = claims.Lifecycle(INCIDENTS, records.get_incident, self._advance, self._tick_failed)
+        self.claims = claims.Lifecycle(INCIDENTS, records.get_incident, self._tick, self._tick_failed)
 
     # --- claiming ---------------------------------------------------------------------------------------------
 
@@ -92,6 +92,14 @@ class Lifecycle:
             deps.metrics.incidents.labels(IncidentOutcome.NEEDS_HUMAN).inc()
             return now
         return now + timedelta(seconds=deps.settings.guards.defer_seconds)
+
+    def _tick(self, inc: Incident) -> datetime | None:
+        """One tick. One of an open incident that goes through after failed ones resets their count: only
+        failures in a row (at ``worker.max_tick_errors``) hand it to a person, who then sees the count it reached."""
+        following = self._advance(inc)
+        if inc.tick_errors and inc.open_key is not None:
+            self._transition(lambda conn, now: transitions.tick_succeeded(conn, now, inc))
+        return following
 
     def _advance(self, inc: Incident) -> datetime | None:
         if inc.open_key is None:

@@ -306,13 +306,14 @@ def close(
 
 
 def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limit: int) -> bool:
-    """A tick raised. Counts consecutive failures; at ``limit`` the incident goes to a person. True when closed."""
+    """A tick raised. Counts consecutive failures; at ``limit`` the incident goes to a person (the count kept with
+    it). True when closed."""
     errors = inc.tick_errors + 1
     if errors >= limit:
         close(
             conn,
             now,
-            inc,
+            _write(conn, now, inc, tick_errors=errors),
             IncidentOutcome.NEEDS_HUMAN,
             f"processing failed {errors} times in a row: {error}",
             {"error": error},
@@ -330,6 +331,11 @@ def tick_failed(conn: Connection, now: datetime, inc: Incident, error: str, limi
         tick_errors=errors,
     )
     return False
+
+
+def tick_succeeded(conn: Connection, now: datetime, inc: Incident) -> Incident:
+    """A tick went through after failed ones: they were not in a row, their count starts again."""
+    return _write(conn, now, inc, tick_errors=0)
 
 
 def correlating(conn: Connection, now: datetime, inc: Incident, reason: str) -> Incident:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
@@ -494,3 +495,39 @@ def test_an_alert_no_playbook_matches_is_told_to_people_once(tmp_path):
     storm = [alert({"alertname": f"Unknown{n}", "instance": "x"}) for n in range(12)]
     w.send(*storm)
     assert len(w.notifications) == 1 + 5  # at most five notices per ingestion; the ledger has every one
+
+
+def test_only_tick_failures_in_a_row_hand_the_incident_to_a_person(tmp_path, monkeypatch):
+    """worker.max_tick_errors counts failed ticks in a row: a tick that goes through in between starts the count
+    again; at the bound the incident is needs_human with the count it reached."""
+    w = make_world(tmp_path, GRANTS)
+    assert w.prometheus is not None
+    query = w.prometheus.query
+    broken = True
+
+    def recheck(expr: str, at: Any = None) -> list[FakeSample]:
+        if broken:
+            raise RuntimeError("a bug behind the re-check")
+        return query(expr, at)
+
+    monkeypatch.setattr(w.prometheus, "query", recheck)
+    limit = w.deps.settings.worker.max_tick_errors
+    incident_id = w.send(alert(xid())).opened[0]
+
+    def tick() -> dict[str, Any]:
+        w.run()
+        w.clock.advance(w.deps.settings.guards.defer_seconds + 1)
+        return w.incident(incident_id)
+
+    for _ in range(limit - 1):
+        assert tick()["outcome"] is None
+    broken = False
+    w.prometheus.down = True  # a tick that goes through: it waits (not acting blind)
+    assert "not acting blind" in tick()["reason"]
+    broken = True
+    for _ in range(limit - 1):
+        assert tick()["outcome"] is None
+    closed = tick()
+    assert (closed["outcome"], closed["tick_errors"]) == ("needs_human", limit)
+    assert f"processing failed {limit} times in a row" in closed["reason"]
+    assert w.calls("fake.drain") == []
