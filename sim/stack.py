@@ -793,6 +793,7 @@ FAST_VERIFY_INTERVAL = "12s"
 FAST_VERIFY_TIMEOUT = "3m"
 # Repair states in which a node stays until a person acts (held) or that end a repair.
 REPAIR_SETTLED = ("held", "returned", "released", "advisory", "not_ours")
+REPAIR_DEFERRED = "deferred"  # return_node's word for a repair a guard keeps from taking its node out
 # The checkpoint root the shipped playbooks name (``<root>/<train_job>``, a site adjusts it).
 SHIPPED_CHECKPOINT_ROOT = "/shared/checkpoints"
 _MINUTE_RANGE = re.compile(r"\[\d+[mh]\]")
@@ -971,26 +972,46 @@ class Stack:
     def return_node(self, node: str, timeout: float = 180) -> None:
         """Wait until Nightshift's repair of ``node`` (if it opened one) settles; release it as an operator when it
         is held (``POST /api/v1/nodes/<node>/release``, what a person does once the node is fixed), and wait until
-        Slurm has it idle again. For scenarios that share a cluster after a culprit node was taken out."""
+        Slurm has it idle again. For scenarios that share a cluster after a culprit node was taken out.
+
+        A repair that a guard defers before the node is taken out (still ``requested``, the guard's reason in
+        ``held_reason``) does not settle by itself: the blast radius lets one node of this 4-node partition out per
+        hour (``guards.blast_radius_max_share`` 25%), so a second culprit node within the hour waits for the window
+        to pass. A person who knows the node is fine holds it and releases it: nothing of ours to undo."""
 
         def settled() -> str | None:
             try:
                 current = self.nightshift.get(f"/api/v1/nodes/{node}")["current"]
             except requests.HTTPError:
                 return "none"  # no repair of the node
+            if current["state"] == "requested" and current.get("held_reason"):
+                return REPAIR_DEFERRED
             return current["state"] if current["state"] in REPAIR_SETTLED else None
 
         state = wait_until(settled, timeout, f"{node}'s repair to settle")
+        if state == REPAIR_DEFERRED:
+            self._operator(node, "hold", "its repair waits at a guard: held by the test between scenarios")
+            state = "held"
         if state == "held":
-            token = self.operator_token_file.read_text().strip()
+            self._operator(node, "release", "fixed by the test between scenarios")
+        wait_until(lambda: "drain" not in self.slurm.node_state(node), timeout, f"{node} back in service")
+
+    def _operator(self, node: str, verb: str, reason: str, timeout: float = 30) -> None:
+        """``POST /api/v1/nodes/<node>/<verb>`` as the operator (hold, release); again while a step of the node's
+        repair is in flight (409), at most ``timeout`` seconds."""
+        token = self.operator_token_file.read_text().strip()
+
+        def done() -> requests.Response | None:
             response = requests.post(
-                f"{self.nightshift.url}/api/v1/nodes/{node}/release",
-                json={"reason": "fixed by the test between scenarios"},
+                f"{self.nightshift.url}/api/v1/nodes/{node}/{verb}",
+                json={"reason": reason},
                 headers={"Authorization": f"Bearer {token}"},
                 timeout=10,
             )
-            assert response.status_code == 200, f"release {node}: {response.status_code} {response.text}"
-        wait_until(lambda: "drain" not in self.slurm.node_state(node), timeout, f"{node} back in service")
+            return response if response.status_code != 409 else None
+
+        response: requests.Response = wait_until(done, timeout, f"{verb} {node}")  # type: ignore[assignment]
+        assert response.status_code == 200, f"{verb} {node}: {response.status_code} {response.text}"
 
     def checkpoint_dir(self, name: str) -> Path:
         """Where job ``name`` checkpoints (under checkpoint.allowed_roots)."""

@@ -14,6 +14,10 @@ hits a real process, and Nightshift must make of it one job incident with the ri
 - ``exception``: rank 1 raises a Python error in its training step. → an application bug: no restart, a person.
 - ``xid``: Xid 79 on node2 and the rank there dies with it (SIGKILL). → requeued off node2, node2 drained.
 - ``scancel``: the owner cancels the job (SIGTERM, tracebacks in every rank). → nothing: no action.
+- ``rendezvous``: node1, whose torchrun agent hosts the c10d rendezvous store, is lost: its worker and its agent are
+  SIGKILLed at once (:func:`sim.faults.lose_node`). node2's rank fails on the lost peer and store (gloo and TCPStore
+  errors), srun reports node1's task ``Killed``. → requeued off node1, running again from its checkpoint (node2's
+  agent hosts the store of the new run).
 
 The scenarios share one stack and run one after the other (a job is cancelled once its scenario is recorded);
 each asserts invariants of its own job only (its incidents, its requeues, its resume), never counts of alerts or
@@ -32,6 +36,8 @@ from sim import faults
 from sim.stack import Stack
 from tests.e2e import torch_scenarios as scenarios
 from tests.e2e.torch_scenarios import CULPRIT, Scenario
+
+STORE_HOST = "node1"  # the job's first node: its torchrun agent hosts the c10d rendezvous store
 
 # A scenario (a module-scoped fixture) runs inside the first test that asks for it: two torch job starts, the
 # fault, the incident and the resume take minutes on two loaded cores.
@@ -123,7 +129,18 @@ def xid(stack: Stack) -> Scenario:
         stack.inject_xid(CULPRIT, 79, 3)
         faults.signal_rank(stack.sim.state_dir, scenario.name, signal.SIGKILL, node=CULPRIT)
 
-    return scenarios.run(stack, "torch-xid", xid_and_death, recovers=True, avoid=(CULPRIT,))
+    try:
+        return scenarios.run(stack, "torch-xid", xid_and_death, recovers=True, avoid=(CULPRIT,))
+    finally:  # the GPU fixed (the Xid and the failing validation cleared): the next scenario's job runs on node2
+        faults.clear(stack.sim.state_dir, node=CULPRIT)
+
+
+@pytest.fixture(scope="module")
+def rendezvous(stack: Stack) -> Scenario:
+    def lose_the_store_host(scenario: Scenario) -> None:
+        faults.lose_node(stack.sim.state_dir, scenario.name, STORE_HOST)
+
+    return scenarios.run(stack, "torch-rendezvous", lose_the_store_host, recovers=True, avoid=(STORE_HOST,))
 
 
 def test_scancel_does_nothing(cancelled: Scenario) -> None:
@@ -145,16 +162,32 @@ def test_xid_resumes_from_the_checkpoint(xid: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(xid)
 
 
+def test_the_rendezvous_host_lost_is_requeued_off_it(rendezvous: Scenario) -> None:
+    """Nothing on node2 names node1 but srun's word on node1's task; the peers' errors are the victims'."""
+    diagnosis = scenarios.diagnosis(rendezvous)
+    assert diagnosis.get("category") == "nccl_network", diagnosis
+    assert (diagnosis.get("culprit") or {}).get("node") == STORE_HOST, diagnosis
+    assert f"srun: error: {STORE_HOST}: task 0: Killed" in rendezvous.log
+    scenarios.assert_recovered_off(rendezvous, STORE_HOST)
+    repairs = rendezvous.stack.nightshift.get(f"/api/v1/nodes/{STORE_HOST}")["repairs"]
+    assert repairs and repairs[0]["incident_id"] == rendezvous.incident["id"]  # to the repair lifecycle
+
+
+def test_the_rendezvous_host_lost_resumes_from_the_checkpoint(rendezvous: Scenario) -> None:
+    scenarios.assert_resumed_from_checkpoint(rendezvous)
+
+
 def test_figures(
     sigkill: Scenario,
     hang: Scenario,
     exception: Scenario,
     cancelled: Scenario,
     xid: Scenario,
+    rendezvous: Scenario,
     record_property: Any,
 ) -> None:
     """The figures of the issue per fault class, in the report (``-rA``, the JUnit XML, ARTIFACTS/figures.json)."""
-    figures = scenarios.figures([sigkill, hang, exception, cancelled, xid])
+    figures = scenarios.figures([sigkill, hang, exception, cancelled, xid, rendezvous])
     for name, value in figures.items():
         record_property(name, value)
     print(json.dumps(figures, indent=2, default=str))

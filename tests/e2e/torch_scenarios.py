@@ -127,6 +127,8 @@ def run(
         keep(stack, name, job)
     for node in NODES:  # a culprit taken out and held is released, as a person would once it is fixed
         stack.return_node(node)
+    if ARTIFACTS:
+        figures([scenario])  # each scenario's, also when its module's test_figures does not run
     return scenario
 
 
@@ -244,6 +246,8 @@ def ended_on_purpose(stack: Stack, name: str, stop: Callable[[str], object], **o
     finally:
         stack.slurm.command("scancel", job, check=False)
         keep(stack, name, job)
+    if ARTIFACTS:
+        figures([scenario])
     return scenario
 
 
