@@ -18,6 +18,9 @@ hits a real process, and Nightshift must make of it one job incident with the ri
   SIGKILLed at once (:func:`sim.faults.lose_node`). node2's rank fails on the lost peer and store (gloo and TCPStore
   errors), srun reports node1's task ``Killed``. → requeued off node1, running again from its checkpoint (node2's
   agent hosts the store of the new run).
+- ``warnings``: a healthy run that warns (PyTorch's own: ``torch.cuda.amp.GradScaler`` deprecated and disabled
+  without CUDA, DDP's ``find_unused_parameters`` that found none) and completes at its last step. → nothing: no
+  action, no requeue, no person.
 
 The scenarios share one stack and run one after the other (a job is cancelled once its scenario is recorded);
 each asserts invariants of its own job only (its incidents, its requeues, its resume), never counts of alerts or
@@ -38,6 +41,8 @@ from tests.e2e import torch_scenarios as scenarios
 from tests.e2e.torch_scenarios import CULPRIT, Scenario
 
 STORE_HOST = "node1"  # the job's first node: its torchrun agent hosts the c10d rendezvous store
+# The warning job's steps: past its start, a checkpoint and the fast rules' window, then it ends by itself.
+WARNING_JOB_STEPS = 200
 
 # A scenario (a module-scoped fixture) runs inside the first test that asks for it: two torch job starts, the
 # fault, the incident and the resume take minutes on two loaded cores.
@@ -112,6 +117,7 @@ def test_exception_goes_to_a_person_without_a_restart(exception: Scenario) -> No
     assert exception.requeues() == []
     assert exception.stack.slurm.job_restarts(exception.job) == 0
     assert "ValueError: Expected input batch_size" in exception.log
+    assert "needs_human" in [page.get("outcome") for page in scenarios.pages(exception)]  # a person paged
 
 
 @pytest.fixture(scope="module")
@@ -141,6 +147,14 @@ def rendezvous(stack: Stack) -> Scenario:
         faults.lose_node(stack.sim.state_dir, scenario.name, STORE_HOST)
 
     return scenarios.run(stack, "torch-rendezvous", lose_the_store_host, recovers=True, avoid=(STORE_HOST,))
+
+
+@pytest.fixture(scope="module")
+def warned(stack: Stack) -> Scenario:
+    """A healthy job that warns (``--warn``) and ends by itself at its last step: its metrics vanish."""
+    return scenarios.ended_on_purpose(
+        stack, "torch-warnings", lambda job: None, max_steps=WARNING_JOB_STEPS, extra=("--warn",)
+    )
 
 
 def test_scancel_does_nothing(cancelled: Scenario) -> None:
@@ -177,6 +191,18 @@ def test_the_rendezvous_host_lost_resumes_from_the_checkpoint(rendezvous: Scenar
     scenarios.assert_resumed_from_checkpoint(rendezvous)
 
 
+def test_a_healthy_run_with_warnings_is_left_alone(warned: Scenario) -> None:
+    assert "`torch.cuda.amp.GradScaler(args...)` is deprecated" in warned.log  # FutureWarning
+    assert "CUDA is not available.  Disabling." in warned.log  # UserWarning
+    assert "find_unused_parameters=True was specified in DDP constructor" in warned.log  # DDP's reducer
+    assert f"training finished at step {WARNING_JOB_STEPS}" in warned.log
+    scenarios.assert_nothing_done(warned)
+    outcomes = [d["incident"]["outcome"] for d in warned.incidents]
+    assert all(outcome in scenarios.UNDECIDED for outcome in outcomes), outcomes  # none for a person
+    assert scenarios.pages(warned) == []
+    assert warned.stack.slurm.squeue_state(warned.job) == "COMPLETED"
+
+
 def test_figures(
     sigkill: Scenario,
     hang: Scenario,
@@ -184,10 +210,11 @@ def test_figures(
     cancelled: Scenario,
     xid: Scenario,
     rendezvous: Scenario,
+    warned: Scenario,
     record_property: Any,
 ) -> None:
     """The figures of the issue per fault class, in the report (``-rA``, the JUnit XML, ARTIFACTS/figures.json)."""
-    figures = scenarios.figures([sigkill, hang, exception, cancelled, xid, rendezvous])
+    figures = scenarios.figures([sigkill, hang, exception, cancelled, xid, rendezvous, warned])
     for name, value in figures.items():
         record_property(name, value)
     print(json.dumps(figures, indent=2, default=str))

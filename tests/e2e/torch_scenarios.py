@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from app.domain.paging import PAGE_OUTCOMES
 from sim import torch_job
 from sim.stack import Stack
 from sim.torch_trainer import newest_checkpoint
@@ -226,9 +227,10 @@ def figures(scenarios: Sequence[Scenario]) -> dict[str, dict[str, Any]]:
 
 
 def ended_on_purpose(stack: Stack, name: str, stop: Callable[[str], object], **options: Any) -> Scenario:
-    """Start job ``name``, wait for a checkpoint, ``stop(job)`` (the owner's scancel; nothing for a time limit),
-    then wait until the job's metrics have vanished for long enough to alert (TrainingMetricsAbsent), Nightshift
-    has received the alert and every incident of the job (there may be none) has closed."""
+    """Start job ``name``, wait for a checkpoint, ``stop(job)`` (the owner's scancel; nothing for a time limit or a
+    job that ends at its last step), then wait until the job's metrics have vanished for long enough to alert
+    (TrainingMetricsAbsent), Nightshift has received the alert and every incident of the job (there may be none)
+    has closed."""
     job, checkpoint = start(stack, name, **options)
     scenario = Scenario(stack, name, job, checkpoint, time.time())
     before = received(stack)
@@ -249,6 +251,20 @@ def ended_on_purpose(stack: Stack, name: str, stop: Callable[[str], object], **o
     if ARTIFACTS:
         figures([scenario])
     return scenario
+
+
+def pages(scenario: Scenario) -> list[dict[str, Any]]:
+    """Nightshift's notices (the stack's webhook sink) that page a person about the scenario's job
+    (:func:`app.domain.paging.page_for`): an incident of the job closed with an outcome for a person, or an alert
+    of the job that no playbook matched."""
+    ids = {d["incident"]["id"] for d in scenario.incidents}
+    notices = [body.get("nightshift") or {} for body in scenario.stack.notices.bodies()]
+    return [
+        notice
+        for notice in notices
+        if (notice.get("incident") in ids and notice.get("outcome") in PAGE_OUTCOMES)
+        or (notice.get("unmatched") and (notice.get("labels") or {}).get("slurm_job_id") == scenario.job)
+    ]
 
 
 def assert_nothing_done(scenario: Scenario) -> None:
