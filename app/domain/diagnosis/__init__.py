@@ -567,7 +567,7 @@ def _launcher_votes(reading: Reading, tallies: dict[str, _Tally]) -> None:
         v.signature.description.startswith("collective") for v in reading.votes
     )
     for failure in reading.launcher.killed()[:1]:
-        who = f"rank {_rank_of(failure)}" if _rank_of(failure) is not None else "a worker"
+        who = _who(failure, reading.launcher)
         if failure.signal_name == "SIGKILL":
             tallies["host_oom"].add_fact(f"torchrun: {who} was killed by SIGKILL", CAUSE_MIN, _KILLED_ONLY)
         elif failure.signal_name in launchers.CRASH_SIGNALS and not (
@@ -580,11 +580,19 @@ def _launcher_votes(reading: Reading, tallies: dict[str, _Tally]) -> None:
             )
 
 
-def _rank_of(failure: launchers.Failure) -> int | None:
-    """The failure's global rank; its local rank when the launcher names no other (one node: they are equal)."""
+def _rank_of(failure: launchers.Failure, launcher: launchers.LauncherReading) -> int | None:
+    """The failure's global rank; its local rank when the launcher names no other and one agent reported (one
+    node: they are equal; with several, local rank 0 is on every node)."""
     if failure.rank is not None:
         return failure.rank
-    return failure.local_rank if failure.host is None else None
+    return failure.local_rank if failure.host is None and launcher.agents <= 1 else None
+
+
+def _who(failure: launchers.Failure, launcher: launchers.LauncherReading) -> str:
+    """The failed worker in words: its rank, else its node, else "a worker"."""
+    if (rank := _rank_of(failure, launcher)) is not None:
+        return f"rank {rank}"
+    return f"a worker on {host}" if (host := _host(failure)) else "a worker"
 
 
 def _survived(reading: Reading, index: int) -> bool:
@@ -937,12 +945,13 @@ def _failed_worker(reading: Reading) -> Culprit | None:
         (agent.killed(), "was killed by {signal}"),
         (agent.unresponsive(), "did not answer SIGTERM"),
     ):
-        ranked = [f for f in failures if _rank_of(f) is not None]
-        if ranked:
-            first = ranked[0]
-            rank = _rank_of(first)
-            reason = f"rank {rank} {why.format(signal=first.signal_name)} (the launcher: {first.text})"
-            return Culprit(_host(first), rank, None, (reason,))
+        placed = [f for f in failures if _rank_of(f, agent) is not None or _host(f)]
+        if placed:
+            first = placed[0]
+            reason = (
+                f"{_who(first, agent)} {why.format(signal=first.signal_name)} (the launcher: {first.text})"
+            )
+            return Culprit(_host(first), _rank_of(first, agent), None, (reason,))
     return None
 
 

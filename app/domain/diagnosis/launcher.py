@@ -39,6 +39,8 @@ CRASH_SIGNALS = frozenset({"SIGSEGV", "SIGABRT", "SIGBUS", "SIGILL", "SIGFPE"})
 _AGENT_FAILED = re.compile(
     r"\bfailed \(exitcode: (?P<code>-?\d+)\) local_rank: (?P<local>\d+) \(pid: (?P<pid>\d+)\)"
 )
+# The glog prefix torch's logger writes before the agent's lines: level, date, time, then the agent's own pid.
+_AGENT_PID = re.compile(r"(?:^|\s)[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ +(?P<agent>\d+) ")
 # DeepSpeed's launcher (deepspeed/launcher/launch.py): the worker's command line, then its exit code.
 _DEEPSPEED_FAILED = re.compile(
     r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
@@ -77,6 +79,7 @@ class Failure:
     error: str | None = None  # the traceback's last line, or the signal's
     root: bool = False  # torchrun's "first observed failure"
     text: str = ""  # the line that names the rank, for evidence
+    agent: int | None = None  # the pid of the torchrun agent that reported it (one agent per node)
 
     @property
     def signal_name(self) -> str | None:
@@ -107,9 +110,10 @@ class LauncherReading:
         """Inside a summary every line matters (a traceback's lines hold its exception)."""
         return self._in_summary
 
-    def feed(self, index: int, body: str) -> None:
-        """Read one line body."""
+    def feed(self, index: int, body: str, line: str = "") -> None:
+        """Read one line body (``line``: the whole line, whose glog prefix names the agent's pid)."""
         if match := _AGENT_FAILED.search(body):
+            agent = _AGENT_PID.search(line or body)
             self._add(
                 Failure(
                     index,
@@ -117,6 +121,7 @@ class LauncherReading:
                     exitcode=int(match["code"]),
                     pid=int(match["pid"]),
                     text=body.strip(),
+                    agent=int(agent["agent"]) if agent else None,
                 )
             )
             return
@@ -171,8 +176,22 @@ class LauncherReading:
             self._in_summary = False
 
     def finish(self) -> None:
-        """Keep the block a cut-off summary was in the middle of."""
+        """Keep the block a cut-off summary was in the middle of; give a worker the host its agent's summary names
+        (an agent runs on one node: a worker it saw die in an earlier restart is on that node too)."""
         self._close_block()
+        hosts: dict[int, set[str]] = {}
+        for f in self.failures:
+            if f.agent is not None and f.host:
+                hosts.setdefault(f.agent, set()).add(f.host)
+        for i, f in enumerate(self.failures):
+            if f.host is None and f.agent is not None and len(named := hosts.get(f.agent, ())) == 1:
+                self.failures[i] = replace(f, host=next(iter(named)))
+
+    @property
+    def agents(self) -> int:
+        """How many torchrun agents (nodes) reported a failed worker: with more than one, a local rank is not the
+        job's rank."""
+        return len({f.agent for f in self.failures if f.agent is not None})
 
     def _field(self, index: int, key: str, value: str, body: str) -> None:
         self._since_field, self._in_traceback = 0, key == "traceback"

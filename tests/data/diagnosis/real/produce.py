@@ -304,6 +304,14 @@ SCENARIOS = [
         fault("sigkill", rank=3),
     ),
     Scenario(
+        "two_nodes_elastic_sigkill_rank1",
+        [
+            Node("trn-f01", multinode(1, 29614, "--max-restarts", "1", endpoint="trn-f01")),
+            Node("trn-f02", multinode(1, 29614, "--max-restarts", "1", endpoint="trn-f01"), delay=2),
+        ],
+        {**fault("sigkill"), "WORKER_STEPS": "40", "WORKER_TIMEOUT": "20"},
+    ),
+    Scenario(
         "two_nodes_rendezvous_host_lost",
         [
             Node("trn-c01", multinode(1, 29612, endpoint="trn-c01")),
