@@ -183,6 +183,13 @@ def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic:
     if torchrun_gave_up(elastic):
         assert elastic.incident["outcome"] == "recovered" and len(elastic.requeues()) == 1
         assert elastic.stack.slurm.job_restarts(elastic.job) == 1
+        # The rank was killed on node2; each agent's summary names its own rank's later failure (gloo, on the
+        # restart): never the healthy node1 (a local rank 0 read as the job's rank 0 once blamed it).
+        (requeue,) = elastic.requeues()
+        assert "ExcNodeList=node1" not in requeue["command"], requeue["command"]
+        assert all(c["node"] == CULPRIT for c in elastic.incident["culprits"] or ()), elastic.incident[
+            "culprits"
+        ]
         return
     acted = [i["incident"] for i in elastic.incidents if i["incident"]["outcome"] not in scenarios.UNDECIDED]
     outcomes = {
