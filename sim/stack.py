@@ -36,6 +36,7 @@ import requests
 import yaml
 
 from app.config import CheckpointSettings, Settings, SlurmSettings
+from app.domain import states
 from sim import faults, torch_job
 from sim.cluster import HPC_JOB_MAPPING, REPO_ROOT, SimCluster, TrainerSpec, launch_sim_cluster
 from sim.procs import Daemon, free_port, wait_until
@@ -791,8 +792,8 @@ FAST_WINDOW = "10s"
 # written after the steps, so progress from before the fault (or by the process that was just killed) cannot pass.
 FAST_VERIFY_INTERVAL = "12s"
 FAST_VERIFY_TIMEOUT = "3m"
-# Repair states in which a node stays until a person acts (held) or that end a repair.
-REPAIR_SETTLED = ("held", "returned", "released", "advisory", "not_ours")
+# Repair states in which a node stays until a person acts (held) or that end a repair (the API's words for them).
+REPAIR_SETTLED = frozenset(str(state) for state in states.REPAIR_SETTLED)
 REPAIR_DEFERRED = "deferred"  # return_node's word for a repair a guard keeps from taking its node out
 # The checkpoint root the shipped playbooks name (``<root>/<train_job>``, a site adjusts it).
 SHIPPED_CHECKPOINT_ROOT = "/shared/checkpoints"
