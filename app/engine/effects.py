@@ -59,7 +59,7 @@ class Effects:
 
     def _annotation_failed(self, inc: Incident, message: str) -> None:
         with self.deps.store.transaction() as conn:
-            transitions.reported(conn, self.deps.clock.now(), inc.id, LedgerKind.ANNOTATION_ERROR, message)
+            transitions.note(conn, self.deps.clock.now(), inc.id, LedgerKind.ANNOTATION_ERROR, message)
 
     # --- Grafana ----------------------------------------------------------------------------------------------
 

@@ -113,9 +113,7 @@ def action_context(
 
     def report(kind: LedgerKind, message: str, data: Mapping[str, Any]) -> None:
         with deps.store.transaction() as conn:
-            transitions.reported(
-                conn, deps.clock.now(), incident_id, kind, message, {**(about or {}), **data}
-            )
+            transitions.note(conn, deps.clock.now(), incident_id, kind, message, {**(about or {}), **data})
 
     return ActionContext(
         settings=deps.settings,

@@ -80,7 +80,9 @@ def note(
     message: str,
     data: Mapping[str, Any] | None = None,
 ) -> None:
-    """An observation about an incident (a verification sample, a re-check, a backend error): a ledger row only."""
+    """An observation about an incident (a verification sample, a re-check, a backend error), what an action
+    reported while it ran (a poll, a validation pod started), or an effect's failure (an annotation Grafana
+    refused): a ledger row only."""
     records.record(conn, now, kind, message, incident_id=incident_id, data=data)
 
 
@@ -698,19 +700,6 @@ def schedule_undo(conn: Connection, now: datetime, inc: Incident, message: str) 
 
 
 # --- what is not an incident's own state: notices told, actions' reports, the operators, the inbox, fleet holds --
-
-
-def reported(
-    conn: Connection,
-    now: datetime,
-    incident_id: int | None,
-    kind: LedgerKind,
-    message: str,
-    data: Mapping[str, Any] | None = None,
-) -> None:
-    """What an action reported while it ran (a poll, a validation pod started), or an effect's failure (an
-    annotation Grafana refused): a ledger row of the incident it was for."""
-    records.record(conn, now, kind, message, incident_id=incident_id, data=data)
 
 
 def notified(
