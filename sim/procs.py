@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -11,8 +12,28 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+_EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_PORT_TRIES = 200
+_ports = random.Random()  # its own generator: a test seeding `random` must not make two processes pick alike
+
 
 def free_port() -> int:
+    """A loopback port nothing is bound to now, for a daemon to listen on, from just below the kernel's ephemeral
+    range. A port from that range (what binding port 0 gives) is also where every process's outgoing connections
+    take their local ports, so one can take it before the daemon binds it (seen under load: slurmd "Unable to bind
+    listen port (53199): Address already in use"). Falls back to port 0's answer when nothing below is free."""
+    try:
+        low = int(_EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768  # Linux's default
+    for _ in range(_PORT_TRIES if low > 2048 else 0):
+        port = _ports.randrange(max(1024, low - 16384), low)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
