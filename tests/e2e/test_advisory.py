@@ -3,10 +3,13 @@ changing step is recorded as "would run", and Slurm is left exactly as it was.""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sim import faults
-from sim.stack import Stack
+from sim.stack import REPAIR_SETTLED, Stack
+from tests.fixtures.procs import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -26,7 +29,9 @@ def test_xid_79_gives_an_advisory_plan_and_touches_nothing(advisory_stack: Stack
         ("collect", "slurm.job_log", "ok"),  # read-only: needs no grant
         ("steps", "slurm.requeue_job", "would_run"),  # the job off node1, its culprit
     ]
-    # node1's repair recorded its plan (drain, validation, return) without doing any of it.
+    # node1's repair recorded its plan (drain, validation, return) without doing any of it. The repair runs apart
+    # from the incident, so it may record its plan after the incident closed (seen under load).
+    wait_until(lambda: _settled_repair(stack, "node1"), 60, "node1's repair to record its plan")
     node = stack.nightshift.get("/api/v1/nodes/node1")["current"]
     assert node["state"] == "advisory" and node["taken_out_by_us"] is False
     guards = [row["message"] for row in detail["ledger"] if row["kind"] == "guard"]
@@ -40,3 +45,8 @@ def test_xid_79_gives_an_advisory_plan_and_touches_nothing(advisory_stack: Stack
     assert stack.slurm.job_restarts(job) == 0
     (region,) = stack.grafana.annotations("nightshift", f"job:{job}")
     assert "outcome:advisory" in region["tags"]
+
+
+def _settled_repair(stack: Stack, node: str) -> dict[str, Any] | None:
+    current = stack.nightshift.get(f"/api/v1/nodes/{node}")["current"]
+    return current if current["state"] in REPAIR_SETTLED else None
