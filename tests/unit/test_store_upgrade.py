@@ -68,3 +68,22 @@ def test_a_version_9_store_gets_the_inbox_queue_index(tmp_path):
         )
     assert "ix_inbox_queue" in plan and "TEMP B-TREE" not in plan, plan
     store.create_schema()  # a second start changes nothing
+
+
+def test_a_version_10_store_gets_the_backlog_index_and_the_backlog_is_read_from_it(tmp_path):
+    url = f"sqlite:///{tmp_path}/v10.db"
+    old = Store.from_url(url)
+    with old.transaction() as conn:
+        metadata.create_all(conn)
+        for name in ADDED_INDEXES[11]:
+            conn.execute(text(f"DROP INDEX {name}"))
+        conn.execute(insert(schema_version).values(version=10, applied_at=START))
+    old.dispose()
+
+    store = Store.from_url(url)
+    store.create_schema()
+    assert set(ADDED_INDEXES[11]) <= {i["name"] for i in inspect(store.engine).get_indexes("inbox")}
+    with store.read() as conn:  # the webhook's backlog check reads no notification body
+        compiled = records._INBOX_BACKLOG.compile(conn, compile_kwargs={"literal_binds": True})
+        plan = " ".join(str(row[-1]) for row in conn.execute(text(f"EXPLAIN QUERY PLAN {compiled}")))
+    assert "COVERING INDEX ix_inbox_backlog" in plan, plan
