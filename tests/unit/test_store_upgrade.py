@@ -43,47 +43,41 @@ def test_a_version_2_store_gets_the_episode_columns_and_keeps_its_incidents(tmp_
     store.create_schema()  # a second start changes nothing
 
 
-def test_a_version_9_store_gets_the_inbox_queue_index(tmp_path):
-    url = f"sqlite:///{tmp_path}/v9.db"
+def _upgraded(tmp_path, version: int) -> Store:
+    """A store written at schema ``version`` (without the indexes added after it), opened and upgraded."""
+    url = f"sqlite:///{tmp_path}/v{version}.db"
     old = Store.from_url(url)
     with old.transaction() as conn:
         metadata.create_all(conn)
-        for name in ADDED_INDEXES[10]:
-            conn.execute(text(f"DROP INDEX {name}"))
-        conn.execute(insert(schema_version).values(version=9, applied_at=START))
+        for added, names in ADDED_INDEXES.items():
+            for name in names if added > version else ():
+                conn.execute(text(f"DROP INDEX {name}"))
+        conn.execute(insert(schema_version).values(version=version, applied_at=START))
     old.dispose()
-
     store = Store.from_url(url)
     store.create_schema()
+    return store
+
+
+def _plan(store: Store, query: str) -> str:
+    with store.read() as conn:
+        return " ".join(str(row[-1]) for row in conn.execute(text(f"EXPLAIN QUERY PLAN {query}")))
+
+
+def test_a_version_9_store_gets_the_inbox_queue_index(tmp_path):
+    store = _upgraded(tmp_path, 9)
     indexes = {i["name"] for i in inspect(store.engine).get_indexes("inbox")}
     assert set(ADDED_INDEXES[10]) <= indexes
-    with store.read() as conn:  # the worker's next batch is an index seek, not a sort of the queue
-        plan = " ".join(
-            str(row[-1])
-            for row in conn.execute(
-                text(
-                    "EXPLAIN QUERY PLAN SELECT * FROM inbox WHERE failed_at IS NULL ORDER BY lane, id LIMIT 1"
-                )
-            )
-        )
+    # the worker's next batch is an index seek, not a sort of the queue
+    plan = _plan(store, "SELECT * FROM inbox WHERE failed_at IS NULL ORDER BY lane, id LIMIT 1")
     assert "ix_inbox_queue" in plan and "TEMP B-TREE" not in plan, plan
     store.create_schema()  # a second start changes nothing
 
 
 def test_a_version_10_store_gets_the_backlog_index_and_the_backlog_is_read_from_it(tmp_path):
-    url = f"sqlite:///{tmp_path}/v10.db"
-    old = Store.from_url(url)
-    with old.transaction() as conn:
-        metadata.create_all(conn)
-        for name in ADDED_INDEXES[11]:
-            conn.execute(text(f"DROP INDEX {name}"))
-        conn.execute(insert(schema_version).values(version=10, applied_at=START))
-    old.dispose()
-
-    store = Store.from_url(url)
-    store.create_schema()
+    store = _upgraded(tmp_path, 10)
     assert set(ADDED_INDEXES[11]) <= {i["name"] for i in inspect(store.engine).get_indexes("inbox")}
     with store.read() as conn:  # the webhook's backlog check reads no notification body
-        compiled = records._INBOX_BACKLOG.compile(conn, compile_kwargs={"literal_binds": True})
-        plan = " ".join(str(row[-1]) for row in conn.execute(text(f"EXPLAIN QUERY PLAN {compiled}")))
+        compiled = str(records._INBOX_BACKLOG.compile(conn, compile_kwargs={"literal_binds": True}))
+    plan = _plan(store, compiled)
     assert "COVERING INDEX ix_inbox_backlog" in plan, plan
