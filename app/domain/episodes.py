@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
-from typing import Any
 
 from app.domain import schedulers
+from app.domain.culprits import Culprit
 from app.domain.playbooks import Playbook
 from app.domain.states import IncidentKind
 from app.domain.templates import render_promql
@@ -60,27 +60,25 @@ def episode_of(playbook: Playbook, target: Mapping[str, str], target_key: str) -
 
 
 def add_culprit(
-    culprits: Sequence[Mapping[str, Any]] | None,
+    culprits: Sequence[Culprit],
     node: str,
     source: str,
     reason: str,
     playbook: str | None = None,
-) -> list[dict[str, Any]] | None:
+) -> tuple[Culprit, ...] | None:
     """``culprits`` with ``node`` named by ``source``; None when it is already there (nothing to write).
     ``playbook``: the node-scoped playbook that named it, whose ``node_repair`` says how to repair it (None:
     named by the diagnosis, repaired with the scheduler's defaults)."""
-    current = [dict(c) for c in culprits or ()]
-    if any(c["node"] == node for c in current) or len(current) >= MAX_CULPRITS_KEPT:
+    if any(c.node == node for c in culprits) or len(culprits) >= MAX_CULPRITS_KEPT:
         return None
-    entry = {"node": node, "source": source, "reason": reason, "playbook": playbook, "confirmed": None}
-    return [*current, entry]
+    return (*culprits, Culprit(node, source, reason, playbook))
 
 
-def confirm(culprits: Iterable[Mapping[str, Any]], allocation: Iterable[str]) -> list[dict[str, Any]]:
+def confirm(culprits: Iterable[Culprit], allocation: Iterable[str]) -> tuple[Culprit, ...]:
     """Mark each culprit confirmed when its node is in the job's allocation. A node outside it is evidence only:
     never excluded, never drained."""
     nodes = set(allocation)
-    return [{**c, "confirmed": c["node"] in nodes} for c in culprits]
+    return tuple(replace(c, confirmed=c.node in nodes) for c in culprits)
 
 
 @dataclass(frozen=True)
@@ -92,12 +90,12 @@ class Exclusion:
 
 
 def exclusion(
-    culprits: Iterable[Mapping[str, Any]], job_nodes: int | None, max_culprits: int, max_share: float
+    culprits: Iterable[Culprit], job_nodes: int | None, max_culprits: int, max_share: float
 ) -> Exclusion:
     """Confirmed culprits to exclude, unless there are too many: a fault that seems to be everywhere is rarely in
     the nodes (the fabric, the storage or the application is the likelier cause). ``job_nodes`` None: the job's
     size is unknown and only the count limit applies."""
-    nodes = tuple(sorted({c["node"] for c in culprits if c.get("confirmed")}))
+    nodes = tuple(sorted({c.node for c in culprits if c.confirmed}))
     if not nodes:
         return Exclusion()
     # The share never forbids one culprit: a single-node job moves off its faulty node.
@@ -124,7 +122,7 @@ def correlation_end(opened_at: datetime, window_seconds: int) -> datetime:
     return opened_at + timedelta(seconds=window_seconds)
 
 
-def must_wait(now: datetime, act_after: datetime | None, culprits: Iterable[Mapping[str, Any]]) -> bool:
+def must_wait(now: datetime, act_after: datetime | None, culprits: Iterable[Culprit]) -> bool:
     """Whether the job incident still waits for the rest of its episode's alerts: inside the correlation window
     and no culprit node known yet (a node-scoped alert is decisive)."""
     if act_after is None or now >= act_after:

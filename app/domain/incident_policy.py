@@ -37,13 +37,14 @@ against its partition when it takes it out. Nothing here reads the store, the cl
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from app.domain import episodes, guards
+from app.domain.culprits import Culprit
 from app.domain.job_phase import JobPhase
 from app.domain.job_phase import JobStatus as JobStatus  # re-exported: callers name policy.JobStatus
 from app.domain.planning import INVALID, PlannedStep
@@ -83,6 +84,29 @@ class Need(StrEnum):
     PROGRESS = "progress"  # the job's step counter now and PROGRESS_WINDOW ago (did it train again?)
 
 
+class IncidentRow(Protocol):
+    """The columns of an incident's row the policy reads (:class:`app.store.rows.Incident` has them)."""
+
+    @property
+    def kind(self) -> IncidentKind: ...
+    @property
+    def state(self) -> State | IncidentOutcome: ...
+    @property
+    def job(self) -> str | None: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def act_after(self) -> datetime | None: ...
+    @property
+    def culprits(self) -> Sequence[Culprit]: ...
+    @property
+    def diagnosis(self) -> Mapping[str, Any] | None: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+    @property
+    def alert_starts_at(self) -> datetime: ...
+
+
 @dataclass(frozen=True)
 class Subject:
     """The incident as the policy sees it (built from its row by :meth:`of`)."""
@@ -92,7 +116,7 @@ class Subject:
     job: str | None = None
     node: str | None = None
     act_after: datetime | None = None
-    culprits: tuple[Mapping[str, Any], ...] = ()
+    culprits: tuple[Culprit, ...] = ()
     diagnosis: Mapping[str, Any] | None = None
     has_recheck: bool = False
     alertname: str = "alert"
@@ -102,18 +126,18 @@ class Subject:
     self_recovery: timedelta | None = None
 
     @classmethod
-    def of(cls, row: Mapping[str, Any], has_recheck: bool, self_recovery: timedelta | None = None) -> Subject:
+    def of(cls, row: IncidentRow, has_recheck: bool, self_recovery: timedelta | None = None) -> Subject:
         return cls(
-            kind=IncidentKind(row["kind"]),
-            state=State(row["state"]),
-            job=row.get("job"),
-            node=row.get("node"),
-            act_after=row.get("act_after"),
-            culprits=tuple(row.get("culprits") or ()),
-            diagnosis=row.get("diagnosis"),
+            kind=row.kind,
+            state=State(row.state),
+            job=row.job,
+            node=row.node,
+            act_after=row.act_after,
+            culprits=tuple(row.culprits),
+            diagnosis=row.diagnosis,
             has_recheck=has_recheck,
-            alertname=(row.get("labels") or {}).get("alertname", "alert"),
-            fault_at=row.get("alert_starts_at"),
+            alertname=row.labels.get("alertname", "alert"),
+            fault_at=row.alert_starts_at,
             self_recovery=self_recovery,
         )
 
@@ -219,7 +243,7 @@ class Learned:
     """What the facts taught on the way to a decision, written with it (one transaction)."""
 
     job_unread: str | None = None  # the ``job_status_unknown`` ledger message
-    culprits: tuple[dict[str, Any], ...] | None = None  # the culprits checked against the allocation
+    culprits: tuple[Culprit, ...] | None = None  # the culprits checked against the allocation
     culprit_node: str | None = None  # the first confirmed one: the incident's node
     culprit_message: str = ""
     exclude: tuple[str, ...] = ()  # the nodes the plan keeps the job off
@@ -359,24 +383,24 @@ def _job(subject: Subject, facts: Facts) -> Decision:
             return own
         learned = own
     if subject.culprits and (status is not None or isinstance(job, JobAssumed)):
-        allocation = status.nodes if status is not None else tuple(c["node"] for c in subject.culprits)
+        allocation = status.nodes if status is not None else tuple(c.node for c in subject.culprits)
         confirmed = episodes.confirm(subject.culprits, allocation)
-        outside = [c["node"] for c in confirmed if not c["confirmed"]]
+        inside = tuple(c.node for c in confirmed if c.confirmed)
+        outside = [c.node for c in confirmed if not c.confirmed]
         state = status.state if status is not None else "not asked"
         message = (
             f"job {subject.job} runs on {', '.join(allocation) or 'no node'} ({state or 'unknown'}); "
-            f"culprits: {', '.join(c['node'] for c in confirmed if c['confirmed']) or 'none confirmed'}"
+            f"culprits: {', '.join(inside) or 'none confirmed'}"
             + (f"; outside the allocation (evidence only): {', '.join(outside)}" if outside else "")
         )
         learned = replace(
             learned,
-            culprits=tuple(confirmed),
-            culprit_node=next((c["node"] for c in confirmed if c["confirmed"]), None),
+            culprits=confirmed,
+            culprit_node=inside[0] if inside else None,
             culprit_message=message,
         )
         if facts.blame is None:
-            nodes = tuple(c["node"] for c in confirmed if c["confirmed"])
-            return Gather(Need.BLAME, exclude=nodes, learned=learned)
+            return Gather(Need.BLAME, exclude=inside, learned=learned)
         if facts.blame.until is not None:
             return Wait(facts.blame.until, "held by a fleet incident", elsewhere=True, learned=learned)
         if facts.blame.nodes:  # a domain at fault: its nodes, whatever the culprits' own limits
@@ -409,7 +433,7 @@ def _own_recovery(subject: Subject, facts: Facts, learned: Learned) -> Decision 
     whose culprit a node's own alert named (a GPU fault) is recovered at once: restarting on that node is futile."""
     grace = subject.self_recovery
     assert grace is not None
-    if any(c.get("playbook") for c in subject.culprits):
+    if any(c.playbook for c in subject.culprits):
         return learned
     fault = min(subject.fault_at or facts.now, facts.now)
     deadline = fault + grace
@@ -517,7 +541,7 @@ def code_at_fault(subject: Subject) -> bool:
     """Whether the diagnosis blames the job's own code or configuration, and no node's own alert (a GPU fault,
     a straggler) named a culprit that would explain the failure instead."""
     category = (subject.diagnosis or {}).get("category")
-    return category == CODE_AT_FAULT and not any(c.get("playbook") for c in subject.culprits)
+    return category == CODE_AT_FAULT and not any(c.playbook for c in subject.culprits)
 
 
 def repair_reason(subject: Subject) -> str:

@@ -69,7 +69,7 @@ class Effects:
     def tags(self, inc: Incident) -> list[str]:
         tags = ["nightshift", f"playbook:{inc.playbook}"]
         nodes = [inc.node] if inc.node else []
-        nodes += [c["node"] for c in inc.culprits or () if c.get("confirmed") and c["node"] not in nodes]
+        nodes += [c.node for c in inc.culprits if c.confirmed and c.node not in nodes]
         tags += [f"node:{node}" for node in nodes]
         if inc.job:
             tags.append(f"job:{inc.job}")

@@ -21,6 +21,7 @@ from typing import Any
 from app.domain import episodes, schedulers
 from app.domain import incident_policy as policy
 from app.domain.alertmanager import Alert, Notification
+from app.domain.culprits import Culprit
 from app.domain.errors import BackendError, ConfigError, ParamError
 from app.domain.planning import PlannedStep
 from app.domain.playbooks import Playbook
@@ -45,7 +46,7 @@ class _Draft:
     kind: IncidentKind
     alerts: list[str] = field(default_factory=list)
     matched: list[tuple[Playbook, Alert, Mapping[str, str]]] = field(default_factory=list)
-    culprits: list[dict[str, Any]] = field(default_factory=list)
+    culprits: tuple[Culprit, ...] = ()
 
 
 class ExplainSource:
@@ -155,7 +156,7 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
         target=target,
         job=target.get("job") if job else None,
         node=None if job else target.get("node"),
-        culprits=[dict(c) for c in draft.culprits],
+        culprits=draft.culprits,
         act_after=None,  # the correlation window is reported, not waited out
         alert_starts_at=alert.starts_at,
         opened_at=now,
@@ -171,7 +172,7 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
         "source": f"{leading.source}:{leading.line}",
         "target": dict(target),
         "diagnosis": inc.diagnosis,
-        "culprits": [c["node"] for c in draft.culprits],
+        "culprits": [c.node for c in draft.culprits],
         "collect": _steps(source.collect),
     }
     plan = _plan(deps, leading, inc, decision, source)
@@ -185,11 +186,11 @@ def _episode(deps: EngineDeps, draft: _Draft) -> dict[str, Any]:
     steps = _steps(facts.planned or ())
     report["job_plan"] = {"correlation": _correlation(deps, draft, job), **plan, "steps": steps}
     report["node_plans"] = [
-        _node_plan(deps, c["node"], c["playbook"], inc)
+        _node_plan(deps, c.node, c.playbook, inc)
         for c in draft.culprits
         # Read-only and with an empty history: a culprit its playbook only excludes (a straggler) is on its first
         # exclusion, so it gets no repair (the worker counts the earlier ones: app.domain.episodes.repair_due).
-        if episodes.repair_due(deps.playbooks.get(c["playbook"]) if c["playbook"] else None, 0)
+        if episodes.repair_due(deps.playbooks.get(c.playbook) if c.playbook else None, 0)
     ]
     return report
 

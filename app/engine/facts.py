@@ -81,7 +81,7 @@ def decide_with(
     facts = policy.Facts(now=deps.clock.now(), limits=limits(deps), diagnosed=diagnosed)
     for _ in range(MAX_GATHERS):
         decision = policy.decide(
-            policy.Subject.of(inc.as_dict(), bool(playbook.recheck), playbook.self_recovery), facts
+            policy.Subject.of(inc, bool(playbook.recheck), playbook.self_recovery), facts
         )
         if not isinstance(decision, policy.Gather):
             return decision, facts, inc
@@ -141,7 +141,7 @@ def plan(
             state=RepairState.REQUESTED,
             playbook=playbook.name,
             incident_id=inc.id or None,
-            reason=policy.repair_reason(policy.Subject.of(inc.as_dict(), False)),
+            reason=policy.repair_reason(policy.Subject.of(inc, False)),
         )
         return list(plan_repair(deps, draft, inc).values())
     return plan_steps(

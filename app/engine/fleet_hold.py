@@ -44,7 +44,7 @@ Notify = Callable[[int, Notice], Any]
 def _failure(inc: Incident) -> fleet.JobFailure:
     diagnosis = inc.diagnosis or {}
     category = diagnosis.get("category") or inc.labels.get("error_class")
-    culprits = frozenset(c["node"] for c in inc.culprits or () if c.get("confirmed") is not False)
+    culprits = frozenset(c.node for c in inc.culprits if c.confirmed is not False)
     return fleet.JobFailure(
         inc.id, inc.job or "", inc.opened_at, category, culprits, diagnosed=bool(diagnosis)
     )

@@ -257,7 +257,7 @@ def _incident_values(
             (), episode.culprit, alert.labels.get("alertname", ""), _culprit_reason(alert), playbook.name
         )
         if episode.culprit
-        else [],
+        else (),
         "act_after": episodes.correlation_end(now, deps.settings.episodes.correlation_seconds)
         if job
         else None,

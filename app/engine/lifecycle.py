@@ -431,5 +431,5 @@ def _sample(sample: Any) -> dict[str, Any]:
 def _repairable(inc: Incident, excluded: Sequence[str]) -> Sequence[str]:
     """The excluded nodes to hand to repair: all of them when they are the job's culprits; none when the exclusion
     is a leaf's, a rack's or a block's nodes (the domain is at fault, not its nodes: app/engine/fleet_hold.py)."""
-    culprits = {c["node"] for c in inc.culprits or ()}
+    culprits = {c.node for c in inc.culprits}
     return excluded if set(excluded) <= culprits else ()

@@ -21,6 +21,7 @@ from typing import Any
 from sqlalchemy import Connection
 
 from app.domain import episodes, schedulers
+from app.domain.culprits import Culprit
 from app.domain.incident_policy import Learned
 from app.domain.planning import RUN, PlannedStep
 from app.domain.playbooks import PlaybookSet
@@ -355,12 +356,12 @@ def diagnosed(
     now: datetime,
     inc: Incident,
     diagnosis: Mapping[str, Any],
-    culprits: Sequence[Mapping[str, Any]] | None,
+    culprits: Sequence[Culprit] | None,
 ) -> Incident:
     """The diagnosis, and the culprit it names (``culprits``: the list with it added; None: unchanged)."""
     values: dict[str, Any] = {"diagnosis": dict(diagnosis)}
     if culprits is not None:
-        values["culprits"] = [dict(c) for c in culprits]
+        values["culprits"] = tuple(culprits)
     summary = f"{diagnosis['category']} ({diagnosis['confidence']:.2f}): {diagnosis['summary']}"
     return _write(conn, now, inc, ledger=(LedgerKind.DIAGNOSIS, summary, dict(diagnosis)), **values)
 
@@ -377,13 +378,13 @@ def learned(conn: Connection, now: datetime, inc: Incident, facts: Learned) -> I
             job_status_tries=inc.job_status_tries + 1,
         )
     if facts.culprits is not None:
-        confirmed = [dict(c) for c in facts.culprits]
+        confirmed = [c.to_json() for c in facts.culprits]
         inc = _write(
             conn,
             now,
             inc,
             ledger=(LedgerKind.CULPRITS, facts.culprit_message, {"culprits": confirmed}),
-            culprits=confirmed,
+            culprits=facts.culprits,
             node=facts.culprit_node,
         )
     if facts.progress:
@@ -439,17 +440,11 @@ def hand_to_repair(
         reason=reason[:500],
         now=now,
     )
-    culprit = {
-        "node": node,
-        "source": "alert",
-        "reason": reason[:300],
-        "confirmed": True,
-        "repair_id": repair_id,
-    }
+    culprit = Culprit(node, "alert", reason[:300], confirmed=True, repair_id=repair_id)
     return wait(
         conn,
         now,
-        _write(conn, now, inc, culprits=[culprit]),
+        _write(conn, now, inc, culprits=(culprit,)),
         f"node {node} handed to repair #{repair_id}",
         state=State.REPAIRING,
         kind=LedgerKind.REPAIR_REQUESTED,
@@ -467,8 +462,8 @@ def request_repairs(
     """Hand each culprit node of a job incident to the node repair lifecycle, except a culprit its playbook only
     excludes (a straggler) until its ``exclude_node.repair_after``-th exclusion (``culprit_excluded_only``)."""
     for node in nodes:
-        named = next((c for c in inc.culprits or () if c["node"] == node), None)
-        named_by = named.get("playbook") if named else None
+        named = next((c for c in inc.culprits if c.node == node), None)
+        named_by = named.playbook if named else None
         playbook = playbooks.get(named_by) if named_by else None
         if playbook is not None and playbook.exclude_node is not None:
             rule = playbook.exclude_node
@@ -485,7 +480,7 @@ def request_repairs(
                     {"node": node, "exclusions": earlier + 1, "repair_after": rule.repair_after},
                 )
                 continue
-        why = f"{named['source']}: {named['reason']}" if named else "named by the diagnosis"
+        why = f"{named.source}: {named.reason}" if named else "named by the diagnosis"
         repairs.request_repair(
             conn,
             node=node,
@@ -642,7 +637,7 @@ def attach(
     message: str,
     data: Mapping[str, Any],
     *,
-    culprits: Sequence[Mapping[str, Any]] | None = None,
+    culprits: Sequence[Culprit] | None = None,
     act_now: bool = False,
     leading: Leading | None = None,
 ) -> bool:
@@ -652,7 +647,7 @@ def attach(
     linked = records.link_alert(conn, inc.id, alert_id)
     changes: dict[str, Any] = {**(leading.columns() if leading is not None else {})}
     if culprits is not None:
-        changes["culprits"] = [dict(c) for c in culprits]
+        changes["culprits"] = tuple(culprits)
     if act_now:
         changes["next_run_at"] = now
     if act_now or leading is not None:

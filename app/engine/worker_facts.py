@@ -111,7 +111,7 @@ class WorkerSource:
         return policy.Progress(now=current, before=before)
 
     def repair(self, inc: Incident) -> policy.RepairView:
-        repair_id = next((c.get("repair_id") for c in inc.culprits or ()), None)
+        repair_id = next((c.repair_id for c in inc.culprits), None)
         with self.deps.store.read() as conn:
             repair = repairs.get_repair(conn, repair_id) if repair_id else None
         if repair is None:

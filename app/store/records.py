@@ -696,10 +696,7 @@ def exclusions_of(
     named = [
         incident_id
         for incident_id, culprits in conn.execute(stmt)
-        if any(
-            c.get("node") == node and c.get("confirmed") and c.get("playbook") in names
-            for c in culprits or ()
-        )
+        if any(c.node == node and c.confirmed and c.playbook in names for c in culprits)
     ]
     if not named:
         return 0

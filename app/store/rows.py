@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Self
 
+from app.domain.culprits import Culprit
 from app.domain.states import (
     AttemptOutcome,
     IncidentKind,
@@ -43,7 +44,7 @@ class Incident:
     node: str | None = None
     job: str | None = None
     kind: IncidentKind = IncidentKind.TARGET
-    culprits: Sequence[Mapping[str, Any]] | None = None  # each {node, source, reason, playbook, confirmed}
+    culprits: tuple[Culprit, ...] = ()  # the column's type (app.store.schema.Culprits) reads them
     act_after: datetime | None = None
     tick_errors: int = 0
     job_status_tries: int = 0
@@ -91,7 +92,8 @@ class Incident:
 
     def as_dict(self) -> dict[str, Any]:
         """The row's columns by name, as the store holds them (the JSON views' shape)."""
-        return {name: getattr(self, name) for name in _INCIDENT_FIELDS}
+        columns = {name: getattr(self, name) for name in _INCIDENT_FIELDS}
+        return {**columns, "culprits": [c.to_json() for c in self.culprits]}
 
 
 _STATES = frozenset(State)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -20,6 +21,8 @@ from sqlalchemy import (
     TypeDecorator,
     UniqueConstraint,
 )
+
+from app.domain.culprits import Culprit
 
 # 2: the inbox; 3: job episodes (incident columns) and node repairs; 4: ui_sessions; 5: inbox lane, inbox_alerts;
 # 6: node_repairs.tick_errors; 7: the incidents' retry counters (finalize_tries, job_status_tries, delivered);
@@ -61,6 +64,22 @@ class UtcDateTime(TypeDecorator[datetime]):
 
     def process_result_value(self, value: datetime | None, dialect: Any) -> datetime | None:
         return None if value is None else value.replace(tzinfo=UTC)
+
+
+class Culprits(TypeDecorator[tuple[Culprit, ...]]):
+    """An incident's culprits in and out (:class:`app.domain.culprits.Culprit`), a JSON list of objects in the
+    column as every version wrote it; NULL (a row from before version 3) reads as none."""
+
+    impl = JSON
+    cache_ok = True
+
+    def process_bind_param(
+        self, value: Sequence[Culprit] | None, dialect: Any
+    ) -> list[dict[str, Any]] | None:
+        return None if value is None else [c.to_json() for c in value]
+
+    def process_result_value(self, value: list[dict[str, Any]] | None, dialect: Any) -> tuple[Culprit, ...]:
+        return tuple(Culprit.from_json(c) for c in value or ())
 
 
 metadata = MetaData()
@@ -148,8 +167,9 @@ incidents = Table(
     # app.domain.states.IncidentKind: a job's failure episode, a node's fault, or one (playbook, target).
     Column("kind", String(16), nullable=False, default="target", server_default="target"),
     # Job incidents: the nodes named as culprits, each {node, source, reason, playbook, confirmed}; confirmed = in
-    # the job's allocation (only confirmed culprits are excluded and repaired).
-    Column("culprits", JSON),
+    # the job's allocation (only confirmed culprits are excluded and repaired). A node incident's one culprit is its
+    # node, {node, source, reason, confirmed, repair_id}: the repair it was handed to.
+    Column("culprits", Culprits),
     # End of the correlation window: no action before it, unless a culprit is known.
     Column("act_after", UtcDateTime),
     # Consecutive failed ticks; at worker.max_tick_errors the incident goes to a person.

@@ -275,3 +275,14 @@ def test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits_on_postgres
     from tests.unit import test_episodes
 
     test_episodes.test_the_node_filter_finds_a_job_incident_by_any_of_its_culprits(tmp_path, url=postgres_url)
+
+
+def test_the_store_reads_culprits_an_older_version_wrote_and_writes_the_same_json_on_postgres(postgres_url):
+    from tests.unit import test_culprits
+
+    store = Store.from_url(postgres_url)
+    try:
+        store.create_schema()
+        test_culprits.test_the_store_reads_culprits_an_older_version_wrote_and_writes_the_same_json(store)
+    finally:
+        store.dispose()

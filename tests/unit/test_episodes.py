@@ -4,6 +4,7 @@ recovery of the job that excludes the culprit node, whatever order and replica t
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from datetime import timedelta
 from typing import Any
 
@@ -12,6 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.domain import episodes
+from app.domain.culprits import Culprit
 from app.domain.outcome import Failed, Ok
 from app.domain.permissions import Permissions
 from app.domain.playbooks import PlaybookSet, parse_playbooks
@@ -285,14 +287,15 @@ def test_a_kill_between_any_two_writes_leaves_an_incident_the_next_worker_finish
 
 
 def test_the_correlation_rules_are_pure():
-    assert episodes.exclusion([{"node": "a", "confirmed": True}], 2, 2, 0.5).nodes == ("a",)
-    assert episodes.exclusion([{"node": "a", "confirmed": True}], 1, 2, 0.5).nodes == (
-        "a",
-    )  # a one-node job moves
-    both = [{"node": "a", "confirmed": True}, {"node": "b", "confirmed": True}]
-    assert episodes.exclusion(both, 2, 2, 0.5).refused  # the whole job: rarely the nodes
-    assert episodes.exclusion([{"node": "a", "confirmed": True}], None, 2, 0.5).nodes == ("a",)
-    assert episodes.add_culprit([{"node": "a"}], "a", "x", "y") is None
+    a, b = (Culprit(node, "GpuXidError", "xid=79", confirmed=True) for node in ("a", "b"))
+    assert episodes.exclusion([a], 2, 2, 0.5).nodes == ("a",)
+    assert episodes.exclusion([a], 1, 2, 0.5).nodes == ("a",)  # a one-node job moves
+    assert episodes.exclusion([a, b], 2, 2, 0.5).refused  # the whole job: rarely the nodes
+    assert episodes.exclusion([a], None, 2, 0.5).nodes == ("a",)
+    assert episodes.exclusion([a, replace(b, confirmed=False)], 2, 2, 0.5).nodes == ("a",)  # evidence only
+    assert episodes.add_culprit([a], "a", "x", "y") is None
+    assert episodes.add_culprit([a], "b", "x", "y") == (a, Culprit("b", "x", "y"))
+    assert episodes.confirm([a, b], ["b"]) == (replace(a, confirmed=False), b)
 
 
 def test_an_unreadable_allocation_is_asked_three_times_then_the_job_recovers_excluding_none(tmp_path):

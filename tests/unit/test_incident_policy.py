@@ -12,6 +12,7 @@ import pytest
 from app.actions.base import Action, ActionContext, Plan
 from app.domain import guards
 from app.domain import incident_policy as policy
+from app.domain.culprits import Culprit
 from app.domain.incident_policy import (
     Blame,
     Facts,
@@ -29,13 +30,7 @@ from app.domain.planning import INVALID, RUN, WOULD_RUN, PlannedStep
 from app.domain.states import GuardDecision, IncidentKind, IncidentOutcome, RepairState, State
 
 NOW = datetime(2026, 12, 3, 3, 0, tzinfo=UTC)
-XID = {
-    "node": "node2",
-    "source": "GpuXidError on node2",
-    "reason": "xid=79",
-    "playbook": "xid",
-    "confirmed": None,
-}
+XID = Culprit("node2", "GpuXidError on node2", "xid=79", playbook="xid")
 
 
 class Requeue(Action):
@@ -211,12 +206,12 @@ def test_a_node_incidents_take_out_is_left_to_its_repairs_blast_radius() -> None
 
 
 def test_culprits_are_confirmed_against_the_allocation_and_excluded() -> None:
-    outside = {**XID, "node": "node9"}
+    outside = replace(XID, node="node9")
     decision = policy.decide(job(culprits=(XID, outside)), facts())
     assert isinstance(decision, policy.StartAttempt)
     assert decision.exclude == ("node2",) and decision.note == "excluding node2"
     learned = decision.learned
-    assert [c["confirmed"] for c in learned.culprits or ()] == [True, False]
+    assert [c.confirmed for c in learned.culprits or ()] == [True, False]
     assert (
         learned.culprit_node == "node2"
         and "outside the allocation (evidence only): node9" in learned.culprit_message
@@ -224,7 +219,7 @@ def test_culprits_are_confirmed_against_the_allocation_and_excluded() -> None:
 
 
 def test_too_many_culprits_go_to_a_person() -> None:
-    many = tuple({**XID, "node": f"node{i}"} for i in range(1, 4))
+    many = tuple(replace(XID, node=f"node{i}") for i in range(1, 4))
     status = JobStatus(JobPhase.DIED, ("node1", "node2", "node3", "node4"), "FAILED")
     decision = policy.decide(job(culprits=many), facts(job=status))
     assert isinstance(decision, policy.Close) and decision.outcome == IncidentOutcome.NEEDS_HUMAN
@@ -264,7 +259,7 @@ def test_an_unread_scheduler_is_asked_again_a_bounded_number_of_times(
 
 
 def test_explain_without_a_scheduler_assumes_the_culprits_in_an_allocation_of_unknown_size() -> None:
-    two = (XID, {**XID, "node": "node1"})
+    two = (XID, replace(XID, node="node1"))
     decision = policy.decide(job(culprits=two), facts(job=JobAssumed("no slurm.host")))
     assert isinstance(decision, policy.StartAttempt) and decision.exclude == ("node1", "node2")
 
@@ -334,7 +329,7 @@ def relaunchable(**values: Any) -> Subject:
     "subject",
     [
         job(culprits=(), diagnosis=APP_ERROR),
-        job(culprits=({**XID, "playbook": None},), diagnosis=APP_ERROR),  # named by the diagnosis only
+        job(culprits=(replace(XID, playbook=None),), diagnosis=APP_ERROR),  # named by the diagnosis only
         job(kind=IncidentKind.TARGET, job=None, culprits=(), diagnosis=APP_ERROR),
     ],
 )

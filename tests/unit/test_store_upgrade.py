@@ -40,6 +40,7 @@ def test_a_version_2_store_gets_the_episode_columns_and_keeps_its_incidents(tmp_
         incident = records.get_incident(conn, 1)
     assert versions == [2, SCHEMA_VERSION]
     assert incident is not None and incident.kind == "target" and incident.tick_errors == 0
+    assert incident.culprits == ()  # the column added by version 3 is NULL: none named
     store.create_schema()  # a second start changes nothing
 
 
