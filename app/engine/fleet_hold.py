@@ -19,6 +19,7 @@ from sqlalchemy import Connection
 
 from app.domain import fleet
 from app.domain import incident_policy as policy
+from app.domain.culprits import Culprit
 from app.domain.errors import BackendError, ConfigError
 from app.domain.paging import Notice
 from app.domain.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
@@ -43,10 +44,28 @@ Notify = Callable[[int, Notice], Any]
 
 def _failure(inc: Incident) -> fleet.JobFailure:
     diagnosis = inc.diagnosis or {}
-    category = diagnosis.get("category") or inc.labels.get("error_class")
-    culprits = frozenset(c.node for c in inc.culprits if c.confirmed is not False)
+    return _job_failure(
+        inc.id, inc.job, inc.opened_at, diagnosis.get("category"), inc.labels.get("error_class"), inc.culprits
+    )
+
+
+def _job_failure(
+    incident_id: int,
+    job: str | None,
+    opened_at: datetime,
+    category: str | None,
+    error_class: str | None,
+    culprits: Iterable[Culprit],
+) -> fleet.JobFailure:
+    """A job incident as the fleet compares it: its diagnosis's category (before it, its alert's error class) and
+    its culprits that its allocation does not rule out."""
     return fleet.JobFailure(
-        inc.id, inc.job or "", inc.opened_at, category, culprits, diagnosed=bool(diagnosis)
+        incident_id,
+        job or "",
+        opened_at,
+        category or error_class,
+        frozenset(c.node for c in culprits if c.confirmed is not False),
+        diagnosed=category is not None,
     )
 
 
@@ -80,11 +99,12 @@ class FleetHolds:
 
     def _others(self, inc: Incident) -> list[fleet.JobFailure]:
         with self.deps.store.read() as conn:
-            return [
-                _failure(r)
-                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                if r.kind == IncidentKind.JOB and r.id != inc.id
-            ]
+            rows = records.open_job_failures(conn, limit=MAX_OPEN_COMPARED)
+        return [
+            _job_failure(r["id"], r["job"], r["opened_at"], r["category"], r["error_class"], r["culprits"])
+            for r in rows
+            if r["id"] != inc.id
+        ]
 
     def _current(self, key: str, opened_at: datetime) -> fleet.FleetRecord | None:
         """The fleet incident ``key`` that an incident opened at ``opened_at`` belongs to: None when there is none,
@@ -347,9 +367,9 @@ class FleetHolds:
             return member
         with self.deps.store.read() as conn:
             failing = [
-                r.node
-                for r in records.list_incidents(conn, open_only=True, limit=MAX_OPEN_COMPARED)
-                if r.kind == IncidentKind.NODE and r.node and abs(r.opened_at - inc.opened_at) <= window
+                r["node"]
+                for r in records.open_node_incidents(conn, limit=MAX_OPEN_COMPARED)
+                if r["node"] and abs(r["opened_at"] - inc.opened_at) <= window
             ]
         domain = fleet.node_domain(
             inc.node,

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+
+from sqlalchemy import Connection
 
 from app.domain.alertmanager import Notification, parse_notification
 from app.domain.errors import InboxFull, StoreUnavailable
@@ -99,11 +102,13 @@ class Inbox:
 
         A notification set aside gives an empty result."""
         deps = self.deps
-        with deps.store.read() as conn:
-            if not records.inbox_pending(conn):
-                return None
         batch = deps.settings.worker.inbox_batch_alerts
-        self._prefetch(batch)
+        with deps.store.read() as conn:
+            ahead = records.peek_inbox(conn)
+            if ahead is None:
+                return None
+            if deps.workloads is not None:
+                self._prefetch(conn, ahead, batch)
         result = IngestResult()
         inbox_id: int | None = None
         try:
@@ -112,7 +117,8 @@ class Inbox:
                 if row is None:
                     return None  # another worker took the last one
                 inbox_id = row["id"]
-                notification = self._notification(row)
+                notification = self._notification(inbox_id, row["alert_count"], lambda: row["body"])
+                assert notification is not None  # the row, locked, holds its body
                 start = row["next_alert"]
                 chunk = notification.alerts[start : start + batch]
                 ingest_alerts(deps, conn, notification, chunk, deps.clock.now(), result)
@@ -131,17 +137,18 @@ class Inbox:
         publish(deps, result)
         return result
 
-    def _prefetch(self, batch: int) -> None:
-        """Look up the Kubernetes jobs of the next batch's alerts outside the transaction (a read of the inbox
-        row; if another worker takes it meanwhile, the next row's alerts are looked up on its own turn, and any not
-        looked up are ingested on their labels alone)."""
-        if self.deps.workloads is None:
-            return
-        with self.deps.store.read() as conn:
-            row = records.peek_inbox(conn)
-        if row is not None:
-            start = row["next_alert"]
-            prefetch_workloads(self.deps, self._notification(row).alerts[start : start + batch])
+    def _prefetch(self, conn: Connection, ahead: records.Row, batch: int) -> None:
+        """Look up the Kubernetes jobs of the next batch's alerts before the write transaction (in the read that
+        found it; if another worker takes that notification meanwhile, the next one's alerts are looked up on its
+        own turn, and any not looked up are ingested on their labels alone)."""
+        inbox_id = ahead["id"]
+        notification = self._notification(
+            inbox_id, ahead["alert_count"], lambda: records.inbox_body(conn, inbox_id)
+        )
+        if notification is None:
+            return  # ingested by another worker since the look ahead
+        start = ahead["next_alert"]
+        prefetch_workloads(self.deps, notification.alerts[start : start + batch])
 
     def ingest_all(self) -> IngestResult:
         """Ingest until the inbox is empty (tests, tools): what every batch did, together."""
@@ -150,13 +157,18 @@ class Inbox:
             total.add(result)
         return total
 
-    def _notification(self, row: records.Row) -> Notification:
+    def _notification(
+        self, inbox_id: int, alert_count: int, body: Callable[[], str | None]
+    ) -> Notification | None:
+        """The queued notification, parsed once for all its batches (``body`` is read only when it is not parsed
+        yet; None: it is gone)."""
         with self._parsed_lock:
-            if self._parsed is None or self._parsed.inbox_id != row["id"]:
+            if self._parsed is None or self._parsed.inbox_id != inbox_id:
+                text = body()
+                if text is None:
+                    return None
                 # Validated at the door already; the webhook's size limit does not apply twice.
-                self._parsed = _Parsed(
-                    row["id"], parse_notification(row["body"], max_alerts=row["alert_count"])
-                )
+                self._parsed = _Parsed(inbox_id, parse_notification(text, max_alerts=alert_count))
             return self._parsed.notification
 
     def _set_aside(self, inbox_id: int, exc: Exception) -> None:

@@ -76,9 +76,11 @@ def ingest_alerts(
     result: IngestResult,
 ) -> None:
     """Record these alerts of the notification and open/attach/close incidents, inside the caller's transaction."""
-    for alert in alerts:
-        _ingest_alert(deps, conn, notification, alert, now, result)
-        result.alerts += 1
+    with records.ledger_batch(conn):
+        stored = records.stored_alerts(conn, alerts)
+        for alert in alerts:
+            _ingest_alert(deps, conn, notification, alert, now, result, stored)
+            result.alerts += 1
 
 
 def prefetch_workloads(deps: EngineDeps, alerts: Sequence[Alert]) -> None:
@@ -106,8 +108,9 @@ def _ingest_alert(
     alert: Alert,
     now: datetime,
     result: IngestResult,
+    stored: dict[records.InstanceKey, records.Row],
 ) -> None:
-    row, previous = records.upsert_alert(conn, alert, notification, now)
+    row, previous = records.upsert_alert(conn, alert, notification, now, stored)
     name = alert.labels.get("alertname", "")
     facts = {
         "fingerprint": alert.fingerprint,

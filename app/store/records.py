@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, cast
 
@@ -106,6 +107,7 @@ _INCIDENTS_OF_ALERT = (
     .with_for_update(of=incidents)
 )
 _INSERT_LEDGER = insert(ledger)
+_LEDGER_BATCH = "nightshift_ledger_batch"  # Connection.info key: rows a ledger_batch block holds
 # The worker's statements, built once for the same reason: an advisory incident runs about 30 of them.
 _INCIDENT = select(incidents).where(incidents.c.id == bindparam("incident_id_"))
 # SET takes the columns named by the parameters of each call (SQLAlchemy compiles and caches one form per set).
@@ -182,11 +184,17 @@ _NEXT_INBOX = (
     .limit(1)
     .with_for_update(skip_locked=True)
 )
-_PEEK_INBOX = select(inbox).where(inbox.c.failed_at.is_(None)).order_by(inbox.c.lane, inbox.c.id).limit(1)
+# The worker's look ahead: which notification is next, and where in it (not its body: the worker parses a body once).
+_PEEK_INBOX = (
+    select(inbox.c.id, inbox.c.next_alert, inbox.c.alert_count)
+    .where(inbox.c.failed_at.is_(None))
+    .order_by(inbox.c.lane, inbox.c.id)
+    .limit(1)
+)
+_INBOX_BODY = select(inbox.c.body).where(inbox.c.id == bindparam("inbox_id_"))
 _INBOX_BACKLOG = select(func.coalesce(func.sum(inbox.c.alert_count - inbox.c.next_alert), 0)).where(
     inbox.c.failed_at.is_(None)
 )
-_INBOX_PENDING = select(inbox.c.id).where(inbox.c.failed_at.is_(None)).limit(1)
 _ADVANCE_INBOX = (
     update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
 )
@@ -197,14 +205,40 @@ _DELETE_INBOX_ALERTS = inbox_alerts.delete().where(inbox_alerts.c.inbox_id == bi
 # --- alerts -------------------------------------------------------------------------------------------------
 
 
+InstanceKey = tuple[str, datetime]  # an alert instance: (fingerprint, startsAt)
+
+
+def stored_alerts(conn: Connection, batch: Sequence[Alert]) -> dict[InstanceKey, Row]:
+    """The stored rows of a batch's alert instances by (fingerprint, startsAt), one read for the batch, locked
+    until the transaction ends (FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a
+    replica that read a row before another one resolved it must not write its stale status back."""
+    wanted = sorted({(a.fingerprint, a.starts_at) for a in batch})
+    found: dict[InstanceKey, Row] = {}
+    for start in range(0, len(wanted), KNOWN_CHUNK):
+        chunk = wanted[start : start + KNOWN_CHUNK]
+        # Two IN lists, not a row-value IN: SQLite searches the (fingerprint, starts_at) index with both, where it
+        # scans the whole index for (fingerprint, starts_at) IN (...). Their cross product may find an instance the
+        # batch does not hold: left out below.
+        stmt = (
+            select(alerts)
+            .where(
+                alerts.c.fingerprint.in_(sorted({f for f, _ in chunk})),
+                alerts.c.starts_at.in_(sorted({at for _, at in chunk})),
+            )
+            .with_for_update()
+        )
+        found.update(((row["fingerprint"], row["starts_at"]), row) for row in _all(conn, stmt))
+    return {key: found[key] for key in wanted if key in found}
+
+
 def upsert_alert(
-    conn: Connection, alert: Alert, notification: Notification, now: datetime
+    conn: Connection, alert: Alert, notification: Notification, now: datetime, stored: dict[InstanceKey, Row]
 ) -> tuple[AlertRow, str | None]:
-    """Record one alert instance; return its row and its status before this notification (None when new)."""
-    key = {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
-    # FOR UPDATE (PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a replica that read the
-    # row before another one resolved it must not write its stale status back.
-    existing = _one(conn, _ALERT_INSTANCE, key)
+    """Record one alert instance; return its row and its status before this notification (None when new).
+    ``stored``: the batch's rows (:func:`stored_alerts`), kept current here (an instance may come twice in one
+    notification)."""
+    key = (alert.fingerprint, alert.starts_at)
+    existing = stored.get(key)
     if existing is None:
         values: dict[str, Any] = {
             "fingerprint": alert.fingerprint,
@@ -224,8 +258,12 @@ def upsert_alert(
         }
         new_id = conn.execute(_NEW_ALERT[conn.dialect.name], values).scalar()
         if new_id is not None:
+            stored[key] = {"id": new_id, **values}
             return AlertRow(id=new_id, **values), None
-        existing = _one(conn, _ALERT_INSTANCE, key)  # a concurrent replica inserted the same instance first
+        # A concurrent replica inserted the same instance first.
+        existing = _one(
+            conn, _ALERT_INSTANCE, {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
+        )
         assert existing is not None
     previous = existing["status"]
     changes: dict[str, Any] = {"last_received_at": now}
@@ -234,9 +272,8 @@ def upsert_alert(
         changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
     # Incremented in SQL: replicas updating the same row under READ COMMITTED must not lose a delivery.
     conn.execute(_UPDATE_ALERT, {**changes, "alert_id_": existing["id"]})
-    return AlertRow.from_row(
-        {**existing, **changes, "notifications": existing["notifications"] + 1}
-    ), previous
+    stored[key] = {**existing, **changes, "notifications": existing["notifications"] + 1}
+    return AlertRow.from_row(stored[key]), previous
 
 
 def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[AlertRow]:
@@ -329,6 +366,37 @@ def list_incidents(
     if before_id:
         stmt = stmt.where(incidents.c.id < before_id)
     return _incidents(conn, stmt)
+
+
+def open_job_failures(conn: Connection, limit: int) -> list[Row]:
+    """The newest ``limit`` open job incidents as the fleet compares them, without the rest of their rows (a storm
+    compares each new job with every other: reading and decoding whole rows made that quadratic in row size):
+    ``id``, ``job``, ``opened_at``, ``category`` (the diagnosis's), ``error_class`` (the alert's), ``culprits``."""
+    stmt = (
+        select(
+            incidents.c.id,
+            incidents.c.job,
+            incidents.c.opened_at,
+            incidents.c.diagnosis["category"].as_string().label("category"),
+            incidents.c.labels["error_class"].as_string().label("error_class"),
+            incidents.c.culprits,
+        )
+        .where(incidents.c.open_key.is_not(None), incidents.c.kind == IncidentKind.JOB)
+        .order_by(incidents.c.id.desc())
+        .limit(limit)
+    )
+    return _all(conn, stmt)
+
+
+def open_node_incidents(conn: Connection, limit: int) -> list[Row]:
+    """The newest ``limit`` open node incidents' ``node`` and ``opened_at``."""
+    stmt = (
+        select(incidents.c.node, incidents.c.opened_at)
+        .where(incidents.c.open_key.is_not(None), incidents.c.kind == IncidentKind.NODE)
+        .order_by(incidents.c.id.desc())
+        .limit(limit)
+    )
+    return _all(conn, stmt)
 
 
 # Whether an incident's culprits (a JSON list of {node, ...}; JSON null when none) name :culprit_node, per backend.
@@ -471,19 +539,22 @@ def known_instances(conn: Connection, instances: Iterable[tuple[str, datetime]])
     return found & wanted
 
 
-def inbox_pending(conn: Connection) -> bool:
-    """Whether a notification waits: a cheap read that spares idle workers a write transaction."""
-    return conn.execute(_INBOX_PENDING).first() is not None
-
-
 def next_inbox(conn: Connection) -> Row | None:
     """The oldest notification still to ingest, locked (SKIP LOCKED on PostgreSQL; SQLite serialises writers)."""
     return _one(conn, _NEXT_INBOX)
 
 
 def peek_inbox(conn: Connection) -> Row | None:
-    """The oldest notification still to ingest, without a lock (a read transaction's look ahead)."""
+    """The next notification to ingest (``id``, ``next_alert``, ``alert_count``; not its body), without a lock: a
+    read transaction's look ahead, which spares an idle worker a write transaction."""
     return _one(conn, _PEEK_INBOX)
+
+
+def inbox_body(conn: Connection, inbox_id: int) -> str | None:
+    """A queued notification's body; None when it is gone (on PostgreSQL each statement of a read sees what
+    committed before it: another worker may have ingested it since the same read found it)."""
+    body = conn.execute(_INBOX_BODY, {"inbox_id_": inbox_id}).scalar()
+    return str(body) if body is not None else None
 
 
 def advance_inbox(conn: Connection, inbox_id: int, done: int) -> None:
@@ -577,11 +648,33 @@ def record(
     incident_id: int | None = None,
     data: Mapping[str, Any] | None = None,
 ) -> None:
-    conn.execute(
-        _INSERT_LEDGER,
-        {"ts": now, "kind": kind, "message": message, "incident_id": incident_id, "data": dict(data or {})},
-    )
+    row = {"ts": now, "kind": kind, "message": message, "incident_id": incident_id, "data": dict(data or {})}
+    batch = conn.info.get(_LEDGER_BATCH)
+    if batch is not None:
+        batch.append(row)
+    else:
+        conn.execute(_INSERT_LEDGER, row)
     log_entry(kind, message, incident_id, data or {})
+
+
+@contextmanager
+def ledger_batch(conn: Connection) -> Iterator[None]:
+    """Ledger rows recorded inside the block are inserted together as it ends, in the order they were recorded
+    (one statement for all of them: a storm's ingestion records two rows an alert). For a block that writes and
+    does not read the ledger (ingestion); when the block raises, nothing is inserted (its transaction rolls back).
+    Nested blocks insert with the outermost."""
+    if _LEDGER_BATCH in conn.info:
+        yield
+        return
+    rows: list[dict[str, Any]] = []
+    conn.info[_LEDGER_BATCH] = rows
+    try:
+        yield
+    finally:
+        # Connection.info outlives the checkout (it is the pooled DBAPI connection's): never leave the batch there.
+        del conn.info[_LEDGER_BATCH]
+    if rows:
+        conn.execute(_INSERT_LEDGER, rows)
 
 
 def ledger_for(conn: Connection, incident_id: int) -> list[LedgerEntry]:

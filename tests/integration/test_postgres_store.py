@@ -92,7 +92,8 @@ def test_postgres_store_keeps_aware_utc_times_and_json(postgres_url):
         labels = {**xid(), "note": "ünïcödé \u202e ok"}
         notification = parse_notification(json.dumps(payload(alert(labels))))
         with store.transaction() as conn:
-            row, previous = records.upsert_alert(conn, notification.alerts[0], notification, START)
+            stored = records.stored_alerts(conn, notification.alerts)
+            row, previous = records.upsert_alert(conn, notification.alerts[0], notification, START, stored)
         with store.transaction() as conn:
             stored = records.get_alert(conn, row.id)
         assert previous is None and stored is not None
@@ -286,3 +287,9 @@ def test_the_store_reads_culprits_an_older_version_wrote_and_writes_the_same_jso
         test_culprits.test_the_store_reads_culprits_an_older_version_wrote_and_writes_the_same_json(store)
     finally:
         store.dispose()
+
+
+def test_the_fleet_reads_open_job_incidents_as_their_whole_rows_say_on_postgres(tmp_path, postgres_url):
+    from tests.unit import test_episodes
+
+    test_episodes.test_the_fleet_reads_open_job_incidents_as_their_whole_rows_say(tmp_path, url=postgres_url)

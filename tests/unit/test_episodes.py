@@ -19,7 +19,7 @@ from app.domain.permissions import Permissions
 from app.domain.playbooks import PlaybookSet, parse_playbooks
 from app.store import Store, records, repairs
 from app.store.claims import INCIDENTS
-from tests.fakes import FakeClock, FakeSample, FakeSlurm
+from tests.fakes import START, FakeClock, FakeSample, FakeSlurm
 from tests.payloads import alert, xid
 from tests.worlds import EPISODE_VERIFY, PLAYBOOKS, World, episode_world, nccl
 
@@ -593,3 +593,39 @@ def test_a_poke_while_nobody_holds_the_incident_changes_nothing_at_its_next_clai
     w.run()  # claims it (the poke is spent), decides to wait out the window
     inc = w.only()
     assert inc["state"] == "open" and inc["next_run_at"] == w.clock.now() + timedelta(seconds=45)
+
+
+def test_the_fleet_reads_open_job_incidents_as_their_whole_rows_say(tmp_path, url: str | None = None):
+    """The fleet compares each new job incident with every open one from a projection of their columns
+    (records.open_job_failures: the diagnosis's category and the alert's error class read in SQL); it must say
+    what the whole rows say: diagnosed or not, with culprits or without. (PostgreSQL:
+    tests/integration/test_postgres_store.py runs this with ``url``.)"""
+    from app.engine import fleet_hold, transitions
+
+    w = episode_world(tmp_path, url=url)
+    w.send(
+        alert(xid(node="node1", job="4242")), alert(xid(node="node2", job="4242"))
+    )  # culprits, undiagnosed
+    w.send(alert(nccl("node3", 0, job="77")))  # the alert's error class, then a diagnosis's category
+    w.send(alert(nccl("node4", 0, job="78")))  # the alert's error class only
+    with w.store.transaction() as conn:
+        diagnosed = next(i for i in records.list_incidents(conn, open_only=True) if i.job == "77")
+        transitions.diagnosed(
+            conn, START, diagnosed, {"category": "storage_io", "confidence": 0.9, "summary": "EIO"}, None
+        )
+    with w.store.read() as conn:
+        whole = [r for r in records.list_incidents(conn, open_only=True) if r.kind == "job"]
+        projected = records.open_job_failures(conn, limit=100)
+    expected = [fleet_hold._failure(r) for r in whole]
+    got = [
+        fleet_hold._job_failure(
+            p["id"], p["job"], p["opened_at"], p["category"], p["error_class"], p["culprits"]
+        )
+        for p in projected
+    ]
+    assert got == expected
+    assert sorted((f.job, f.category, f.diagnosed, bool(f.culprits)) for f in got) == [
+        ("4242", None, False, True),
+        ("77", "storage_io", True, False),
+        ("78", "nccl", False, False),
+    ]
