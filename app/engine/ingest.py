@@ -24,7 +24,7 @@ from app.engine import fleet_hold, transitions
 from app.engine.deps import EngineDeps, Target, render_target
 from app.engine.effects import tell
 from app.store import records, repairs
-from app.store.rows import AlertRow, Incident
+from app.store.rows import Incident
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
 MAX_UNMATCHED_NOTICES = 5
@@ -108,9 +108,9 @@ def _ingest_alert(
     alert: Alert,
     now: datetime,
     result: IngestResult,
-    stored: dict[records.InstanceKey, records.Row],
+    stored: dict[records.InstanceKey, records.Stored],
 ) -> None:
-    row, previous = records.upsert_alert(conn, alert, notification, now, stored)
+    alert_id, previous = records.upsert_alert(conn, alert, notification, now, stored)
     name = alert.labels.get("alertname", "")
     facts = {
         "fingerprint": alert.fingerprint,
@@ -131,7 +131,7 @@ def _ingest_alert(
         received = {**facts, "labels": dict(alert.labels), "receiver": notification.receiver}
         transitions.note(conn, now, None, LedgerKind.ALERT_RECEIVED, f"{name} {alert.status}", received)
     if alert.status == "resolved":
-        _resolve(deps, conn, row, name, now, result)
+        _resolve(deps, conn, alert_id, name, now, result)
         return
     matched = deps.playbooks.match(alert.labels)
     if not matched:
@@ -163,15 +163,15 @@ def _ingest_alert(
         episode = episodes.episode_of(playbook, target.values, target.key)
         # An instance already tied to an incident of this episode (or, per target, of this playbook) is a repeat:
         # attached already when that incident is open, and not a new fault when it has closed.
-        if previous is not None and _had_incident(conn, row.id, playbook.name, episode):
+        if previous is not None and _had_incident(conn, alert_id, playbook.name, episode):
             continue
-        _join(deps, conn, row, alert, playbook, target, episode, now, facts, result)
+        _join(deps, conn, alert_id, alert, playbook, target, episode, now, facts, result)
 
 
 def _join(
     deps: EngineDeps,
     conn: Connection,
-    row: AlertRow,
+    alert_id: int,
     alert: Alert,
     playbook: Playbook,
     target: Target,
@@ -202,7 +202,7 @@ def _join(
             conn,
             now,
             _incident_values(deps, alert, playbook, target, episode, now),
-            row.id,
+            alert_id,
             f"{episode.kind} incident {episode.open_key}: playbook {playbook.name} on {target.key}"
             + (f"; culprit {episode.culprit}" if episode.culprit else "")
             + (f"; job from the API: {facts['job_lookup']}" if facts.get("job_lookup") else ""),
@@ -236,7 +236,7 @@ def _join(
     # A known culprit ends the correlation wait of an incident that has not acted.
     act_now = named is not None and not incident.acted
     if transitions.attach(
-        conn, now, incident, row.id, message, data, culprits=named, act_now=act_now, leading=leading
+        conn, now, incident, alert_id, message, data, culprits=named, act_now=act_now, leading=leading
     ):
         result.attached.append(incident.id)
 
@@ -303,9 +303,9 @@ def _culprit_reason(alert: Alert) -> str:
 
 
 def _resolve(
-    deps: EngineDeps, conn: Connection, alert_row: AlertRow, name: str, now: datetime, result: IngestResult
+    deps: EngineDeps, conn: Connection, alert_id: int, name: str, now: datetime, result: IngestResult
 ) -> None:
-    for incident in records.incidents_for_alert(conn, alert_row.id):
+    for incident in records.incidents_for_alert(conn, alert_id):
         if records.firing_alert_count(conn, incident.id) > 0:
             continue  # other alerts of this incident still fire
         if incident.open_key is None:

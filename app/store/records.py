@@ -76,8 +76,19 @@ def _incidents(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = N
 # its values inline, and computing its cache key, costs SQLAlchemy several times what SQLite spends running it
 # (bench/README.md, "Profile"); a prebuilt statement is compiled once and only its parameters change.
 _ALERT_INSTANCE = (
-    select(alerts)
+    select(alerts.c.id, alerts.c.status)
     .where(alerts.c.fingerprint == bindparam("fingerprint_"), alerts.c.starts_at == bindparam("starts_at_"))
+    .with_for_update()
+)
+# A batch's instances: two IN lists, not a row-value IN (SQLite searches the (fingerprint, starts_at) index with
+# both, where it scans the whole index for (fingerprint, starts_at) IN (...)). Their cross product may find an
+# instance the batch does not hold: stored_alerts leaves it out.
+_ALERT_INSTANCES = (
+    select(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at, alerts.c.status)
+    .where(
+        alerts.c.fingerprint.in_(bindparam("fingerprints_", expanding=True)),
+        alerts.c.starts_at.in_(bindparam("starts_", expanding=True)),
+    )
     .with_for_update()
 )
 # INSERT ... ON CONFLICT DO NOTHING (SQLite 3.24+, PostgreSQL): a row another writer inserted first is skipped in the
@@ -206,37 +217,34 @@ _DELETE_INBOX_ALERTS = inbox_alerts.delete().where(inbox_alerts.c.inbox_id == bi
 
 
 InstanceKey = tuple[str, datetime]  # an alert instance: (fingerprint, startsAt)
+Stored = tuple[int, str]  # a stored alert instance: its row id and its status
 
 
-def stored_alerts(conn: Connection, batch: Sequence[Alert]) -> dict[InstanceKey, Row]:
-    """The stored rows of a batch's alert instances by (fingerprint, startsAt), one read for the batch, locked
-    until the transaction ends (FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a
-    replica that read a row before another one resolved it must not write its stale status back."""
+def stored_alerts(conn: Connection, batch: Sequence[Alert]) -> dict[InstanceKey, Stored]:
+    """The stored row id and status of a batch's alert instances, one read for the batch, locked until the
+    transaction ends (FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a replica
+    that read a row before another one resolved it must not write its stale status back."""
     wanted = sorted({(a.fingerprint, a.starts_at) for a in batch})
-    found: dict[InstanceKey, Row] = {}
+    found: dict[InstanceKey, Stored] = {}
     for start in range(0, len(wanted), KNOWN_CHUNK):
         chunk = wanted[start : start + KNOWN_CHUNK]
-        # Two IN lists, not a row-value IN: SQLite searches the (fingerprint, starts_at) index with both, where it
-        # scans the whole index for (fingerprint, starts_at) IN (...). Their cross product may find an instance the
-        # batch does not hold: left out below.
-        stmt = (
-            select(alerts)
-            .where(
-                alerts.c.fingerprint.in_(sorted({f for f, _ in chunk})),
-                alerts.c.starts_at.in_(sorted({at for _, at in chunk})),
-            )
-            .with_for_update()
+        params = {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
+        found.update(
+            ((r.fingerprint, r.starts_at), (r.id, r.status)) for r in conn.execute(_ALERT_INSTANCES, params)
         )
-        found.update(((row["fingerprint"], row["starts_at"]), row) for row in _all(conn, stmt))
     return {key: found[key] for key in wanted if key in found}
 
 
 def upsert_alert(
-    conn: Connection, alert: Alert, notification: Notification, now: datetime, stored: dict[InstanceKey, Row]
-) -> tuple[AlertRow, str | None]:
-    """Record one alert instance; return its row and its status before this notification (None when new).
-    ``stored``: the batch's rows (:func:`stored_alerts`), kept current here (an instance may come twice in one
-    notification)."""
+    conn: Connection,
+    alert: Alert,
+    notification: Notification,
+    now: datetime,
+    stored: dict[InstanceKey, Stored],
+) -> Stored | tuple[int, None]:
+    """Record one alert instance; return its row id and its status before this notification (None when new).
+    ``stored``: the batch's instances (:func:`stored_alerts`), kept current here (an instance may come twice in
+    one notification)."""
     key = (alert.fingerprint, alert.starts_at)
     existing = stored.get(key)
     if existing is None:
@@ -258,22 +266,22 @@ def upsert_alert(
         }
         new_id = conn.execute(_NEW_ALERT[conn.dialect.name], values).scalar()
         if new_id is not None:
-            stored[key] = {"id": new_id, **values}
-            return AlertRow(id=new_id, **values), None
+            stored[key] = (new_id, alert.status)
+            return new_id, None
         # A concurrent replica inserted the same instance first.
-        existing = _one(
-            conn, _ALERT_INSTANCE, {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
-        )
-        assert existing is not None
-    previous = existing["status"]
+        found = conn.execute(
+            _ALERT_INSTANCE, {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
+        ).one()
+        existing = (found.id, found.status)
+    alert_id, previous = existing
     changes: dict[str, Any] = {"last_received_at": now}
     # A resolved instance never goes back to firing: a late firing notification for it is out of order.
     if not (previous == "resolved" and alert.status == "firing"):
         changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
     # Incremented in SQL: replicas updating the same row under READ COMMITTED must not lose a delivery.
-    conn.execute(_UPDATE_ALERT, {**changes, "alert_id_": existing["id"]})
-    stored[key] = {**existing, **changes, "notifications": existing["notifications"] + 1}
-    return AlertRow.from_row(stored[key]), previous
+    conn.execute(_UPDATE_ALERT, {**changes, "alert_id_": alert_id})
+    stored[key] = (alert_id, changes.get("status", previous))
+    return alert_id, previous
 
 
 def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[AlertRow]:

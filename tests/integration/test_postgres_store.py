@@ -92,10 +92,12 @@ def test_postgres_store_keeps_aware_utc_times_and_json(postgres_url):
         labels = {**xid(), "note": "ünïcödé \u202e ok"}
         notification = parse_notification(json.dumps(payload(alert(labels))))
         with store.transaction() as conn:
-            stored = records.stored_alerts(conn, notification.alerts)
-            row, previous = records.upsert_alert(conn, notification.alerts[0], notification, START, stored)
+            instances = records.stored_alerts(conn, notification.alerts)
+            alert_id, previous = records.upsert_alert(
+                conn, notification.alerts[0], notification, START, instances
+            )
         with store.transaction() as conn:
-            stored = records.get_alert(conn, row.id)
+            stored = records.get_alert(conn, alert_id)
         assert previous is None and stored is not None
         assert stored.starts_at == START and stored.starts_at.tzinfo is not None
         assert stored.labels == labels
