@@ -122,11 +122,7 @@ class Inbox:
                 start = row["next_alert"]
                 chunk = notification.alerts[start : start + batch]
                 ingest_alerts(deps, conn, notification, chunk, deps.clock.now(), result)
-                done = start + len(chunk)
-                if done >= len(notification.alerts):
-                    records.delete_inbox(conn, inbox_id)
-                else:
-                    records.advance_inbox(conn, inbox_id, done)
+                records.ingested(conn, inbox_id, start, start + len(chunk), row["alert_count"])
         except StoreUnavailable:
             raise
         except Exception as exc:

@@ -21,10 +21,10 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, DefaultClause, create_engine, event, insert, inspect, select, text
+from sqlalchemy import Connection, DefaultClause, create_engine, event, func, insert, inspect, select, text
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.config import StoreSettings
@@ -34,6 +34,8 @@ from app.store.schema import (
     ADDED_COLUMNS,
     ADDED_INDEXES,
     SCHEMA_VERSION,
+    inbox,
+    inbox_counter,
     metadata,
     schema_version,
     store_probe,
@@ -149,6 +151,7 @@ class Store:
                 conn.execute(
                     insert(schema_version).values(version=SCHEMA_VERSION, applied_at=self.clock.now())
                 )
+            _count_backlog(conn)
 
     def checkpoint(self, min_interval_s: float = 0.1) -> None:
         """Copy SQLite's write-ahead log into the database, at most once every ``min_interval_s`` (PostgreSQL:
@@ -282,6 +285,24 @@ def _configure_sqlite(engine: Engine) -> None:
 
 def _first_line(exc: Exception) -> str:
     return str(getattr(exc, "orig", exc)).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# The alerts a queue holds and has not ingested (set-aside notifications not counted), summed from its index.
+BACKLOG_SUM = select(func.coalesce(func.sum(inbox.c.alert_count - inbox.c.next_alert), 0)).where(
+    inbox.c.failed_at.is_(None)
+)
+
+
+def _count_backlog(conn: Connection) -> None:
+    """Create the backlog's counter where it is missing (a new store, or one older than version 12), holding what
+    is queued."""
+    if conn.execute(select(inbox_counter.c.id)).first() is None:
+        queued = conn.execute(BACKLOG_SUM).scalar_one()
+        try:
+            with conn.begin_nested():
+                conn.execute(insert(inbox_counter).values(id=1, alerts=queued))
+        except IntegrityError:
+            pass  # another replica starting at the same time created it
 
 
 def _add_indexes(conn: Connection, from_version: int) -> None:

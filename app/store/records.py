@@ -34,6 +34,7 @@ from app.store.schema import (
     controls,
     inbox,
     inbox_alerts,
+    inbox_counter,
     incident_alerts,
     incidents,
     job_exclusions,
@@ -203,9 +204,13 @@ _PEEK_INBOX = (
     .limit(1)
 )
 _INBOX_BODY = select(inbox.c.body).where(inbox.c.id == bindparam("inbox_id_"))
-_INBOX_BACKLOG = select(func.coalesce(func.sum(inbox.c.alert_count - inbox.c.next_alert), 0)).where(
-    inbox.c.failed_at.is_(None)
+_INBOX_BACKLOG = select(inbox_counter.c.alerts).where(inbox_counter.c.id == 1)
+_BACKLOG_CHANGE = (
+    update(inbox_counter)
+    .where(inbox_counter.c.id == 1)
+    .values(alerts=inbox_counter.c.alerts + bindparam("alerts_"))
 )
+_REMAINING = inbox.c.alert_count - inbox.c.next_alert
 _ADVANCE_INBOX = (
     update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
 )
@@ -520,12 +525,19 @@ def enqueue_notification(
     rows = [{"inbox_id": inbox_id, "fingerprint": f, "starts_at": at} for f, at in new_instances]
     if rows:
         conn.execute(insert(inbox_alerts), rows)
+    _backlog_changed(conn, alert_count)
     return inbox_id
 
 
 def inbox_backlog(conn: Connection) -> int:
-    """Alerts queued and not yet ingested (set-aside notifications not counted)."""
+    """Alerts queued and not yet ingested (set-aside notifications not counted): the counter the queue's writes
+    keep (schema.inbox_counter), one row read whatever the queue holds."""
     return int(conn.execute(_INBOX_BACKLOG).scalar_one())
+
+
+def _backlog_changed(conn: Connection, alerts: int) -> None:
+    if alerts:
+        conn.execute(_BACKLOG_CHANGE, {"alerts_": alerts})
 
 
 # Fingerprints looked up per query (SQLite allows 32,766 bound parameters; PostgreSQL 65,535).
@@ -565,24 +577,41 @@ def inbox_body(conn: Connection, inbox_id: int) -> str | None:
     return str(body) if body is not None else None
 
 
-def advance_inbox(conn: Connection, inbox_id: int, done: int) -> None:
-    conn.execute(_ADVANCE_INBOX, {"inbox_id_": inbox_id, "done_": done})
-
-
-def delete_inbox(conn: Connection, inbox_id: int) -> None:
-    conn.execute(_DELETE_INBOX, {"inbox_id_": inbox_id})
-    conn.execute(_DELETE_INBOX_ALERTS, {"inbox_id_": inbox_id})
+def ingested(conn: Connection, inbox_id: int, start: int, done: int, alert_count: int) -> None:
+    """The notification's alerts ``start`` to ``done`` are in: it advances, or leaves the queue with its last."""
+    if done >= alert_count:
+        conn.execute(_DELETE_INBOX, {"inbox_id_": inbox_id})
+        conn.execute(_DELETE_INBOX_ALERTS, {"inbox_id_": inbox_id})
+    else:
+        conn.execute(_ADVANCE_INBOX, {"inbox_id_": inbox_id, "done_": done})
+    _backlog_changed(conn, start - min(done, alert_count))
 
 
 def fail_inbox(conn: Connection, inbox_id: int, now: datetime, error: str) -> None:
-    conn.execute(update(inbox).where(inbox.c.id == inbox_id).values(failed_at=now, error=error))
+    """Set the notification aside with its error: its alerts not ingested leave the backlog."""
+    remaining = conn.execute(
+        update(inbox)
+        .where(inbox.c.id == inbox_id, inbox.c.failed_at.is_(None))
+        .values(failed_at=now, error=error)
+        .returning(_REMAINING)
+    ).scalar()
+    _backlog_changed(conn, -(remaining or 0))
 
 
 def retry_failed_inbox(conn: Connection) -> int:
     """Put every failed notification back in the queue, from the alert where it stopped. Returns how many."""
-    return conn.execute(
-        update(inbox).where(inbox.c.failed_at.is_not(None)).values(failed_at=None, error=None)
-    ).rowcount
+    remaining = (
+        conn.execute(
+            update(inbox)
+            .where(inbox.c.failed_at.is_not(None))
+            .values(failed_at=None, error=None)
+            .returning(_REMAINING)
+        )
+        .scalars()
+        .all()
+    )
+    _backlog_changed(conn, sum(remaining))
+    return len(remaining)
 
 
 def inbox_stats(conn: Connection) -> Row:

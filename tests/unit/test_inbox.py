@@ -12,7 +12,7 @@ from app.config import ConfigError, load_settings
 from app.domain.alertmanager import parse_notification
 from app.domain.errors import InboxFull
 from app.engine import Engine
-from app.store import Store, records
+from app.store import BACKLOG_SUM, Store, records
 from app.store.schema import SCHEMA_VERSION, metadata, schema_version
 from app.store.schema import alerts as alerts_table
 from app.store.schema import inbox as inbox_table
@@ -42,6 +42,14 @@ def stored_alerts(engine: Engine) -> list[dict]:
         return [dict(r._mapping) for r in conn.execute(select(alerts_table))]
 
 
+def backlog(engine: Engine) -> int:
+    """The backlog's counter, checked against the sum of the queue it stands for."""
+    with engine.deps.store.read() as conn:
+        counted = records.inbox_backlog(conn)
+        assert counted == conn.execute(BACKLOG_SUM).scalar_one()
+    return counted
+
+
 def test_accept_commits_the_body_as_received_and_ingests_nothing(tmp_path):
     world = make_world(tmp_path)
     body = json.dumps(payload(alert(xid()))).encode()
@@ -58,8 +66,10 @@ def test_worker_ingests_a_notification_in_batches_and_deletes_it_when_done(tmp_p
     accept(world, *fleet(10))
     progress = []
     while (result := world.engine.inbox.ingest_next()) is not None:
-        progress.append((result.alerts, [r["next_alert"] for r in inbox_rows(world.engine)]))
-    assert progress == [(4, [4]), (4, [8]), (2, [])]
+        progress.append(
+            (result.alerts, [r["next_alert"] for r in inbox_rows(world.engine)], backlog(world.engine))
+        )
+    assert progress == [(4, [4], 6), (4, [8], 2), (2, [], 0)]
     assert len(stored_alerts(world.engine)) == 10 and len(world.engine.incidents()) == 10
 
 
@@ -130,7 +140,9 @@ def test_a_notification_whose_ingestion_raises_is_set_aside_and_the_queue_moves_
         return real_match(labels)
 
     monkeypatch.setattr(world.engine.deps.playbooks, "match", match)
+    assert backlog(world.engine) == 2
     total = world.engine.inbox.ingest_all()
+    assert backlog(world.engine) == 0  # the set-aside notification waits outside the backlog
     assert len(total.opened) == 1  # the second notification went through
     (row,) = inbox_rows(world.engine)
     assert row["id"] == poisoned and row["failed_at"] is not None
@@ -146,7 +158,9 @@ def test_a_notification_whose_ingestion_raises_is_set_aside_and_the_queue_moves_
     monkeypatch.setattr(world.engine.deps.playbooks, "match", real_match)  # the fix is deployed
     with world.engine.deps.store.transaction() as conn:
         assert records.retry_failed_inbox(conn) == 1
+    assert backlog(world.engine) == 1
     assert len(world.engine.inbox.ingest_all().opened) == 1 and inbox_rows(world.engine) == []
+    assert backlog(world.engine) == 0
 
 
 def test_work_once_alternates_inbox_batches_and_incident_ticks(tmp_path):

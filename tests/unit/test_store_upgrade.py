@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from sqlalchemy import insert, inspect, select, text
+from collections.abc import Callable
 
-from app.store import Store, records
-from app.store.schema import ADDED_COLUMNS, ADDED_INDEXES, SCHEMA_VERSION, metadata, schema_version
+from sqlalchemy import Connection, insert, inspect, select, text
+
+from app.store import BACKLOG_SUM, Store, records
+from app.store.schema import ADDED_COLUMNS, ADDED_INDEXES, SCHEMA_VERSION, inbox, metadata, schema_version
 from tests.fakes import START
 
 
@@ -44,8 +46,9 @@ def test_a_version_2_store_gets_the_episode_columns_and_keeps_its_incidents(tmp_
     store.create_schema()  # a second start changes nothing
 
 
-def _upgraded(tmp_path, version: int) -> Store:
-    """A store written at schema ``version`` (without the indexes added after it), opened and upgraded."""
+def _upgraded(tmp_path, version: int, queue: Callable[[Connection], None] | None = None) -> Store:
+    """A store written at schema ``version`` (without the indexes and the backlog counter added after it), its
+    inbox filled by ``queue`` as that version would, opened and upgraded."""
     url = f"sqlite:///{tmp_path}/v{version}.db"
     old = Store.from_url(url)
     with old.transaction() as conn:
@@ -53,6 +56,10 @@ def _upgraded(tmp_path, version: int) -> Store:
         for added, names in ADDED_INDEXES.items():
             for name in names if added > version else ():
                 conn.execute(text(f"DROP INDEX {name}"))
+        if version < 12:
+            conn.execute(text("DROP TABLE inbox_counter"))
+        if queue is not None:
+            queue(conn)
         conn.execute(insert(schema_version).values(version=version, applied_at=START))
     old.dispose()
     store = Store.from_url(url)
@@ -79,6 +86,21 @@ def test_a_version_10_store_gets_the_backlog_index_and_the_backlog_is_read_from_
     store = _upgraded(tmp_path, 10)
     assert set(ADDED_INDEXES[11]) <= {i["name"] for i in inspect(store.engine).get_indexes("inbox")}
     with store.read() as conn:  # the webhook's backlog check reads no notification body
-        compiled = str(records._INBOX_BACKLOG.compile(conn, compile_kwargs={"literal_binds": True}))
+        compiled = str(BACKLOG_SUM.compile(conn, compile_kwargs={"literal_binds": True}))
     plan = _plan(store, compiled)
     assert "COVERING INDEX ix_inbox_backlog" in plan, plan
+
+
+def test_a_version_11_store_gets_the_backlog_counter_holding_what_is_queued(tmp_path):
+    def queue(conn: Connection) -> None:  # as version 11 wrote its queue: rows only
+        rows = [(5, 0, None), (8, 3, None), (7, 2, START)]  # alert_count, next_alert, failed_at
+        for count, done, failed in rows:
+            conn.execute(insert(inbox).values(received_at=START, receiver="r", alert_count=count,
+                                              next_alert=done, body="{}", failed_at=failed))  # fmt: skip
+
+    store = _upgraded(tmp_path, 11, queue)
+    with store.read() as conn:
+        assert records.inbox_backlog(conn) == 5 + (8 - 3)  # the set-aside notification is not counted
+    store.create_schema()  # a second start changes nothing
+    with store.read() as conn:
+        assert records.inbox_backlog(conn) == 10
