@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
 
+from app.domain.culprits import Culprit
 from app.domain.errors import ConfigError
 from app.domain.params import MAX_NODE_LIST
 from app.domain.topology import Domain, Topology
@@ -152,6 +153,27 @@ class JobFailure:
     category: str | None  # the diagnosis category (before it, the alert's error_class), None: unknown
     culprits: frozenset[str] = frozenset()
     diagnosed: bool = True
+
+    @classmethod
+    def of(
+        cls,
+        incident_id: int,
+        job: str | None,
+        opened_at: datetime,
+        category: str | None,
+        error_class: str | None,
+        culprits: Iterable[Culprit],
+    ) -> JobFailure:
+        """A job incident from its columns: its diagnosis's ``category`` (before it, its alert's ``error_class``),
+        and its culprits that its allocation does not rule out."""
+        return cls(
+            incident_id,
+            job or "",
+            opened_at,
+            category or error_class,
+            frozenset(c.node for c in culprits if c.confirmed is not False),
+            diagnosed=category is not None,
+        )
 
 
 @dataclass(frozen=True)

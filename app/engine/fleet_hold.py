@@ -19,7 +19,6 @@ from sqlalchemy import Connection
 
 from app.domain import fleet
 from app.domain import incident_policy as policy
-from app.domain.culprits import Culprit
 from app.domain.errors import BackendError, ConfigError
 from app.domain.paging import Notice
 from app.domain.states import IncidentKind, IncidentOutcome, LedgerKind, NoticeKind, State
@@ -43,29 +42,9 @@ Notify = Callable[[int, Notice], Any]
 
 
 def _failure(inc: Incident) -> fleet.JobFailure:
-    diagnosis = inc.diagnosis or {}
-    return _job_failure(
-        inc.id, inc.job, inc.opened_at, diagnosis.get("category"), inc.labels.get("error_class"), inc.culprits
-    )
-
-
-def _job_failure(
-    incident_id: int,
-    job: str | None,
-    opened_at: datetime,
-    category: str | None,
-    error_class: str | None,
-    culprits: Iterable[Culprit],
-) -> fleet.JobFailure:
-    """A job incident as the fleet compares it: its diagnosis's category (before it, its alert's error class) and
-    its culprits that its allocation does not rule out."""
-    return fleet.JobFailure(
-        incident_id,
-        job or "",
-        opened_at,
-        category or error_class,
-        frozenset(c.node for c in culprits if c.confirmed is not False),
-        diagnosed=category is not None,
+    category = (inc.diagnosis or {}).get("category")
+    return fleet.JobFailure.of(
+        inc.id, inc.job, inc.opened_at, category, inc.labels.get("error_class"), inc.culprits
     )
 
 
@@ -99,12 +78,8 @@ class FleetHolds:
 
     def _others(self, inc: Incident) -> list[fleet.JobFailure]:
         with self.deps.store.read() as conn:
-            rows = records.open_job_failures(conn, limit=MAX_OPEN_COMPARED)
-        return [
-            _job_failure(r["id"], r["job"], r["opened_at"], r["category"], r["error_class"], r["culprits"])
-            for r in rows
-            if r["id"] != inc.id
-        ]
+            failures = records.open_job_failures(conn, limit=MAX_OPEN_COMPARED)
+        return [f for f in failures if f.incident_id != inc.id]
 
     def _current(self, key: str, opened_at: datetime) -> fleet.FleetRecord | None:
         """The fleet incident ``key`` that an incident opened at ``opened_at`` belongs to: None when there is none,
@@ -367,9 +342,9 @@ class FleetHolds:
             return member
         with self.deps.store.read() as conn:
             failing = [
-                r["node"]
-                for r in records.open_node_incidents(conn, limit=MAX_OPEN_COMPARED)
-                if r["node"] and abs(r["opened_at"] - inc.opened_at) <= window
+                node
+                for node, opened_at in records.open_node_incidents(conn, limit=MAX_OPEN_COMPARED)
+                if node and abs(opened_at - inc.opened_at) <= window
             ]
         domain = fleet.node_domain(
             inc.node,

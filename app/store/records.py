@@ -24,6 +24,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
 from app.domain.alertmanager import Alert, Notification
+from app.domain.fleet import JobFailure
 from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
 from app.store.rows import AlertRow, Attempt, Incident, LedgerEntry, StepRow
@@ -381,35 +382,35 @@ def list_incidents(
     return _incidents(conn, stmt)
 
 
-def open_job_failures(conn: Connection, limit: int) -> list[Row]:
-    """The newest ``limit`` open job incidents as the fleet compares them, without the rest of their rows (a storm
-    compares each new job with every other: reading and decoding whole rows made that quadratic in row size):
-    ``id``, ``job``, ``opened_at``, ``category`` (the diagnosis's), ``error_class`` (the alert's), ``culprits``."""
+def open_job_failures(conn: Connection, limit: int) -> list[JobFailure]:
+    """The newest ``limit`` open job incidents as the fleet compares them, read from the six columns that takes
+    (the diagnosis's category and the alert's error class extracted in SQL), not as whole rows: a storm compares
+    each new job with every other, and decoding whole rows made that quadratic in their size."""
     stmt = (
         select(
             incidents.c.id,
             incidents.c.job,
             incidents.c.opened_at,
-            incidents.c.diagnosis["category"].as_string().label("category"),
-            incidents.c.labels["error_class"].as_string().label("error_class"),
+            incidents.c.diagnosis["category"].as_string(),
+            incidents.c.labels["error_class"].as_string(),
             incidents.c.culprits,
         )
         .where(incidents.c.open_key.is_not(None), incidents.c.kind == IncidentKind.JOB)
         .order_by(incidents.c.id.desc())
         .limit(limit)
     )
-    return _all(conn, stmt)
+    return [JobFailure.of(*row) for row in conn.execute(stmt)]
 
 
-def open_node_incidents(conn: Connection, limit: int) -> list[Row]:
-    """The newest ``limit`` open node incidents' ``node`` and ``opened_at``."""
+def open_node_incidents(conn: Connection, limit: int) -> list[tuple[str | None, datetime]]:
+    """The newest ``limit`` open node incidents' node and opening time."""
     stmt = (
         select(incidents.c.node, incidents.c.opened_at)
         .where(incidents.c.open_key.is_not(None), incidents.c.kind == IncidentKind.NODE)
         .order_by(incidents.c.id.desc())
         .limit(limit)
     )
-    return _all(conn, stmt)
+    return [(node, opened_at) for node, opened_at in conn.execute(stmt)]
 
 
 # Whether an incident's culprits (a JSON list of {node, ...}; JSON null when none) name :culprit_node, per backend.
