@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Connection
 
-from app.domain.alertmanager import Notification, parse_notification
+from app.domain.alertmanager import Alert, Notification, parse_notification
 from app.domain.errors import InboxFull, StoreUnavailable
 from app.engine import transitions
 from app.engine.deps import EngineDeps
@@ -107,8 +107,11 @@ class Inbox:
             ahead = records.peek_inbox(conn)
             if ahead is None:
                 return None
-            if deps.workloads is not None:
-                self._prefetch(conn, ahead, batch)
+            upcoming = self._upcoming(conn, ahead, batch) if deps.workloads is not None else ()
+        # The Kubernetes jobs of those alerts, looked up before the write transaction and outside the read: never a
+        # network call inside a transaction. If another worker takes that notification meanwhile, the next one's
+        # alerts are looked up on its own turn, and any not looked up are ingested on their labels alone.
+        prefetch_workloads(deps, upcoming)
         result = IngestResult()
         inbox_id: int | None = None
         try:
@@ -133,18 +136,16 @@ class Inbox:
         publish(deps, result)
         return result
 
-    def _prefetch(self, conn: Connection, ahead: records.Row, batch: int) -> None:
-        """Look up the Kubernetes jobs of the next batch's alerts before the write transaction (in the read that
-        found it; if another worker takes that notification meanwhile, the next one's alerts are looked up on its
-        own turn, and any not looked up are ingested on their labels alone)."""
+    def _upcoming(self, conn: Connection, ahead: records.Row, batch: int) -> Sequence[Alert]:
+        """The alerts of the next batch of the notification the look ahead found (none if it is gone since)."""
         inbox_id = ahead["id"]
         notification = self._notification(
             inbox_id, ahead["alert_count"], lambda: records.inbox_body(conn, inbox_id)
         )
         if notification is None:
-            return  # ingested by another worker since the look ahead
+            return ()  # ingested by another worker since the look ahead
         start = ahead["next_alert"]
-        prefetch_workloads(self.deps, notification.alerts[start : start + batch])
+        return notification.alerts[start : start + batch]
 
     def ingest_all(self) -> IngestResult:
         """Ingest until the inbox is empty (tests, tools): what every batch did, together."""

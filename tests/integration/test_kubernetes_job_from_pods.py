@@ -266,6 +266,24 @@ def test_the_shipped_playbooks_restart_the_pods_job_by_its_own_kind_and_never_pl
     assert any("does not exist in namespace" in row["message"] for row in ledger), ledger
 
 
+def test_the_webhooks_inbox_finds_the_pods_job_before_the_worker_ingests(
+    engine_for: Callable[[list[str]], Engine], kube_admin: KubeAdmin, kube_namespace: str
+) -> None:
+    """The webhook's path, not the replay's: the notification is queued, and the worker looks its pods' jobs up
+    before it ingests them (app/engine/inbox.py, outside any transaction), so the Xid of a PyTorchJob's pod joins
+    that job's incident."""
+    ns = kube_namespace
+    job = make(kube_admin, ns, "PyTorchJob", unique("llama"))
+    pod = make(kube_admin, ns, "Pod", unique("llama-worker"), owner=job)
+    engine = engine_for(["kubernetes"])
+    body = json.dumps(payload(dcgm_xid("gpu-a", ns, pod["metadata"]["name"]))).encode()
+    engine.accept(parse_notification(body), body)
+    engine.inbox.ingest_all()
+    [incident] = engine.incidents()
+    assert incident["open_key"] == f"job:kubernetes/{ns}/{job['metadata']['name']}", incident["open_key"]
+    assert incident["target"]["kind"] == "PyTorchJob"
+
+
 def test_an_alert_whose_pod_is_gone_restarts_the_job_its_train_job_label_names(
     engine_for: Callable[[list[str]], Engine], kube_admin: KubeAdmin, kube_namespace: str
 ) -> None:
