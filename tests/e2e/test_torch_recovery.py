@@ -176,10 +176,12 @@ def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic:
     top of torchrun's restart (it closes self_recovered once the job trains again after the fault, or resolved when
     its alert resolved first), and acts once when torchrun gave up.
 
-    One exception, of the simulator's time scale: its fast rules call 10 s without a step a hang (production: 15
-    min), and a torchrun restart under load (each worker importing torch on two shared cores) can take longer, so
-    TrainingHang fires and the hang playbook requeues the job, once (seen in a loaded full run: the restarted
-    workers served their step counter, unchanged, 25 s after the fault, and had not trained yet)."""
+    Under load, torchrun's restart (each worker importing torch on two shared cores) can take longer than the
+    simulator's time scale allows, and then Nightshift acts once, as designed: either TrainingHang fires (its fast
+    rules call 10 s without a step a hang; production: 15 min) and the hang playbook requeues the job (seen: the
+    restarted workers served their step counter, unchanged, 25 s after the fault), or the fault's incident waited
+    out its playbook's ``self_recovery`` window with the job not training and requeued it (seen in a full run
+    beside two CPU-bound processes: "did not train again within 180 s of the fault"). Never before that window."""
     if torchrun_gave_up(elastic):
         assert elastic.incident["outcome"] == "recovered" and len(elastic.requeues()) == 1
         assert elastic.stack.slurm.job_restarts(elastic.job) == 1
@@ -196,7 +198,12 @@ def test_torchrun_s_own_restart_is_left_alone_and_a_failed_one_requeued(elastic:
         (i["incident"]["playbook"], i["incident"]["outcome"], i["incident"]["reason"])
         for i in elastic.incidents
     }
-    assert all(i["playbook"] == "training-hang-slurm" for i in acted), outcomes
+    waited_out = {
+        d["incident"]["id"]
+        for d in elastic.incidents
+        if any(r["kind"] == "self_recovery" and "did not train again" in r["message"] for r in d["ledger"])
+    }
+    assert all(i["playbook"] == "training-hang-slurm" or i["id"] in waited_out for i in acted), outcomes
     assert len(acted) <= 1 and len(elastic.requeues()) == len(acted), outcomes
     assert elastic.stack.slurm.job_restarts(elastic.job) == len(acted)
     assert (
