@@ -247,7 +247,7 @@ def upsert_alert(
     notification: Notification,
     now: datetime,
     stored: dict[InstanceKey, Stored],
-) -> Stored | tuple[int, None]:
+) -> tuple[int, str | None]:
     """Record one alert instance; return its row id and its status before this notification (None when new).
     ``stored``: the batch's instances (:func:`stored_alerts`), kept current here (an instance may come twice in
     one notification)."""
