@@ -164,6 +164,7 @@ def test_a_flight_recorder_dump_that_is_not_json_is_skipped():
 
 
 REAL = Path(__file__).parents[1] / "data" / "diagnosis" / "real"
+PUBLIC = REAL.parent / "public"
 
 
 @pytest.mark.parametrize("log", sorted(REAL.glob("*.log")), ids=lambda p: p.name)
@@ -193,3 +194,23 @@ def test_srun_names_the_one_node_whose_task_was_killed_and_not_a_cancel_that_kil
     assert both.culprit is None or not any("was killed" in line for line in both.culprit.evidence), (
         both.summary
     )
+
+
+@pytest.mark.parametrize(
+    "log",
+    [
+        "nccl_unique_id_store_reset_pdsh.log",
+        "monitored_barrier_root_rank0_gloo.log",
+        "nccl_unique_id_socket_timeout.log",
+    ],
+)
+def test_a_rank_the_others_name_is_the_culprit_and_not_placed_on_their_node(log: str):
+    """ProcessGroupNCCL's "retrieving ncclUniqueId from [0] ... store->get('0') got error" and ProcessGroupGloo's
+    "successfully reached monitoredBarrier, but received errors ... from rank 0" are written by the ranks that
+    waited for rank 0: a communication failure of rank 0's (restartable), not an application error of the writer.
+    The host their lines name is theirs: rank 0's node stays unnamed rather than wrong."""
+    result = diagnose({}, (PUBLIC / log).read_text())
+    assert result.category == "nccl_network", result.summary
+    assert result.restartable
+    assert result.culprit is not None and result.culprit.rank == 0, result.summary
+    assert result.culprit.node is None, result.summary

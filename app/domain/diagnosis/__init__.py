@@ -96,7 +96,8 @@ _LAUNCHER_ERROR = re.compile(
 # NCCL errors that only report a peer gone: a consequence when the log shows why it went.
 _PEER_GONE = re.compile(
     r"remote process exited|ncclRemoteError|Connection closed by (?:remote )?peer|socket progress error|"
-    r"exiting prematurely|Connection reset by peer|Connection refused|Broken pipe"
+    r"exiting prematurely|Connection reset by peer|Connection refused|Broken pipe|"
+    r"ncclUniqueId from \[\d+\] via c10d key-value store|received errors while waiting for send/recv from rank"
 )
 # Communication errors that the waiting side reports: they name a victim, never the culprit.
 _VICTIM = re.compile(
@@ -866,9 +867,16 @@ def _no_fault(
 def _culprit(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     """The rank, node and GPU the evidence for ``category`` points at (None when it points nowhere)."""
     culprit = _pointed_at(category, tally, reading)
-    if culprit is not None and culprit.node is None and culprit.rank is not None:
+    if (
+        culprit is not None
+        and culprit.node is None
+        and culprit.rank is not None
+        and culprit.rank not in reading.missing
+    ):
         hosts = _hosts_named(reading)
-        if len(hosts) == 1:  # a single-node job (or one node's log): that node
+        # A single-node job (or one node's log): that node. Not for a rank the others name as missing: the
+        # host their lines name is theirs, and the missing rank may run on a node whose log this is not.
+        if len(hosts) == 1:
             return Culprit(next(iter(hosts)), culprit.rank, culprit.gpu, culprit.evidence)
     return culprit
 
@@ -985,8 +993,8 @@ def _host(failure: launchers.Failure) -> str | None:
 def _odd_rank_out(reading: Reading) -> Culprit | None:
     """In a collective timeout the stuck rank is the one that does not report it, or the one whose sequence
     number differs from everyone else's."""
-    if len(reading.barrier_failed) == 1:  # torch's monitored_barrier names the rank that did not arrive
-        ((rank, line),) = reading.barrier_failed.items()
+    if len(reading.missing) == 1:  # the others name the one rank that did not arrive or publish
+        ((rank, line),) = reading.missing.items()
         return Culprit(reading.rank_hosts.get(rank), rank, reading.rank_gpus.get(rank), (line.raw.strip(),))
     if len(reading.enqueued) >= 3:  # the rank that never enqueued the collective the others wait in
         (low, (count, line)), *rest = sorted(reading.enqueued.items(), key=lambda item: item[1][0])

@@ -44,6 +44,13 @@ _SEQ = re.compile(r"WorkNCCL\(SeqNum=(?P<seq>\d+), OpType=(?P<op>\w+)")
 _WATCHDOG = "Watchdog caught collective operation timeout"
 _ENQUEUED = re.compile(r"last enqueued NCCL work: (?P<n>-?\d+)")
 _BARRIER = re.compile(r"\bRanks? (?P<ranks>\d+(?:, ?\d+)*) failed to pass monitoredBarrier")
+# A rank other than 0 in monitored_barrier: rank 0 (the barrier's root) failed it (ProcessGroupGloo.cpp).
+_BARRIER_ROOT = re.compile(
+    r"reached monitoredBarrier, but received errors while waiting for send/recv from rank (?P<rank>\d+)"
+)
+# ProcessGroupNCCL's rank that waits for the communicator's unique id, which its root publishes in the store
+# (torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp; "retreiving" in releases before 2.1)
+_UNIQUE_ID_ROOT = re.compile(r"retr(?:ie|ei)ving ncclUniqueId from \[(?P<rank>\d+)\]")
 # c10d's TCPStore client failing to reach the store's host (the rendezvous endpoint, MASTER_ADDR).
 _UNREACHABLE = re.compile(
     r"trying to connect to \((?P<a>[A-Za-z][\w.-]*), \d+\)|"
@@ -108,8 +115,9 @@ class Reading:
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
     timeouts: dict[int, tuple[int, str, LogLine]] = field(default_factory=dict)  # rank -> (seq, op, line)
-    # the ranks monitored_barrier names as not arriving, with the line naming them
-    barrier_failed: dict[int, LogLine] = field(default_factory=dict)
+    # the ranks the others name as missing, with the line naming them: monitored_barrier's and JAX's barrier's
+    # ranks that did not arrive, the root whose NCCL unique id the others could not get from the store
+    missing: dict[int, LogLine] = field(default_factory=dict)
     enqueued: dict[int, tuple[int, LogLine]] = field(default_factory=dict)  # rank -> last enqueued NCCL work
     unreachable: dict[str, LogLine] = field(default_factory=dict)  # store hosts the ranks could not reach
     # srun's word on each node's task: the nodes whose task was killed by SIGKILL (from outside: the node lost, the
@@ -172,7 +180,7 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             else:
                 reading.srun_exited.add(task["host"])
         if jax_barrier is not None and (task := _JAX_TASK_LINE.match(probe)):
-            reading.barrier_failed.setdefault(int(task["task"]), jax_barrier)
+            reading.missing.setdefault(int(task["task"]), jax_barrier)
         elif jax_barrier is not None and probe.strip():
             jax_barrier = None
         if event := xids.xid_from_line(probe):
@@ -223,7 +231,11 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             jax_barrier = parsed
         if "monitoredBarrier" in body and (barrier := _BARRIER.search(body)):
             for rank_text in barrier["ranks"].split(","):
-                reading.barrier_failed.setdefault(int(rank_text), parsed)
+                reading.missing.setdefault(int(rank_text), parsed)
+        elif "monitoredBarrier" in body and (root := _BARRIER_ROOT.search(body)):
+            reading.missing.setdefault(int(root["rank"]), parsed)
+        if "ncclUniqueId" in body and (root := _UNIQUE_ID_ROOT.search(body)):
+            reading.missing.setdefault(int(root["rank"]), parsed)
         if parsed.rank is not None and "last enqueued" in body and (enqueued := _ENQUEUED.search(body)):
             reading.enqueued.setdefault(parsed.rank, (int(enqueued["n"]), parsed))
         if _WATCHDOG in body and parsed.rank is not None and (seq := _SEQ.search(body)):
