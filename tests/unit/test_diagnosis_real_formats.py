@@ -214,3 +214,12 @@ def test_a_rank_the_others_name_is_the_culprit_and_not_placed_on_their_node(log:
     assert result.restartable
     assert result.culprit is not None and result.culprit.rank == 0, result.summary
     assert result.culprit.node is None, result.summary
+
+
+def test_a_rank_the_watchdog_aborted_after_its_own_timeout_report_is_not_the_culprit():
+    """c10d's watchdog takes its process down (SIGABRT) after the collective timeout it reports, so torchrun's
+    summary names a rank that waited. One node's log of a two-node job (ranks 8-15, all waiting): before, that
+    node was blamed (and a requeue would have excluded it); the rank the collective waits for is on the other."""
+    result = diagnose({}, (REAL.parent / "formats_one_node_of_two_watchdog_abort.log").read_text())
+    assert result.category == "nccl_network", result.summary
+    assert result.culprit is None or result.culprit.node is None, result.summary

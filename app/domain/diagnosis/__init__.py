@@ -953,7 +953,11 @@ def _failed_worker(reading: Reading) -> Culprit | None:
         (agent.killed(), "was killed by {signal}"),
         (agent.unresponsive(), "did not answer SIGTERM"),
     ):
-        placed = [f for f in failures if _rank_of(f, agent) is not None or _host(f)]
+        placed = [
+            f
+            for f in failures
+            if (_rank_of(f, agent) is not None or _host(f)) and not _watchdog_abort(f, reading)
+        ]
         if placed:
             first = placed[0]
             reason = (
@@ -961,6 +965,14 @@ def _failed_worker(reading: Reading) -> Culprit | None:
             )
             return Culprit(_host(first), _rank_of(first, agent), None, (reason,))
     return None
+
+
+def _watchdog_abort(failure: launchers.Failure, reading: Reading) -> bool:
+    """Whether the worker is a rank that reported a collective timeout and then died of SIGABRT: c10d's watchdog
+    takes its own process down after the timeout ("To avoid data inconsistency, we are taking the entire process
+    down"). That rank waited for another; its abort is not the cause."""
+    rank = _rank_of(failure, reading.launcher)
+    return failure.signal_name == "SIGABRT" and rank is not None and rank in reading.timeouts
 
 
 def _several_reporters(votes: Sequence[Vote], reading: Reading) -> bool:
