@@ -82,6 +82,9 @@ def register(app: Flask) -> None:
     services = app.extensions["nightshift"]
     app.json = JSONProvider(app)
     app.url_map.converters["id"] = IdConverter  # before the blueprints' rules are built
+    # A path with "//" (a node name holding a slash, a client's typo) is not found, in the JSON error shape; merging
+    # slashes would answer with an HTML redirect to another route's path.
+    app.url_map.merge_slashes = False
     app.extensions[LIMITER_KEY] = AuthFailureLimiter.from_settings(services.settings.webhook)
     app.extensions[ACCESS_KEY] = ReadAccess.from_settings(services.settings, services.operator_token)
     app.register_blueprint(alerts.bp)
