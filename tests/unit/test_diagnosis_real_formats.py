@@ -223,3 +223,17 @@ def test_a_rank_the_watchdog_aborted_after_its_own_timeout_report_is_not_the_cul
     result = diagnose({}, (REAL.parent / "formats_one_node_of_two_watchdog_abort.log").read_text())
     assert result.category == "nccl_network", result.summary
     assert result.culprit is None or result.culprit.node is None, result.summary
+
+
+def test_cuda_s_unknown_error_mid_run_is_the_gpu_not_the_application():
+    """cudaErrorUnknown in a run that trained for hours is the driver losing the GPU (Xid 79 and the like), and
+    c10's abort on it (SIGABRT, "terminate called after throwing") its consequence: the node is checked, the job
+    restarted elsewhere. Before, the abort made it an application error, so the job was not recovered."""
+    result = diagnose({}, (PUBLIC / "cuda_unknown_error_mid_run_sigabrt.log").read_text())
+    assert result.category == "gpu_hardware", result.summary
+    assert result.culprit is not None and (result.culprit.node, result.culprit.rank) == ("gpu-c14", 5)
+    startup = (
+        "RuntimeError: CUDA unknown error - this may be due to an incorrectly set up environment, e.g. changing env "
+        "variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero."
+    )
+    assert diagnose({}, startup).category != "gpu_hardware"
