@@ -4,6 +4,7 @@ the full logs)."""
 
 from __future__ import annotations
 
+import base64
 import json
 from pathlib import Path
 from typing import Any
@@ -237,3 +238,64 @@ def test_cuda_s_unknown_error_mid_run_is_the_gpu_not_the_application():
         "variable CUDA_VISIBLE_DEVICES after program start. Setting the available devices to be zero."
     )
     assert diagnose({}, startup).category != "gpu_hardware"
+
+
+# Real multi-node logs at the moment only the failed node's agent has reported its killed worker (torchrun's restart
+# under way, no summary yet): the log, the node the worker was killed on, and the healthy node that runs rank 0.
+RESTARTING = [
+    # copied from the file as the agent's line appeared (produce.py's `restarting`)
+    ("two_nodes_elastic_sigkill_rank1_restarting.log", "trn-g02", "trn-g01"),
+    # the same moment of finished runs: cut after the first agent's line (the e2e oom run on the real Slurm)
+    ("two_nodes_elastic_sigkill_rank1.log", "trn-f02", "trn-f01"),
+    ("slurm_oom_cgroup_kill.log", "node2", "node1"),
+]
+
+
+@pytest.mark.parametrize(("log", "killed_on", "healthy"), RESTARTING, ids=[log for log, *_ in RESTARTING])
+def test_a_worker_killed_on_one_node_of_several_is_not_read_as_the_job_s_rank_0(log, killed_on, healthy):
+    """The agent's ``failed (exitcode: -9) local_rank: 0`` names a local rank, on every node; until its summary
+    names the agent's host, nothing says where the worker ran. The diagnosis names neither rank 0 nor the healthy
+    node the alert came from (a peer's error); it says it does not know."""
+    lines = (REAL / log).read_text().splitlines(keepends=True)
+    first = next(i for i, line in enumerate(lines) if "failed (exitcode: -9) local_rank: 0" in line)
+    assert not any("Root Cause" in line or "host      :" in line for line in lines[: first + 1])
+    result = diagnose({"alertname": "TrainingJobError", "Hostname": healthy}, "".join(lines[: first + 1]))
+    assert result.category == "host_oom", result.summary
+    assert result.culprit is None or (result.culprit.rank is None and result.culprit.node == killed_on), (
+        result.culprit
+    )
+    assert "rank 0" not in result.summary and f"on {healthy}" not in result.summary, result.summary
+    assert "local rank 0 on a node the log does not name" in " ".join(result.evidence), result.evidence
+
+
+def _world_info(value: object) -> str:
+    """DeepSpeed's runner line (runner.py: base64 of the JSON host -> slots map)."""
+    encoded = base64.urlsafe_b64encode(json.dumps(value).encode()).decode()
+    return f"[INFO] [runner.py:555:main] cmd = python -u -m deepspeed.launcher.launch --world_info={encoded} t.py"
+
+
+@pytest.mark.parametrize(
+    ("world", "rank"),
+    [({"localhost": [0, 1]}, 1), ({"worker-1": [0, 1], "worker-2": [0, 1]}, None), (None, None)],
+    ids=["one host", "two hosts", "no world info"],
+)
+def test_deepspeed_s_local_rank_is_the_job_s_rank_only_when_its_world_info_names_one_host(world, rank):
+    crash = (
+        "[ERROR] [launch.py:321:sigkill_handler] ['/usr/bin/python', '-u', 't.py', '--local_rank=1'] exits with "
+        "return code = -11"
+    )
+    result = diagnose({}, "\n".join([*([_world_info(world)] if world else []), crash]))
+    assert result.category == "application_error", result.summary
+    assert (result.culprit.rank if result.culprit else None) == rank, result.culprit
+
+
+@pytest.mark.parametrize(
+    "text",
+    [b"not json", b'{"localhost": [0, 1]', b"[0, 1]", b"{}", b"[" * 1500],
+    ids=["not json", "cut off", "not a map", "no host", "nested past the recursion limit"],
+)
+def test_deepspeed_world_info_that_is_not_a_host_map_is_ignored(text):
+    reading = LauncherReading()
+    info = base64.urlsafe_b64encode(text).decode()
+    reading.feed(0, f"-m deepspeed.launcher.launch --world_info={info} t.py")
+    assert reading.nodes is None

@@ -582,18 +582,24 @@ def _launcher_votes(reading: Reading, tallies: dict[str, _Tally]) -> None:
 
 
 def _rank_of(failure: launchers.Failure, launcher: launchers.LauncherReading) -> int | None:
-    """The failure's global rank; its local rank when the launcher names no other and one agent reported (one
-    node: they are equal; with several, local rank 0 is on every node)."""
+    """The failure's job rank where the launcher names it (torchrun's summary: ``rank : 1 (local_rank: 0)``); its
+    local rank only where the launcher says the job has one node. With several, local rank 0 is on every node, and
+    one agent's report is no sign of one node: while torchrun restarts, the failed node's agent has reported and
+    the others have not yet."""
     if failure.rank is not None:
         return failure.rank
-    return failure.local_rank if failure.host is None and launcher.agents <= 1 else None
+    return failure.local_rank if launcher.nodes == 1 else None
 
 
 def _who(failure: launchers.Failure, launcher: launchers.LauncherReading) -> str:
-    """The failed worker in words: its rank, else its node, else "a worker"."""
+    """The failed worker in words: its rank, else its node, else its local rank on a node the log does not name."""
     if (rank := _rank_of(failure, launcher)) is not None:
         return f"rank {rank}"
-    return f"a worker on {host}" if (host := _host(failure)) else "a worker"
+    if host := _host(failure):
+        return f"a worker on {host}"
+    if failure.local_rank is not None:
+        return f"the worker of local rank {failure.local_rank} on a node the log does not name"
+    return "a worker"
 
 
 def _survived(reading: Reading, index: int) -> bool:
@@ -1134,9 +1140,14 @@ def _summary(
         and node is not None
         and not _same_host(culprit.node, node)
     )
+    # Only a launcher's word that a worker was killed, placed on no node: the alert's node is where the alert came
+    # from (a peer's error), not where the worker died.
+    unplaced = killed_only and culprit is None
     where_node = (
         culprit.node if elsewhere and culprit is not None else node or (culprit.node if culprit else None)
     )
+    if unplaced:
+        where_node = None
     if verdict is not None and tally.top == _xid_title(verdict.primary.code, labels):
         text = _xid_summary(verdict, labels, where_node, culprit)
     else:
@@ -1152,6 +1163,8 @@ def _summary(
         text = f"{title}{where}: {what}{count}{who}; {advice}."
     if elsewhere:
         text += f" The alert came from {node}; the log points at {culprit.node}."  # type: ignore[union-attr]
+    elif unplaced and node:
+        text += f" The alert came from {node}; the log does not say which node the worker was killed on."
     return text
 
 

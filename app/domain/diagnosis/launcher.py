@@ -9,7 +9,8 @@ formats are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
   (SIGKILL)``, ``error_file``, ``traceback``), read as far as it goes: a summary cut off mid-way keeps the fields
   seen;
 - DeepSpeed's launcher: ``[launch.py:434:sigkill_handler] [..., '--local_rank=0', ...] exits with return code = -9``
-  and its ``Killing subprocess N`` (its own teardown);
+  and its ``Killing subprocess N`` (its own teardown); its runner's command line hands every node's launcher the
+  job's hosts (``--world_info=`` base64 JSON, ``{"localhost": [0, 1]}``): how many nodes the job has;
 - the agent's own kills when it tears the group down: ``Sending process 16321 closing signal SIGTERM``, and
   ``Unable to shutdown process 18542 via 15, forcefully exiting via 9`` (the worker did not answer SIGTERM: it is
   stopped or stuck). A worker the agent killed itself is a victim of the teardown, never evidence of what failed.
@@ -19,6 +20,8 @@ Exit codes are read both ways: a negative code is the signal (``-9``), a shell's
 
 from __future__ import annotations
 
+import base64
+import json
 import re
 from dataclasses import dataclass, field, replace
 
@@ -46,6 +49,8 @@ _DEEPSPEED_FAILED = re.compile(
     r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
 )
 _DEEPSPEED_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (?P<pid>\d+)")
+# DeepSpeed's runner (deepspeed/launcher/runner.py, encode_world_info): base64 of the JSON host -> slots map.
+_WORLD_INFO = re.compile(r"--world_info[= ](?P<info>[A-Za-z0-9+/_-]{4,2048}={0,2})")
 _CLOSING = re.compile(r"\bSending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
 _FORCED = re.compile(r"\bUnable to shutdown process (?P<pid>\d+) via (?P<sig>\d+), forcefully exiting via")
 _SUMMARY_START = re.compile(r"^\s*(?:Failures:|Root Cause \(first observed failure\):)\s*$")
@@ -61,7 +66,8 @@ _TRACEBACK_LINES = 400  # ... or inside a block's traceback
 # Lines worth feeding outside a summary (inside one, every line is fed).
 CONTEXT = re.compile(
     r"Failures:|Root Cause \(first|^\s*\[\d+\]:\s*$|\b(?:time|host|rank|exitcode|error_file|traceback)\s*: |"
-    r"failed \(exitcode: |closing signal SIG|Unable to shutdown process|exits with return code = |Killing subprocess"
+    r"failed \(exitcode: |closing signal SIG|Unable to shutdown process|exits with return code = |Killing subprocess|"
+    r"--world_info[= ]"
 )
 
 
@@ -99,6 +105,7 @@ class LauncherReading:
     failures: list[Failure] = field(default_factory=list)
     closed_pids: set[int] = field(default_factory=set)  # workers the agent sent SIGTERM to itself
     unresponsive_pids: set[int] = field(default_factory=set)  # workers that did not answer its SIGTERM
+    nodes: int | None = None  # the job's nodes, where the launcher names them (DeepSpeed's world info)
     _block: dict[str, object] | None = None
     _in_summary: bool = False
     _root_next: bool = False
@@ -136,6 +143,9 @@ class LauncherReading:
                     text=body.strip(),
                 )
             )
+            return
+        if match := _WORLD_INFO.search(body):
+            self.nodes = _hosts_in(match["info"]) or self.nodes
             return
         if match := _DEEPSPEED_KILLING.search(body):
             self.closed_pids.add(int(match["pid"]))
@@ -186,12 +196,6 @@ class LauncherReading:
         for i, f in enumerate(self.failures):
             if f.host is None and f.agent is not None and len(named := hosts.get(f.agent, ())) == 1:
                 self.failures[i] = replace(f, host=next(iter(named)))
-
-    @property
-    def agents(self) -> int:
-        """How many torchrun agents (nodes) reported a failed worker: with more than one, a local rank is not the
-        job's rank."""
-        return len({f.agent for f in self.failures if f.agent is not None})
 
     def _field(self, index: int, key: str, value: str, body: str) -> None:
         self._since_field, self._in_traceback = 0, key == "traceback"
@@ -271,3 +275,16 @@ class LauncherReading:
     def unresponsive(self) -> list[Failure]:
         """Workers that ignored the agent's SIGTERM (stopped, or stuck where signals wait): hung."""
         return [f for f in self.failures if f.pid is not None and f.pid in self.unresponsive_pids]
+
+
+def _hosts_in(world_info: str) -> int | None:
+    """How many hosts DeepSpeed's ``--world_info`` names (None when it is not base64 JSON of a host map)."""
+    text = world_info.rstrip("=").replace("+", "-").replace("/", "_")
+    try:
+        info = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    except (
+        ValueError,
+        RecursionError,
+    ):  # not base64 (binascii.Error), not JSON, or nested past Python's limit
+        return None
+    return len(info) if isinstance(info, dict) and info else None

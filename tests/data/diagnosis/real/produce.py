@@ -2,10 +2,11 @@
 
 Every log in this directory named in ``cases.yaml`` with ``produced_by: produce.py`` comes from here, as written by
 the processes (torchrun's agent and its workers, stdout and stderr joined in one file, as Slurm's output file joins
-them). Each simulated node is its own UTS namespace (``unshare --uts``) with its own host name, so torchrun's
-failure summaries name nodes as on a cluster; the ENOSPC cases mount a 256 KiB tmpfs in a mount namespace of
-their own. Needs root (namespaces, tmpfs), torch (``pip install torch==2.13.0``) and py-spy in the interpreter's
-environment.
+them), whole, or as it stood at one moment (``restarting``: the file copied when a line appeared, as a collector
+reading it then would see it). Each simulated node is its own UTS namespace (``unshare --uts``) with its own host
+name, so torchrun's failure summaries name nodes as on a cluster; the ENOSPC cases mount a 256 KiB tmpfs in a mount
+namespace of their own. Needs root (namespaces, tmpfs), torch (``pip install torch==2.13.0``) and py-spy in the
+interpreter's environment.
 
     .venv/bin/python tests/data/diagnosis/real/produce.py [--only NAME ...] [--out DIR]
 
@@ -62,6 +63,7 @@ class Job:
         self.scenario, self.log, self.work = scenario, log, work
         self.procs: list[subprocess.Popen[bytes]] = []
         self.extra: list[str] = []  # sections appended after the job output (stack dumps, FR dumps)
+        self.snapshot: bytes | None = None  # the log as it stood at a chosen moment, kept instead of the rest
 
     def start(self) -> None:
         out = self.log.open("ab", buffering=0)
@@ -95,12 +97,16 @@ class Job:
         path.write_text(f"127.0.0.1 localhost\n{own}::1 localhost\n")
         return path
 
-    def wait_for(self, pattern: str, count: int = 1, seconds: float = RUN_SECONDS) -> None:
+    def wait_for(
+        self, pattern: str, count: int = 1, seconds: float = RUN_SECONDS, poll: float = 0.5
+    ) -> bytes:
+        """The log's bytes once ``pattern`` occurs ``count`` times in it (read every ``poll`` seconds)."""
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
-            if len(re.findall(pattern, self.log.read_text(errors="replace"))) >= count:
-                return
-            time.sleep(0.5)
+            data = self.log.read_bytes()
+            if len(re.findall(pattern, data.decode(errors="replace"))) >= count:
+                return data
+            time.sleep(poll)
         raise TimeoutError(f"{self.scenario.name}: {pattern!r} not seen in {seconds}s")
 
     def workers(self, node: int = 0) -> list[tuple[int, int]]:
@@ -228,6 +234,20 @@ def host_lost(job: Job) -> None:
     job.signal_node(0, signal.SIGKILL)
 
 
+def restarting(job: Job) -> None:
+    """The log the moment the first agent reports a worker killed (torchrun's restart under way: no summary yet,
+    the other agent not heard from), as a collector reading the file then would see it, up to its last whole line;
+    then stop the run (SIGTERM: each agent ends its workers)."""
+    data = job.wait_for(r"failed \(exitcode: -9\)", poll=0.02)
+    job.snapshot = data[: data.rfind(b"\n") + 1]
+    agents = ", ".join(
+        f"{node.host}={proc.pid}" for node, proc in zip(job.scenario.nodes, job.procs, strict=True)
+    )
+    print(f"{job.scenario.name}: agents' pids {agents}", flush=True)  # whose pid the glog prefix names
+    for node in range(len(job.procs)):
+        job.signal_node(node, signal.SIGTERM)
+
+
 def dump_while_hung(job: Job) -> None:
     time.sleep(8)  # well past the stuck rank's step: the others wait in the collective
     job.stack_dumps()
@@ -312,6 +332,15 @@ SCENARIOS = [
         {**fault("sigkill"), "WORKER_STEPS": "40", "WORKER_TIMEOUT": "20"},
     ),
     Scenario(
+        "two_nodes_elastic_sigkill_rank1_restarting",
+        [
+            Node("trn-g01", multinode(1, 29615, "--max-restarts", "1", endpoint="trn-g01")),
+            Node("trn-g02", multinode(1, 29615, "--max-restarts", "1", endpoint="trn-g01"), delay=2),
+        ],
+        {**fault("sigkill"), "WORKER_STEPS": "40", "WORKER_TIMEOUT": "20"},
+        during=restarting,
+    ),
+    Scenario(
         "two_nodes_rendezvous_host_lost",
         [
             Node("trn-c01", multinode(1, 29612, endpoint="trn-c01")),
@@ -364,6 +393,8 @@ def produce(scenario: Scenario, out: Path) -> Path:
                 scenario.during(job)
         finally:
             job.finish()
+    if job.snapshot is not None:
+        log.write_bytes(job.snapshot)
     return log
 
 
