@@ -19,6 +19,14 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
         ("[rank3]:[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught", 3, None, None),
         ("[default5]:RuntimeError: boom", 5, None, None),
         ("12: KeyError: 'x'", 12, None, None),
+        # srun -l over one torchrun per node: the label is the task (node), the worker's own tag the rank
+        ("1: [rank9]: torch.OutOfMemoryError: CUDA out of memory.", 9, None, None),
+        (
+            "0: [Rank 4] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE",
+            4,
+            None,
+            None,
+        ),
         ("node-17: [rank9]: OSError: [Errno 116] Stale file handle", 9, "node-17", None),
         ("[pod/llama-worker-3/pytorch] [rank3]: RuntimeError: x", 3, "llama-worker-3", None),
         (

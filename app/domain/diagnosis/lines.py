@@ -99,6 +99,7 @@ def parse_line(index: int, raw: str) -> LogLine:
     """Split ``raw`` into prefixes and body and read who and when from both."""
     rest = raw.lstrip()
     rank: int | None = None
+    label: int | None = None  # srun -l's task number: the rank only when nothing else on the line names one
     host: str | None = None
     gpu: str | None = None
     when: float | None = None
@@ -128,8 +129,8 @@ def parse_line(index: int, raw: str) -> LogLine:
             rank = int(match["rank"] or match["mpi"] or match["bare"]) if rank is None else rank
         elif (match := _RAY.match(rest)) or (match := _POD.match(rest)):
             host = host or match["host"]
-        elif rank is None and (match := _SRUN_LABEL.match(rest)):
-            rank = int(match["rank"])
+        elif label is None and rank is None and (match := _SRUN_LABEL.match(rest)):
+            label = int(match["rank"])
         elif host is None and (match := _HOST_COLON.match(rest)) and not _NCCL_SOURCE.match(rest):
             host = match["host"]
         else:
@@ -161,7 +162,9 @@ def parse_line(index: int, raw: str) -> LogLine:
             host = host or node["host"]
     if match := _XID.search(body):
         pci = normalise_pci(match["pci"])
-    return LogLine(index, raw, body, rank, host, gpu, pci, when)
+    # srun's label is the task's number: each rank's under one task per GPU, but the node's when srun starts one
+    # launcher (torchrun) per node, whose workers tag their own lines ("1: [rank9]: ..." is rank 9 on task 1).
+    return LogLine(index, raw, body, rank if rank is not None else label, host, gpu, pci, when)
 
 
 def normalise_pci(text: str) -> str:
