@@ -17,6 +17,7 @@ from tests.webapps import make_app, reader_client, webhook_settings
 from tests.worlds import World, make_world
 
 pytest_plugins: list[str] = [
+    "tests.fixtures.reaper",
     "tests.fixtures.prometheus",
     "tests.fixtures.containers",
     "tests.fixtures.kube",
