@@ -19,6 +19,7 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
         ("[rank3]:[E321 02:07:08.408 ProcessGroupNCCL.cpp:607] [Rank 3] Watchdog caught", 3, None, None),
         ("[default5]:RuntimeError: boom", 5, None, None),
         ("12: KeyError: 'x'", 12, None, None),
+        ("2026-06-01T12:00:00.123456789Z stderr F [rank3]: RuntimeError: x", 3, None, None),  # CRI log file
         # srun -l over one torchrun per node: the label is the task (node), the worker's own tag the rank
         ("1: [rank9]: torch.OutOfMemoryError: CUDA out of memory.", 9, None, None),
         (

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -299,3 +300,34 @@ def test_deepspeed_world_info_that_is_not_a_host_map_is_ignored(text):
     info = base64.urlsafe_b64encode(text).decode()
     reading.feed(0, f"-m deepspeed.launcher.launch --world_info={info} t.py")
     assert reading.nodes is None
+
+
+def shipped(text: str, form: str) -> str:
+    """The log as a shipper keeps it: each line after a time (one second apart) and, for the container runtime's
+    files on a Kubernetes node (/var/log/pods, CRI), the stream and a full-line tag."""
+    start = datetime(2026, 6, 1, 12, 0, 0)
+    stamp = {
+        "cri": lambda t: f"{t.isoformat()}.123456789Z stderr F ",
+        "python-logging": lambda t: f"{t.strftime('%Y-%m-%d %H:%M:%S')},123 ",
+    }[form]
+    return "\n".join(stamp(start + timedelta(seconds=i)) + line for i, line in enumerate(text.splitlines()))
+
+
+@pytest.mark.parametrize("form", ["cri", "python-logging"])
+@pytest.mark.parametrize(
+    "log",
+    [p for p in sorted(REAL.glob("*.log")) if "==> py-spy" not in p.read_text(errors="replace")],
+    ids=lambda p: p.name,
+)
+def test_a_real_log_as_a_shipper_keeps_it_gets_the_same_verdict(log: Path, form: str):
+    """The same job output read from a Kubernetes node's container log (CRI) or a shipper's store gets the same
+    category and culprit. Before, a prefix hid the exception lines (84 of 218 corpus logs lost their culprit as CRI)
+    and srun's task ends. py-spy dumps, which our own collection writes unprefixed, are left out."""
+    text = log.read_text(errors="replace")
+    plain, prefixed = diagnose({}, text), diagnose({}, shipped(text, form))
+    assert prefixed.category == plain.category, prefixed.summary
+    assert prefixed.culprit == plain.culprit or (
+        prefixed.culprit is not None
+        and plain.culprit is not None
+        and (prefixed.culprit.node, prefixed.culprit.rank) == (plain.culprit.node, plain.culprit.rank)
+    ), (prefixed.culprit, plain.culprit)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from app.domain.diagnosis import launcher as launchers
 from app.domain.diagnosis import xid as xids
-from app.domain.diagnosis.lines import LogLine, normalise_pci
+from app.domain.diagnosis.lines import LogLine, normalise_pci, unshipped
 from app.domain.diagnosis.lines import parse_line as parse_one
 from app.domain.diagnosis.signatures import Signature, SignatureCatalogue
 
@@ -168,18 +168,19 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         if "\x1b[" in probe:  # terminal colours (rich, Lightning, coloredlogs) are not part of the text
             probe = raw = _ANSI.sub("", probe)
         parsed: LogLine | None = None
-        if raw.startswith("==> ") and (header := _SECTION.match(raw)):
+        own = unshipped(probe)  # the writer's own words, for the lines read by how they start
+        if own.startswith("==> ") and (header := _SECTION.match(own)):
             section_host = next((word for word in header["title"].split() if _HOSTNAME.fullmatch(word)), None)
             section_starts.append(index)
-        elif raw.startswith("Node:") and (k8s_node := _K8S_NODE.match(raw)):
+        elif own.startswith("Node:") and (k8s_node := _K8S_NODE.match(own)):
             section_nodes[section_starts[-1]] = k8s_node["host"]
             section_host = k8s_node["host"]
-        if probe.startswith("srun: error: ") and (task := _SRUN_TASK_END.match(probe)):
+        if own.startswith("srun: error: ") and (task := _SRUN_TASK_END.match(own)):
             if task["end"] == "Killed":
                 reading.srun_killed.setdefault(task["host"], parse_line(index, probe))
             else:
                 reading.srun_exited.add(task["host"])
-        if jax_barrier is not None and (task := _JAX_TASK_LINE.match(probe)):
+        if jax_barrier is not None and (task := _JAX_TASK_LINE.match(own)):
             reading.missing.setdefault(int(task["task"]), jax_barrier)
         elif jax_barrier is not None and probe.strip():
             jax_barrier = None
@@ -187,7 +188,7 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             parsed = parse_line(index, probe)
             reading.xid_lines.append((parsed, event))
         else:
-            match = catalogue.classify(probe)
+            match = catalogue.classify(own)
             if match.cause is not None:
                 parsed = parse_line(index, probe)
                 reading.votes.append(Vote(parsed, match.cause))

@@ -61,7 +61,9 @@ _HOST_PROG = re.compile(
     r"(?P<host>(?=[A-Za-z0-9.-]*\d)[A-Za-z][A-Za-z0-9.-]{1,62}) "
     r"(?:\[(?:stdout|stderr)\]|[A-Za-z][\w./-]*(?:\[\d+\])?:)\s*"
 )
-_STREAM = re.compile(r"\[(?:stdout|stderr)\]\s*|\|\|\s*")
+# "[stderr] ", "|| ", and the container runtime's log files (CRI: "<RFC 3339 time> stderr F <line>", F a full line,
+# P a part of one), as /var/log/pods and /var/log/containers hold them on a Kubernetes node
+_STREAM = re.compile(r"\[(?:stdout|stderr)\]\s*|\|\|\s*|(?:stdout|stderr) [FP] ")
 _PID_TAG = re.compile(r"\[\d{1,8}\]\s+(?=\[)")  # "[80746] [rank0]:" from some log collectors
 
 # Facts named inside the body.
@@ -165,6 +167,19 @@ def parse_line(index: int, raw: str) -> LogLine:
     # srun's label is the task's number: each rank's under one task per GPU, but the node's when srun starts one
     # launcher (torchrun) per node, whose workers tag their own lines ("1: [rank9]: ..." is rank 9 on task 1).
     return LogLine(index, raw, body, rank if rank is not None else label, host, gpu, pci, when)
+
+
+def unshipped(raw: str) -> str:
+    """``raw`` without what a log shipper or the container runtime put in front of the writer's own text: leading
+    timestamps and a stream tag (``2025-06-01T12:00:00.1Z stderr F srun: error: ...``). For the lines read by
+    their first words (srun's task ends, section headers), which a shipped copy of the log still holds."""
+    rest = raw
+    for _ in range(3):  # bounded: a time, a stream tag, a second time
+        match = _ISO.match(rest) or _CTIME.match(rest) or _STREAM.match(rest)
+        if match is None or not match.end():
+            break
+        rest = rest[match.end() :]
+    return rest
 
 
 def normalise_pci(text: str) -> str:
