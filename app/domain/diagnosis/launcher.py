@@ -8,6 +8,8 @@ formats are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
   worker (``[0]:`` then ``time``, ``host``, ``rank : 1 (local_rank: 1)``, ``exitcode : -9 (pid: 16322)
   (SIGKILL)``, ``error_file``, ``traceback``), read as far as it goes: a summary cut off mid-way keeps the fields
   seen;
+- ``torch.multiprocessing.spawn``: ``ProcessExitedException: process 1 terminated with signal SIGKILL`` (or ``with
+  exit code N``), its process index a local rank;
 - DeepSpeed's launcher: ``[launch.py:434:sigkill_handler] [..., '--local_rank=0', ...] exits with return code = -9``
   and its ``Killing subprocess N`` (its own teardown); its runner's command line hands every node's launcher the
   job's hosts (``--world_info=`` base64 JSON, ``{"localhost": [0, 1]}``): how many nodes the job has;
@@ -49,6 +51,11 @@ _DEEPSPEED_FAILED = re.compile(
     r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
 )
 _DEEPSPEED_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (?P<pid>\d+)")
+# torch.multiprocessing.spawn (mp.spawn), the launcher inside the training script: its process index.
+_SPAWN_EXITED = re.compile(
+    r"\bProcessExitedException: process (?P<local>\d+) terminated with "
+    r"(?:signal (?P<sig>SIG[A-Z0-9]+)|exit code (?P<code>-?\d+))"
+)
 # DeepSpeed's runner (deepspeed/launcher/runner.py, encode_world_info): base64 of the JSON host -> slots map.
 _WORLD_INFO = re.compile(r"--world_info[= ](?P<info>[A-Za-z0-9+/_-]{4,2048}={0,2})")
 _CLOSING = re.compile(r"\bSending process (?P<pid>\d+) closing signal (?P<sig>SIG[A-Z]+)")
@@ -67,7 +74,7 @@ _TRACEBACK_LINES = 400  # ... or inside a block's traceback
 CONTEXT = re.compile(
     r"Failures:|Root Cause \(first|^\s*\[\d+\]:\s*$|\b(?:time|host|rank|exitcode|error_file|traceback)\s*: |"
     r"failed \(exitcode: |closing signal SIG|Unable to shutdown process|exits with return code = |Killing subprocess|"
-    r"--world_info[= ]"
+    r"--world_info[= ]|ProcessExitedException: process"
 )
 
 
@@ -140,6 +147,18 @@ class LauncherReading:
                     local_rank=int(match["local"]),
                     exitcode=int(match["code"]),
                     root=first,
+                    text=body.strip(),
+                )
+            )
+            return
+        if match := _SPAWN_EXITED.search(body):
+            self._add(
+                Failure(
+                    index,
+                    local_rank=int(match["local"]),
+                    exitcode=int(match["code"]) if match["code"] else None,
+                    signal=match["sig"],
+                    root=not self.failures,
                     text=body.strip(),
                 )
             )
