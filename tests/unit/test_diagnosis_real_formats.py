@@ -331,3 +331,11 @@ def test_a_real_log_as_a_shipper_keeps_it_gets_the_same_verdict(log: Path, form:
         and plain.culprit is not None
         and (prefixed.culprit.node, prefixed.culprit.rank) == (plain.culprit.node, plain.culprit.rank)
     ), (prefixed.culprit, plain.culprit)
+
+
+def test_mpirun_names_the_rank_and_node_that_died_of_a_signal():
+    """Open MPI's own word on the first process to die (MPI rank = the job's rank, its node, the signal): a SIGKILL
+    is a worker killed from outside (restartable, the node named), not the gloo error a surviving rank logged."""
+    result = diagnose({}, (PUBLIC / "mpirun_rank_killed_signal9.log").read_text())
+    assert (result.category, result.restartable) == ("host_oom", True), result.summary
+    assert result.culprit is not None and (result.culprit.rank, result.culprit.node) == (3, "gpu-a02")

@@ -8,6 +8,7 @@ formats are those of ``torch.distributed.elastic`` (torch 2.x, checked on 2.13):
   worker (``[0]:`` then ``time``, ``host``, ``rank : 1 (local_rank: 1)``, ``exitcode : -9 (pid: 16322)
   (SIGKILL)``, ``error_file``, ``traceback``), read as far as it goes: a summary cut off mid-way keeps the fields
   seen;
+- Open MPI's ``mpirun``: ``mpirun noticed that process rank 3 with PID P on node H exited on signal 9 (Killed).``;
 - ``torch.multiprocessing.spawn``: ``ProcessExitedException: process 1 terminated with signal SIGKILL`` (or ``with
   exit code N``), its process index a local rank;
 - DeepSpeed's launcher: ``[launch.py:434:sigkill_handler] [..., '--local_rank=0', ...] exits with return code = -9``
@@ -51,6 +52,13 @@ _DEEPSPEED_FAILED = re.compile(
     r"sigkill_handler\] \[.*?'--local_rank=(?P<local>\d+)'.*\] exits with return code = (?P<code>-?\d+)"
 )
 _DEEPSPEED_KILLING = re.compile(r"sigkill_handler\] Killing subprocess (?P<pid>\d+)")
+# Open MPI's mpirun (Horovod, MPI-launched PyTorch): the first process that died of a signal, its MPI rank (the job's
+# rank) and its node (orte/prte's "mpirun noticed that process rank 3 with PID 41236 on node gpu-a02 exited on
+# signal 9 (Killed).").
+_MPIRUN_SIGNALLED = re.compile(
+    r"\b(?:mpirun|mpiexec|orterun|prterun) noticed that process rank (?P<rank>\d+) with PID (?P<pid>\d+) on node "
+    r"(?P<host>[\w.-]+) exited on signal (?P<num>\d+)"
+)
 # torch.multiprocessing.spawn (mp.spawn), the launcher inside the training script: its process index.
 _SPAWN_EXITED = re.compile(
     r"\bProcessExitedException: process (?P<local>\d+) terminated with "
@@ -74,7 +82,7 @@ _TRACEBACK_LINES = 400  # ... or inside a block's traceback
 CONTEXT = re.compile(
     r"Failures:|Root Cause \(first|^\s*\[\d+\]:\s*$|\b(?:time|host|rank|exitcode|error_file|traceback)\s*: |"
     r"failed \(exitcode: |closing signal SIG|Unable to shutdown process|exits with return code = |Killing subprocess|"
-    r"--world_info[= ]|ProcessExitedException: process"
+    r"--world_info[= ]|ProcessExitedException: process|noticed that process rank"
 )
 
 
@@ -147,6 +155,19 @@ class LauncherReading:
                     local_rank=int(match["local"]),
                     exitcode=int(match["code"]),
                     root=first,
+                    text=body.strip(),
+                )
+            )
+            return
+        if match := _MPIRUN_SIGNALLED.search(body):
+            self._add(
+                Failure(
+                    index,
+                    rank=int(match["rank"]),
+                    host=match["host"],
+                    pid=int(match["pid"]),
+                    signal=SIGNAL_NAMES.get(int(match["num"])),
+                    root=True,  # mpirun names the first process that failed
                     text=body.strip(),
                 )
             )
