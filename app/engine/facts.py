@@ -23,6 +23,7 @@ from app.domain.templates import render_promql
 from app.engine import guard_facts
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
+from app.engine.fleet_hold import waits_for_restart
 from app.engine.repair import plan_repair
 from app.store.rows import Incident, Repair
 
@@ -80,9 +81,9 @@ def decide_with(
     facts it was made on, and the incident's row as gathering left it (diagnosed, held)."""
     facts = policy.Facts(now=deps.clock.now(), limits=limits(deps), diagnosed=diagnosed)
     for _ in range(MAX_GATHERS):
-        decision = policy.decide(
-            policy.Subject.of(inc, bool(playbook.recheck), playbook.self_recovery), facts
-        )
+        # A job whose alerts resolved while the fleet held its restart: the re-check of them would say nothing.
+        recheck = bool(playbook.recheck) and not (inc.alert_resolved and waits_for_restart(inc))
+        decision = policy.decide(policy.Subject.of(inc, recheck, playbook.self_recovery), facts)
         if not isinstance(decision, policy.Gather):
             return decision, facts, inc
         facts, inc = gather(deps, source, inc, playbook, decision, facts)

@@ -30,6 +30,7 @@ from app.store import records
 from app.store.rows import Incident
 
 HOLD_PREFIX = "held by fleet incident"
+STORM_PREFIX = "fleet storm guard"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
 RESTARTS, STORM_NOTIFIED = "fleet_restarts", "fleet_storm_notified_at"
 PREFIX = "fleet:"
@@ -412,7 +413,7 @@ class FleetHolds:
         window = timedelta(seconds=settings.storm_window_seconds)
         until = min(t for t in restarts if t > now - window) + window
         reason = (
-            f"fleet storm guard: {settings.storm_max_restarts} job restarts within {settings.storm_window_seconds}s; "
+            f"{STORM_PREFIX}: {settings.storm_max_restarts} job restarts within {settings.storm_window_seconds}s; "
             f"job {inc.job} waits until {until:%H:%M:%S}"
         )
         with self.deps.store.transaction() as conn:
@@ -581,4 +582,15 @@ def is_held(incident: Incident) -> bool:
         incident.kind == IncidentKind.JOB
         and incident.open_key is not None
         and incident.reason.startswith(HOLD_PREFIX)
+    )
+
+
+def waits_for_restart(incident: Incident) -> bool:
+    """Whether a job incident's restart waits on the fleet: on a shared cause, or for its turn past the storm guard.
+    Its alerts resolving meanwhile says nothing about the job (a dead job's error rate, an Xid's count window, fall
+    back within minutes whether or not it runs again): it is not closed for it, and its restart, once allowed, goes
+    ahead without the playbook's re-check of those alerts."""
+    storm = incident.held_by_guard and incident.reason.startswith(STORM_PREFIX)
+    return is_held(incident) or (
+        storm and incident.kind == IncidentKind.JOB and incident.open_key is not None
     )

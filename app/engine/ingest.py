@@ -312,8 +312,9 @@ def _resolve(
             if incident.acted and incident.on_resolved_state is None and _has_on_resolved(deps, incident):
                 transitions.schedule_undo(conn, now, incident, f"{name} resolved: undo steps scheduled")
             continue
-        if fleet_hold.is_held(incident):
-            # A job held by a shared cause died: its recovery is released (the hold sees the cause clear).
+        if fleet_hold.waits_for_restart(incident):
+            # A job held by a shared cause or the storm guard died: its recovery waits on (the hold sees the cause
+            # clear, the guard its turn).
             transitions.fleet_released(conn, now, incident)
             continue
         if incident.state in NOT_ACTED and not incident.acted and incident.claimed_by is None:

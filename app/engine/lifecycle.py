@@ -51,7 +51,7 @@ from app.engine.context import template_context
 from app.engine.deps import EngineDeps
 from app.engine.effects import Effects
 from app.engine.facts import decide_with
-from app.engine.fleet_hold import FleetHolds, is_held
+from app.engine.fleet_hold import FleetHolds, waits_for_restart
 from app.engine.scheduler_backends import job_status
 from app.engine.steps import StepRunner
 from app.engine.worker_facts import WorkerSource
@@ -128,8 +128,8 @@ class Lifecycle:
 
     def _resolved_before_acting(self, inc: Incident) -> bool:
         """Whether every alert resolved while a worker held the incident, before it acted (ingestion closes an
-        unheld one itself; a held one it pokes). A job held by a shared cause is released then, not closed."""
-        if not inc.alert_resolved or inc.acted or inc.state not in NOT_ACTED or is_held(inc):
+        unheld one itself; a held one it pokes). A job whose restart waits on the fleet is not closed for it."""
+        if not inc.alert_resolved or inc.acted or inc.state not in NOT_ACTED or waits_for_restart(inc):
             return False
         with self.deps.store.read() as conn:
             return records.firing_alert_count(conn, inc.id) == 0

@@ -227,6 +227,43 @@ def test_the_storm_guard_counts_job_restarts_across_the_fleet(tmp_path):
     assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(three)
 
 
+# The shipped gpu-xid playbook's re-check: the Xid alert still firing just before acting.
+XID_RECHECK = 'ALERTS{alertname="GpuXidError",alertstate="firing",Hostname="{{ labels.Hostname }}"}'
+PLAYBOOKS_XID_RECHECK = PLAYBOOKS.replace(
+    'metadata: {name: xid, description: "node-scoped"}\n',
+    f"metadata: {{name: xid, description: \"node-scoped\"}}\nrecheck: '{XID_RECHECK}'\n",
+)
+
+
+def test_a_job_the_storm_guard_holds_is_restarted_when_the_window_allows_though_its_alerts_resolved(tmp_path):
+    three = {j: ("FAILED", f"node{j}a,node{j}b") for j in ("101", "102", "103")}
+    w = episode_world(tmp_path, slurm=FakeSlurm(three), playbooks=PLAYBOOKS_XID_RECHECK)
+    w.engine.deps.settings.fleet.storm_max_restarts = 2
+    w.engine.deps.settings.fleet.storm_window_seconds = 600
+    for j in three:
+        recheck = XID_RECHECK.replace("{{ labels.Hostname }}", f"node{j}a")
+        w.prometheus.answers[recheck] = [FakeSample({"Hostname": f"node{j}a"}, 1.0)]
+    w.send(*(alert(xid(node=f"node{j}a", job=j)) for j in three))
+    w.clock.advance(46)
+    w.run()
+    assert len(w.requeue.script.calls) == 2
+    (waiting,) = [i for i in w.incidents() if i["reason"].startswith("fleet storm guard")]
+    # A dead job's alerts resolve on their own within minutes (the Xid's count window, the job's error rate): they
+    # say nothing about whether the job runs again.
+    w.clock.advance(300)
+    w.prometheus.answers.clear()
+    node = f"node{waiting['job']}a"
+    w.send(
+        alert(xid(node=node, job=waiting["job"]), status="resolved", ends_at=START + timedelta(seconds=340))
+    )
+    w.run()
+    assert w.incident(waiting["id"])["outcome"] is None  # still waiting for its turn, not closed
+    w.clock.advance(301)
+    w.run()
+    assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(three)
+    assert w.incident(waiting["id"])["culprits"][0]["node"] == node
+
+
 # --- topology: a leaf's jobs off the leaf, nodes behind it waiting, culprits no domain explains --------------------
 
 LEAVES = (
