@@ -53,6 +53,28 @@ def tell(
     return delivered
 
 
+def blast_radius_reached(deps: EngineDeps, incident_id: int | None, reason: str, waiting: str) -> None:
+    """The blast radius holds back ``waiting`` (an incident's step, a node's repair): say so once per blast window,
+    whichever tripped it first, not once per incident or node."""
+    now = deps.clock.now()
+    window = timedelta(seconds=deps.settings.guards.blast_radius_window_seconds)
+    with deps.store.transaction() as conn:
+        last = records.get_control(conn, "storm_notified_at")
+        if last and datetime.fromisoformat(last) > now - window:
+            return
+        records.set_control(conn, "storm_notified_at", now.isoformat(), now)
+    tell(
+        deps,
+        incident_id,
+        Notice(
+            NoticeKind.BLAST_RADIUS,
+            "[nightshift] blast radius reached: destructive actions paused",
+            f"{reason}\nReturn-to-service actions still run. {waiting} and later ones wait.",
+            {"incident": incident_id, "guard": "blast_radius"},
+        ),
+    )
+
+
 class Effects:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
@@ -169,23 +191,8 @@ class Effects:
         return self.deps.clock.now() + timedelta(seconds=self.deps.settings.guards.defer_seconds)
 
     def storm(self, inc: Incident, reason: str) -> None:
-        """Blast radius tripped: say so once per blast window, not once per incident."""
-        now = self.deps.clock.now()
-        window = timedelta(seconds=self.deps.settings.guards.blast_radius_window_seconds)
-        with self.deps.store.transaction() as conn:
-            last = records.get_control(conn, "storm_notified_at")
-            if last and datetime.fromisoformat(last) > now - window:
-                return
-            records.set_control(conn, "storm_notified_at", now.isoformat(), now)
-        self._notify(
-            inc.id,
-            Notice(
-                NoticeKind.BLAST_RADIUS,
-                "[nightshift] blast radius reached: destructive actions paused",
-                f"{reason}\nReturn-to-service actions still run. Incident #{inc.id} and later ones wait.",
-                {"incident": inc.id, "guard": "blast_radius"},
-            ),
-        )
+        """Blast radius tripped by an incident's step: say so once per blast window, not once per incident."""
+        blast_radius_reached(self.deps, inc.id, reason, f"Incident #{inc.id}")
 
     def fleet_incident(self, incident_id: int, notice: Notice) -> None:
         """A shared cause held job recoveries (app/engine/fleet_hold.py): told once, asking a person."""

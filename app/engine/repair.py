@@ -39,7 +39,7 @@ from app.engine import claims, guard_facts
 from app.engine.claims import Claim
 from app.engine.context import repair_context
 from app.engine.deps import EngineDeps
-from app.engine.effects import tell
+from app.engine.effects import blast_radius_reached, tell
 from app.engine.scheduler_backends import hold_default, pool_facts
 from app.engine.steps import action_context, run_action
 from app.store import records, repairs
@@ -281,7 +281,12 @@ class NodeRepairs:
         )
         deps.metrics.guard_verdicts.labels(verdict.guard, verdict.decision).inc()
         if verdict.decision != GuardDecision.PASS:
-            return self._wait(repair, verdict, verdict.until or now + defer)
+            self._wait(repair, verdict, verdict.until or now + defer)
+            # The node keeps its fault and stays in service meanwhile: a person is told (once per blast window).
+            blast_radius_reached(
+                deps, repair.incident_id, verdict.reason, f"The repair of node {repair.node}"
+            )
+            return None
         begin = policy.Next(
             RepairState.TAKING_OUT, TAKE_OUT, f"repair {earlier + 1} of this node: taking it out"
         )

@@ -17,7 +17,7 @@ from app.config import Settings
 from app.domain.states import NoticeKind, RepairState, StepStatus
 from app.metrics import Metrics
 from app.store import repairs
-from tests.fakes import FakeClock, FakeNodeShell, FakeSlurmHost, node_repair_playbook
+from tests.fakes import FakeClock, FakeHttpPoster, FakeNodeShell, FakeSlurmHost, node_repair_playbook
 from tests.worlds import World
 
 PLAYBOOK = node_repair_playbook(
@@ -47,8 +47,9 @@ class RepairWorld(World):
 
 
 def make_world(
-    tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, **settings: Any
+    tmp_path, grants=ALL_GRANTS, validate=(0,), reboot_polls: int = 1, http: Any = None, **settings: Any
 ) -> RepairWorld:
+    """``http``: the notification webhook's client (``notify__webhook_url`` set), e.g. a FakeHttpPoster."""
     clock = FakeClock()
     config = Settings(data_dir=str(tmp_path), store_url=STORE_URL)
     config.repair.poll_seconds = 15
@@ -58,7 +59,10 @@ def make_world(
         setattr(getattr(config, section), name, value)
     slurm = FakeSlurmHost(*NODES, reboot_polls=reboot_polls)
     shells = {node: FakeNodeShell(*validate, clock=clock) for node in NODES}
-    clients = Clients(config, slurm=SlurmClient(slurm), **{f"node:{n}": shell for n, shell in shells.items()})
+    seams = {"http": http} if http is not None else {}
+    clients = Clients(
+        config, slurm=SlurmClient(slurm), **seams, **{f"node:{n}": shell for n, shell in shells.items()}
+    )
     world = RepairWorld(
         config,
         playbooks=PLAYBOOK,
@@ -230,6 +234,25 @@ def test_blast_radius_counts_nodes_and_the_partition_share(tmp_path):
     w.clock.advance(hours=1)
     w.settle()
     assert w.row(third)["state"] == RepairState.RETURNED
+
+
+def test_repairs_the_blast_radius_holds_back_tell_a_person_once_a_window(tmp_path):
+    """A node waiting on the blast radius keeps its fault and stays in service: a person is told, once per blast
+    window however many nodes wait (bench/storm.py driver-rollout: 33 nodes with an Xid waited in silence)."""
+    chat = FakeHttpPoster()
+    w = make_world(
+        tmp_path, guards__blast_radius_max_nodes=2, notify__webhook_url="http://chat.example/hook", http=chat
+    )
+    waiting = [w.request(node) for node in NODES[:5]][2:]
+    w.spin(30)  # 10 minutes
+    assert {w.row(r)["state"] for r in waiting} == {RepairState.REQUESTED}
+    (told,) = [b for b in chat.bodies if b["nightshift"].get("guard") == "blast_radius"]
+    assert (
+        "blast radius reached" in told["text"]
+        and "The repair of node node3 and later ones wait" in told["text"]
+    )
+    (row,) = [r for r in w.rows("notification") if r["data"]["notice"] == NoticeKind.BLAST_RADIUS]
+    assert row["data"]["status"] == StepStatus.OK
 
 
 def test_a_held_node_counts_for_the_blast_radius_past_the_window(tmp_path):
