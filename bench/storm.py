@@ -20,6 +20,18 @@ Scenarios (``--scenarios``; every one by default):
 * ``storage-1000``, ``storage-2000``, ``storage-10000``: a shared file system fails under 1,000 / 2,000 / 10,000
   nodes (125 / 250 / 1,250 jobs of 8 nodes); every rank's reads fail (8,000 / 16,000 / 80,000 alerts).
 
+Trials (``--trials``; what a skeptical SRE tries next, each checked against :func:`invariants`; not in ``make
+bench``: together they take minutes, and their verdicts, not their speed, are the point):
+
+* ``driver-rollout``: a bad driver: within 3 minutes a GPU fails (Xid 79 or 119) on one node of each of 36 jobs,
+  each job on a leaf of its own; nothing is shared.
+* ``storage-xid``: ``storage-1000``, and 5 minutes in, an Xid 79 under a job that does not use that storage.
+* ``storage-flapping``: ``storage-1000`` whose storage comes back and fails again three times (down 0-8, 13-19,
+  24-29, 33-36 minutes), over an hour.
+* ``storage-repeats``: an hour's storage outage under 125 jobs whose loaders keep retrying: one alert a node in one
+  1,000-alert group (group_by alertname, error_class) re-sent every 5 minutes, and an Xid 79 at 45 minutes under a
+  job that does not use that storage.
+
 The shared cause lasts ``--outage-minutes`` (20) of simulated time, then clears; the run goes on for
 ``--horizon-minutes`` (45). A job's ``TrainingJobError`` alerts resolve five minutes after its last error (the
 rule is ``increase(training_errors_total[5m]) > 0``: a dead job stops erring whether or not the cause is over); the
@@ -32,14 +44,15 @@ include Nightshift's own work and waits.
 
 Per scenario: alerts/s ingested (alerts over the CPU seconds of the webhook's accept plus the worker's
 ingestion), alert → first action latency (the first alert accepted to the first scheduler change or message
-sent), incidents opened, fleet incidents, job logs read (``tail`` over SSH), pages (messages that ask a person to
-act), requeues (and the restarts onto nodes the
+sent), incidents opened, fleet incidents, job logs read (``tail`` over SSH), pages (what app/domain/paging.py
+sends PagerDuty, counted by dedup key as PagerDuty counts open alerts), requeues (and the restarts onto nodes the
 cause still reaches while it lasts: into the outage), healthy nodes excluded (nodes put on a job's exclusion
 list whose hardware is fine and whose leaf works), nodes drained, and the peak RSS of the process that ran it
 (one child process a scenario). The floor, in the same run: the same bodies parsed (``json.loads``) and their
 alerts inserted into SQLite (WAL, a commit a body).
 
     python -m bench.storm [--scenarios leaf-1job,storage-1000] [--out bench/results/storm.json] [--no-readme]
+    python -m bench.storm --trials [--scenarios storage-xid]  # exit status 1 when an invariant fails
 """
 
 from __future__ import annotations
@@ -70,9 +83,11 @@ from app.config import Settings
 from app.domain.alertmanager import parse_notification
 from app.domain.errors import InboxFull
 from app.domain.hostlist import expand_hostlist
+from app.domain.paging import Page
 from app.domain.permissions import Grant, Permissions
 from app.domain.playbooks import load_playbooks
 from app.engine import Engine
+from app.store.records import inbox_backlog
 from bench import record
 from bench.runner import AnsweringRunner
 from sim import logtext
@@ -89,8 +104,14 @@ REFAIL_SECONDS = 90.0  # a restarted job meets the cause again after this long
 # TrainingJobError is `increase(training_errors_total[5m]) > 0` (rules/): a dead job's alert resolves five minutes
 # after its last error, whether or not the cause is over.
 ERRORS_RESOLVE_SECONDS = 300.0
-OUTCOMES_FOR_A_PERSON = {"needs_human", "failed", "advisory", "credential_error", "unverified"}
+# The alerts a shared cause raises (resolved when it clears); an Xid is the node's own fault.
+CAUSE_ALERTS = ("TrainingJobError", "DcgmExporterDown")
+# Alerts that resolve ERRORS_RESOLVE_SECONDS after they began (an error counter, an Xid's windowed count).
+SELF_RESOLVING = ("TrainingJobError", "GpuXidError")
+# alerts/alertmanager.yml's group_by: one notification per node and job.
+GROUP_BY = ("alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod")
 BEGIN, END = "<!-- storm:begin -->", "<!-- storm:end -->"
+TRIALS_BEGIN, TRIALS_END = "<!-- storm-trials:begin -->", "<!-- storm-trials:end -->"
 
 
 def node_name(i: int) -> str:
@@ -112,11 +133,13 @@ class SimJob:
     log: str = ""
     runs_at: float = -1.0  # PENDING until then
     fails_at: float = -1.0  # meets the shared cause again at this time
+    shares_cause: bool = True  # uses what the cause breaks (False: a job on other storage, other switches)
 
 
 @dataclass
 class Fleet:
-    """Nodes, leaves and jobs; ``dead_leaf``'s nodes cannot talk to the rest while the cause lasts."""
+    """Nodes, leaves and jobs; ``dead_leaf``'s nodes cannot talk to the rest while the cause lasts (until
+    ``outage_until``, and again in each spell of ``returns``: a cause that flaps)."""
 
     size: int
     jobs: dict[str, SimJob]
@@ -130,18 +153,38 @@ class Fleet:
     healthy_excluded: set[str] = field(default_factory=set)
     first_change_at: float | None = None
     logs_read: int = 0
+    returns: tuple[tuple[float, float], ...] = ()  # the cause back from..until (simulated seconds)
+    faulty: set[str] = field(default_factory=set)  # nodes with a fault of their own (an Xid)
+    errors_persist: bool = False  # the jobs keep logging the cause's errors (retrying reads) while it lasts
+    ranks_alerting: int = RANKS_PER_NODE  # the ranks of a node whose errors are alerts
+    repeat_seconds: float = 0.0  # Alertmanager re-sends every firing group this often (0: past the horizon)
+    group_by: tuple[str, ...] = GROUP_BY
+    acted: dict[str, float] = field(default_factory=dict)  # job -> when Nightshift first changed it
 
     @property
     def cause_live(self) -> bool:
-        return self.now < self.outage_until
+        return self.now < self.outage_until or any(a <= self.now < b for a, b in self.returns)
 
     def healthy(self, name: str) -> bool:
         """Its hardware is fine and its leaf works (while the leaf is down, its nodes are not healthy)."""
-        return not (name in self.dead_leaf and self.cause_live)
+        return name not in self.faulty and not (name in self.dead_leaf and self.cause_live)
 
-    def changed(self) -> None:
+    def reaches(self, job: SimJob) -> bool:
+        """Whether the cause, while it lasts, breaks ``job``."""
+        return job.shares_cause and (
+            self.cause == "storage" or bool(self.dead_leaf.intersection(job.allocation))
+        )
+
+    def raised_by_cause(self, labels: dict[str, str]) -> bool:
+        """Whether the alert is the shared cause's (it resolves when the cause clears)."""
+        job = self.jobs.get(labels.get("slurm_job_id", ""))
+        return labels["alertname"] in CAUSE_ALERTS and (job is None or job.shares_cause)
+
+    def changed(self, job: str | None = None) -> None:
         if self.first_change_at is None:
             self.first_change_at = self.now
+        if job is not None:
+            self.acted.setdefault(job, self.now)
 
 
 class FleetSlurm(AnsweringRunner):
@@ -177,7 +220,7 @@ class FleetSlurm(AnsweringRunner):
                 job = fleet.jobs[job_id]
                 if job.state == "PENDING":
                     return f"scontrol: error: Job {job_id} is pending execution", 1
-                fleet.changed()
+                fleet.changed(job_id)
                 fleet.requeues += 1
                 job.state, job.restarts, job.runs_at = (
                     "PENDING",
@@ -190,7 +233,7 @@ class FleetSlurm(AnsweringRunner):
                 excluded = (
                     set(expand_hostlist(exc.removeprefix("ExcNodeList="))) if exc != "ExcNodeList=" else set()
                 )
-                fleet.changed()
+                fleet.changed(job.job_id)
                 fleet.healthy_excluded |= {n for n in excluded - job.exc if fleet.healthy(n)}
                 job.exc = excluded
                 return "", 0
@@ -236,7 +279,8 @@ class FleetSlurm(AnsweringRunner):
 
 
 class NoNodeShell:
-    """A node's shell for validation: the storm's nodes are never validated within the horizon."""
+    """A node's shell for validation that never proves the node healthy (its probe reads ``absent``): a node
+    Nightshift repairs here is held for a person after its reboot (a page, bounded by the blast radius)."""
 
     def run(self, argv: Any, timeout: float | None = None) -> CommandResult:
         return CommandResult(tuple(argv), " ".join(argv), 0, "absent\n", "", 0.01)
@@ -286,9 +330,21 @@ class Messages:
         self.bodies.append(body)
         return 200
 
-    @property
-    def pages(self) -> int:
-        return sum(1 for b in self.bodies if b.get("nightshift", {}).get("outcome") in OUTCOMES_FOR_A_PERSON)
+
+class Pager:
+    """PagerDuty's Events API at Nightshift's client seam: the pages that app/domain/paging.py decides a person
+    needs (an incident needing a person, a held node, the blast radius, a fleet incident, the storm guard). A
+    repeated ``dedup_key`` updates the open page instead of opening another, as PagerDuty does."""
+
+    def __init__(self) -> None:
+        self.triggers: dict[str, int] = {}
+
+    def trigger(self, page: Page) -> str:
+        self.triggers[page.dedup_key] = self.triggers.get(page.dedup_key, 0) + 1
+        return page.dedup_key
+
+    def close(self) -> None:
+        pass
 
 
 class SimClock:
@@ -324,6 +380,9 @@ class Scenario:
     description: str
     nodes: int
     build: Callable[[argparse.Namespace], tuple[Fleet, list[dict[str, Any]]]]
+    horizon_minutes: float | None = (
+        None  # the run's length when the scenario needs its own (not --horizon-minutes)
+    )
 
 
 def stamp(at: float) -> str:
@@ -356,12 +415,15 @@ def exporter_alert(node: str) -> dict[str, Any]:
     return {"labels": labels, "at": 30.0}
 
 
-def job_alerts(job: SimJob, nodes: Sequence[str], error_class: str) -> list[dict[str, Any]]:
+def job_alerts(
+    job: SimJob, nodes: Sequence[str], error_class: str, ranks: int = RANKS_PER_NODE
+) -> list[dict[str, Any]]:
+    """The error alerts of the first ``ranks`` ranks on each of ``nodes``."""
     index = {n: i for i, n in enumerate(job.allocation)}
     return [
         rank_alert(job, node, index[node] * RANKS_PER_NODE + r, error_class)
         for node in nodes
-        for r in range(RANKS_PER_NODE)
+        for r in range(ranks)
     ]
 
 
@@ -380,6 +442,41 @@ def leaf_log(job: SimJob, loggers: Sequence[int], peers: Sequence[int], now: flo
 def storage_log(job: SimJob) -> str:
     ctx = logtext.Context(hostname=job.allocation[0], pid=4242, job=f"train-{job.job_id}", step=1200)
     return logtext.storage_io(ctx)
+
+
+# rules/gpu_xid.yml's class of each Xid the scenarios raise (the GPU fell off the bus; a GSP timeout).
+XID_CLASSES = {"79": "reboot", "119": "reset_gpu"}
+
+
+def xid_alert(job: SimJob, node: str, xid: str) -> dict[str, Any]:
+    """GpuXidError as rules/gpu_xid.yml raises it on ``node`` under ``job``."""
+    labels = {
+        "alertname": "GpuXidError",
+        "severity": "critical",
+        "Hostname": node,
+        "instance": f"{node}:9400",
+        "gpu": "3",
+        "xid": xid,
+        "xid_class": XID_CLASSES[xid],
+        "slurm_job_id": job.job_id,
+        "job": "dcgm-exporter",
+    }
+    return {"labels": labels, "at": 0.0}
+
+
+def xid_fault(fleet: Fleet, job: SimJob, node: str, xid: str, arrives: float) -> list[dict[str, Any]]:
+    """A GPU of ``node`` fails under ``job`` (its own fault): the Xid and the errors of the job's ranks on its other
+    nodes (those on ``node`` are inhibited by the Xid: alerts/alertmanager.yml), ``arrives`` seconds into the
+    storm; the job's log shows the CUDA error behind NCCL's watchdog."""
+    fleet.faulty.add(node)
+    ctx = logtext.Context(hostname=node, pid=4242, job=f"train-{job.job_id}", step=1200, gpu=3)
+    job.log, job.state = (
+        logtext.gpu_fault(ctx, 0.0, "unspecified launch failure", len(job.allocation) * 8),
+        "FAILED",
+    )
+    others = [n for n in job.allocation if n != node]
+    alerts = [xid_alert(job, node, xid), *job_alerts(job, others, "nccl", fleet.ranks_alerting)]
+    return [{**a, "arrives": arrives} for a in alerts]
 
 
 def _fleet(size: int, jobs: list[SimJob], dead_leaf: set[str], cause: str, args: argparse.Namespace) -> Fleet:
@@ -436,6 +533,58 @@ def storage(nodes: int) -> Callable[[argparse.Namespace], tuple[Fleet, list[dict
     return build
 
 
+def driver_rollout(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    """A bad driver rolled out: within three minutes a GPU fails (Xid 79 or 119) on one node of each of 36 jobs,
+    each job on a leaf of its own. Nothing is shared; each failed node is its own fault."""
+    jobs = [SimJob(str(3000 + k), [node_name(k * LEAF_NODES + i) for i in range(8)]) for k in range(36)]
+    fleet = _fleet(len(jobs) * LEAF_NODES, jobs, set(), "driver", args)
+    fleet.outage_until = 0.0
+    alerts = []
+    for k, job in enumerate(jobs):
+        alerts += xid_fault(fleet, job, job.allocation[k % 8], "79" if k % 2 else "119", arrives=5.0 * k)
+    return fleet, alerts
+
+
+def unrelated_job(fleet: Fleet, first: int) -> SimJob:
+    """A job of 8 nodes from node ``first`` that does not use what the cause breaks (its own storage)."""
+    job = SimJob("19999", [node_name(first + i) for i in range(8)], shares_cause=False)
+    fleet.jobs[job.job_id] = job
+    return job
+
+
+def storage_and_xid(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    """storage-1000, and five minutes in, a GPU falls off the bus (Xid 79) under a job that does not use that
+    storage."""
+    fleet, alerts = storage(1000)(args)
+    job = unrelated_job(fleet, 1000)
+    return fleet, alerts + xid_fault(fleet, job, job.allocation[5], "79", arrives=300.0)
+
+
+def storage_flapping(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    """storage-1000, whose storage comes back and fails again three times: down 0-8, 13-19, 24-29 and 33-36
+    minutes (not ``--outage-minutes``)."""
+    fleet, alerts = storage(1000)(args)
+    fleet.outage_until = 8 * 60.0
+    fleet.returns = ((13 * 60.0, 19 * 60.0), (24 * 60.0, 29 * 60.0), (33 * 60.0, 36 * 60.0))
+    return fleet, alerts
+
+
+def storage_repeats(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    """A storage outage of an hour under 125 jobs whose data loaders keep retrying their reads: one alert a node,
+    grouped by alertname and error_class into one 1,000-alert notification that Alertmanager re-sends every
+    5 minutes (a repeat_interval an operator shortened); 45 minutes in, a GPU falls off the bus (Xid 79) under a
+    job that does not use that storage."""
+    jobs = [SimJob(str(10_000 + k), [node_name(8 * k + i) for i in range(8)]) for k in range(125)]
+    fleet = _fleet(1000 + 2 * LEAF_NODES, jobs, set(), "storage", args)
+    fleet.outage_until, fleet.errors_persist, fleet.ranks_alerting = 3600.0, True, 1
+    fleet.repeat_seconds, fleet.group_by = 300.0, ("alertname", "error_class")
+    for job in jobs:
+        job.log, job.state = storage_log(job), "FAILED"
+    alerts = [a for job in jobs for a in job_alerts(job, job.allocation, "storage_io", 1)]
+    job = unrelated_job(fleet, 1000)
+    return fleet, alerts + xid_fault(fleet, job, job.allocation[5], "79", arrives=45 * 60.0)
+
+
 SCENARIOS = [
     Scenario("leaf-1job", "a leaf under 64 of one 128-node job's nodes", 256, leaf_one_job),
     Scenario("leaf-8jobs", "the same leaf under 8 jobs of 8 nodes", 256, leaf_eight_jobs),
@@ -444,22 +593,45 @@ SCENARIOS = [
     Scenario("storage-2000", "storage outage under 2,000 nodes (250 jobs)", 2000, storage(2000)),
     Scenario("storage-10000", "storage outage under 10,000 nodes (1,250 jobs)", 10_000, storage(10_000)),
 ]
+# What a skeptical SRE tries next.
+TRIALS = [
+    Scenario("driver-rollout", "Xid 79/119 on one node of each of 36 jobs in 3 min", 2304, driver_rollout),
+    Scenario("storage-xid", "storage-1000, and an Xid 79 under an unrelated job", 1008, storage_and_xid),
+    Scenario(
+        "storage-flapping",
+        "storage-1000, the storage back and down 3 times",
+        1000,
+        storage_flapping,
+        horizon_minutes=60.0,
+    ),
+    Scenario(
+        "storage-repeats",
+        "a 1,000-alert group re-sent every 5 min for an hour, then an Xid 79",
+        1008,
+        storage_repeats,
+        horizon_minutes=65.0,
+    ),
+]
 
 
 # --- Alertmanager's side -----------------------------------------------------------------------------------------
-
-GROUP_BY = ("alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod")
 
 
 def fingerprint(labels: dict[str, str]) -> str:
     return f"{abs(hash(json.dumps(labels, sort_keys=True))):016x}"
 
 
-def bodies(alerts: Sequence[dict[str, Any]], status: str, starts: dict[str, float], now: float) -> list[str]:
-    """Webhook bodies, one per Alertmanager group (alerts/alertmanager.yml's group_by)."""
+def bodies(
+    alerts: Sequence[dict[str, Any]],
+    status: str,
+    starts: dict[str, float],
+    now: float,
+    group_by: Sequence[str] = GROUP_BY,
+) -> list[str]:
+    """Webhook bodies, one per Alertmanager group (alerts/alertmanager.yml's group_by unless told otherwise)."""
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     for a in alerts:
-        groups.setdefault(tuple(a["labels"].get(k, "") for k in GROUP_BY), []).append(a)
+        groups.setdefault(tuple(a["labels"].get(k, "") for k in group_by), []).append(a)
     out = []
     for key, members in groups.items():
         items = [
@@ -474,7 +646,7 @@ def bodies(alerts: Sequence[dict[str, Any]], status: str, starts: dict[str, floa
             }
             for a in members
         ]
-        group_labels = {k: v for k, v in zip(GROUP_BY, key, strict=True) if v}
+        group_labels = {k: v for k, v in zip(group_by, key, strict=True) if v}
         out.append(
             json.dumps(
                 {
@@ -519,12 +691,15 @@ def write_addresses(fleet: Fleet, workdir: Path) -> Path:
 
 def build_engine_for(
     fleet: Fleet, firing: dict[str, dict[str, str]], workdir: Path
-) -> tuple[Engine, Messages]:
-    messages = Messages(fleet)
+) -> tuple[Engine, Messages, Pager]:
+    messages, pager = Messages(fleet), Pager()
     registry = default_registry()
     settings = Settings(data_dir=str(workdir))
     settings.notify.webhook_url = "http://people.example/hook"
     settings.slurm.host = "slurm-login"
+    routing_key = workdir / "pagerduty.key"
+    routing_key.write_text("0" * 32 + "\n")
+    settings.notify.pagerduty_routing_key_file = str(routing_key)
     settings.fleet.topology_file = str(write_topology(fleet, workdir))
     settings.fleet.addresses_file = str(write_addresses(fleet, workdir))
     clock = SimClock(fleet)
@@ -533,6 +708,7 @@ def build_engine_for(
         slurm=SlurmClient(FleetSlurm(fleet)),
         prometheus=FleetPrometheus(fleet, firing),
         http=messages,
+        pagerduty=pager,
         **{f"node:{node_name(i)}": NoNodeShell() for i in range(fleet.size)},
     )
     grants = [a.name for a in registry if a.name.startswith(("slurm.", "checkpoint.")) and not a.read_only]
@@ -544,33 +720,67 @@ def build_engine_for(
         playbooks=load_playbooks([REPO / "playbooks"], registry),
         permissions=Permissions(Grant(action=name) for name in grants),
     )
-    return engine, messages
+    return engine, messages, pager
+
+
+def resolves_at(fleet: Fleet, labels: dict[str, str], began: float) -> float | None:
+    """When an alert that began at ``began`` stops firing on its own (None: when its cause clears, or never)."""
+    job = fleet.jobs.get(labels.get("slurm_job_id", ""))
+    if labels["alertname"] not in SELF_RESOLVING or (
+        fleet.errors_persist and job is not None and job.shares_cause
+    ):
+        return None
+    return began + ERRORS_RESOLVE_SECONDS
 
 
 def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     fleet, alerts = scenario.build(args)
     firing: dict[str, dict[str, str]] = {}
-    engine, messages = build_engine_for(fleet, firing, workdir)
+    engine, messages, pager = build_engine_for(fleet, firing, workdir)
     clock: SimClock = engine.deps.clock  # type: ignore[assignment]
     starts: dict[str, float] = {}
-    horizon = args.horizon_minutes * 60.0
+    horizon = (scenario.horizon_minutes or args.horizon_minutes) * 60.0
     clock.sleep(DELIVERY_AT)
     first_alert_at = fleet.now
-    resolves: dict[str, float] = {}  # when each job error alert stops firing
+    resolves: dict[str, float] = {}  # when each self-resolving alert stops firing
+    # Alerts with "arrives" reach Alertmanager that many seconds after the storm's first delivery.
+    later = sorted((a for a in alerts if a.get("arrives")), key=lambda a: a["arrives"])
     for a in alerts:
-        starts[fingerprint(a["labels"])] = first_alert_at - 30.0 + a["at"]
-        firing[fingerprint(a["labels"])] = a["labels"]
-        if a["labels"]["alertname"] == "TrainingJobError":
-            resolves[fingerprint(a["labels"])] = starts[fingerprint(a["labels"])] + ERRORS_RESOLVE_SECONDS
+        starts[fingerprint(a["labels"])] = first_alert_at - 30.0 + a["at"] + a.get("arrives", 0.0)
+    for a in alerts:
+        if not a.get("arrives"):
+            firing[fingerprint(a["labels"])] = a["labels"]
+            ends = resolves_at(fleet, a["labels"], starts[fingerprint(a["labels"])])
+            if ends is not None:
+                resolves[fingerprint(a["labels"])] = ends
     next_resolve = min(resolves.values(), default=math.inf)
-    pending = bodies(alerts, "firing", starts, fleet.now)
+    pending = bodies([a for a in alerts if not a.get("arrives")], "firing", starts, fleet.now, fleet.group_by)
     refused_bodies: list[tuple[float, str]] = []  # (when it is sent again, body)
     accept_cpu = ingest_cpu = 0.0
     accepted = refused = 0
     delivered_alerts = 0
-    resolved_sent = False
+    was_live = fleet.cause_live
+    next_repeat = first_alert_at + fleet.repeat_seconds if fleet.repeat_seconds else math.inf
+    peak_backlog = 0
     while fleet.now < horizon:
         clock.tick()
+        while later and first_alert_at + later[0]["arrives"] <= fleet.now:
+            a = later.pop(0)
+            firing[fingerprint(a["labels"])] = a["labels"]
+            ends = resolves_at(fleet, a["labels"], starts[fingerprint(a["labels"])])
+            if ends is not None:
+                resolves[fingerprint(a["labels"])] = ends
+                next_resolve = min(next_resolve, ends)
+            pending += bodies([a], "firing", starts, fleet.now, fleet.group_by)
+        if fleet.now >= next_repeat:  # Alertmanager's repeat_interval: every firing group again, as it was
+            next_repeat += fleet.repeat_seconds
+            pending += bodies(
+                [{"labels": labels} for labels in firing.values()],
+                "firing",
+                starts,
+                fleet.now,
+                fleet.group_by,
+            )
         pending += [body for at, body in refused_bodies if at <= fleet.now]
         refused_bodies = [(at, body) for at, body in refused_bodies if at > fleet.now]
         if pending:
@@ -589,17 +799,22 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
                 delivered_alerts += len(notification.alerts)
             accept_cpu += time.process_time() - begin
             pending = []
+            with engine.deps.store.read() as conn:
+                peak_backlog = max(peak_backlog, inbox_backlog(conn))
         # Scanned only once the earliest is due (a scan every round cost the harness minutes at 80,000 alerts).
         done = [k for k, at in resolves.items() if at <= fleet.now] if fleet.now >= next_resolve else []
-        if not fleet.cause_live and not resolved_sent:
-            resolved_sent = True
-            done = list(firing)  # the cause is over: every alert it raised resolves
+        if fleet.cause_live != was_live:
+            was_live = fleet.cause_live
+            if was_live:
+                cause_returns(fleet)
+            else:  # the cause is over: every alert it raised resolves
+                done += [k for k, labels in firing.items() if fleet.raised_by_cause(labels)]
         if done:
             ended = [{"labels": firing.pop(k)} for k in done if k in firing]
             for k in done:
                 resolves.pop(k, None)
             next_resolve = min(resolves.values(), default=math.inf)
-            pending += bodies(ended, "resolved", starts, fleet.now) if ended else []
+            pending += bodies(ended, "resolved", starts, fleet.now, fleet.group_by) if ended else []
             continue
         begin = time.process_time()
         ingested = engine.inbox.ingest_next()
@@ -608,9 +823,12 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
         repaired = engine.repairs.work_once("storm")
         refail = advance_jobs(fleet, firing, starts)
         if refail:
-            pending += bodies(refail, "firing", starts, fleet.now)
-            resolves.update({fingerprint(a["labels"]): fleet.now + ERRORS_RESOLVE_SECONDS for a in refail})
-            next_resolve = min(next_resolve, fleet.now + ERRORS_RESOLVE_SECONDS)
+            pending += bodies(refail, "firing", starts, fleet.now, fleet.group_by)
+            for a in refail:
+                ends = resolves_at(fleet, a["labels"], fleet.now)
+                if ends is not None:
+                    resolves[fingerprint(a["labels"])] = ends
+                    next_resolve = min(next_resolve, ends)
         if ingested is None and ticked is None and repaired is None and not pending:
             clock.sleep(IDLE_TICK)
     incidents = engine.incidents(limit=100_000)
@@ -627,6 +845,7 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
         "alerts_delivered": delivered_alerts,
         "notifications": accepted,
         "refused_503": refused,
+        "peak_inbox_backlog": peak_backlog,
         "accept_cpu_s": round(accept_cpu, 3),
         "ingest_cpu_s": round(ingest_cpu, 3),
         "alerts_per_cpu_s": round(delivered_alerts / ingest_total, 1) if ingest_total else None,
@@ -635,14 +854,52 @@ def run_scenario(scenario: Scenario, args: argparse.Namespace, workdir: Path) ->
         "fleet_incidents": len(fleet_incidents),
         "logs_read": fleet.logs_read,
         "incidents_by_kind": _count(incidents, "kind"),
-        "pages": messages.pages,
+        "incidents_by_outcome": _count(incidents, "outcome"),
+        "max_incidents_per_job": max(
+            _count([i for i in incidents if i["kind"] == "job"], "job").values(), default=0
+        ),
+        "fleet_keys": [r["key"] for r in fleet_incidents],
+        "unrelated": unrelated_fault(fleet, alerts, incidents, fleet_incidents, first_alert_at),
+        "pages": len(pager.triggers),
+        "pages_by_kind": _count([{"kind": key.split("/")[1]} for key in pager.triggers], "kind"),
         "messages": len(messages.bodies),
         "requeues": fleet.requeues,
+        "jobs_running_at_end": sum(1 for j in fleet.jobs.values() if j.state == "RUNNING" and j.fails_at < 0),
+        "cause_spells": 1 + len(fleet.returns) if fleet.outage_until > 0 else 0,
+        "cause_over_s": max([fleet.outage_until, *(end for _, end in fleet.returns)]),
+        "horizon_s": horizon,
+        "probes": sum(len(r["probed"]) for r in fleet_incidents),
         "requeues_into_outage": fleet.requeues_into_outage,
         "healthy_nodes_excluded": len(fleet.healthy_excluded),
         "nodes_drained": len(fleet.drained),
         "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "floor_alerts_per_cpu_s": floor(bodies(alerts, "firing", starts, first_alert_at), workdir),
+    }
+
+
+def unrelated_fault(
+    fleet: Fleet,
+    alerts: Sequence[dict[str, Any]],
+    incidents: Sequence[dict[str, Any]],
+    fleet_incidents: Sequence[dict[str, Any]],
+    first_alert_at: float,
+) -> dict[str, Any] | None:
+    """What became of the job the cause does not reach (None: no such job): its incidents, whether a fleet
+    incident took it in, the seconds from its alert's delivery to Nightshift's first change to it, and whether it
+    runs again off its failed node."""
+    job = next((j for j in fleet.jobs.values() if not j.shares_cause), None)
+    if job is None:
+        return None
+    arrives = min(a.get("arrives", 0.0) for a in alerts if a["labels"].get("slurm_job_id") == job.job_id)
+    own = [i for i in incidents if i["job"] == job.job_id]
+    in_fleet = {i["id"] for i in own} & {m for r in fleet_incidents for m in r["incidents"]}
+    acted = fleet.acted.get(job.job_id)
+    return {
+        "incidents": len(own),
+        "outcomes": [i["outcome"] for i in own],
+        "in_fleet_incident": bool(in_fleet),
+        "first_action_s": round(acted - first_alert_at - arrives, 1) if acted is not None else None,
+        "runs_off_its_fault": job.state == "RUNNING" and fleet.faulty & set(job.allocation) <= job.exc,
     }
 
 
@@ -662,8 +919,7 @@ def advance_jobs(
         if job.state == "PENDING" and 0 <= job.runs_at <= fleet.now:
             job.state, job.runs_at = "RUNNING", -1.0
             job.allocation = [n for n in job.allocation if n not in job.exc]
-            meets_it = fleet.cause == "storage" or bool(fleet.dead_leaf.intersection(job.allocation))
-            if fleet.cause_live and meets_it:
+            if fleet.cause_live and fleet.reaches(job):
                 fleet.requeues_into_outage += 1
                 job.fails_at = fleet.now + REFAIL_SECONDS
         elif job.state == "RUNNING" and 0 <= job.fails_at <= fleet.now:
@@ -672,12 +928,20 @@ def advance_jobs(
                 continue
             job.state = "FAILED"
             nodes = [n for n in job.allocation if n not in fleet.dead_leaf] or job.allocation
-            for a in job_alerts(job, nodes, "storage_io" if fleet.cause == "storage" else "nccl"):
+            error_class = "storage_io" if fleet.cause == "storage" else "nccl"
+            for a in job_alerts(job, nodes, error_class, fleet.ranks_alerting):
                 key = fingerprint(a["labels"])
                 starts[key] = fleet.now
                 firing[key] = a["labels"]
                 again.append(a)
     return again
+
+
+def cause_returns(fleet: Fleet) -> None:
+    """The cause is back: every running job it reaches meets it again."""
+    for job in fleet.jobs.values():
+        if job.state == "RUNNING" and fleet.reaches(job) and job.fails_at < 0:
+            job.fails_at = fleet.now + REFAIL_SECONDS
 
 
 def floor(payloads: Sequence[str], workdir: Path) -> float:
@@ -722,6 +986,61 @@ def run_isolated(scenario: Scenario, args: argparse.Namespace) -> dict[str, Any]
     return result
 
 
+# --- what must hold ---------------------------------------------------------------------------------------------
+
+SETTLED = 600.0  # simulated seconds after the cause is over by which every job should run again
+
+
+def invariants(r: dict[str, Any]) -> dict[str, bool]:
+    """What a trial must show, from its figures: one incident per job and spell of the cause, one fleet incident
+    per spell at most (at least one where there is a cause), pages bounded (one per fleet incident, one for the
+    storm guard, one for the blast radius, one per node taken out and held: at most the blast radius), no restart
+    into the cause but the probes, no healthy node excluded, the unrelated fault recovered outside any fleet
+    incident, and every job running again once the cause has been over for ``SETTLED`` seconds."""
+    spells = r["cause_spells"]
+    unrelated = r["unrelated"]
+    settled = r["horizon_s"] - r["cause_over_s"] >= SETTLED
+    return {
+        "incidents/job <= spells": r["max_incidents_per_job"] <= max(1, spells),
+        "fleet incidents per cause": (r["fleet_incidents"] >= 1 if spells else True)
+        and r["fleet_incidents"] <= spells,
+        "pages bounded": r["pages"] <= r["fleet_incidents"] + 2 + r["nodes_drained"],
+        "no restart into the cause but probes": r["requeues_into_outage"] <= r["probes"],
+        "no healthy node excluded": r["healthy_nodes_excluded"] == 0,
+        "unrelated fault recovered": unrelated is None
+        or (unrelated["runs_off_its_fault"] and not unrelated["in_fleet_incident"]),
+        "every job runs again": not settled or r["jobs_running_at_end"] == r["jobs"],
+    }
+
+
+def trials_markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
+    lines = [
+        f"Trials ({label}): `python -m bench.storm --trials`. Invariants as `invariants()` states them; a failed "
+        "one is named.",
+        "",
+        "| trial | alerts | alerts/CPU-s | incidents (max per job) | fleet incidents | pages (by kind) "
+        "| requeues (into the cause; probes) | jobs running at the end | unrelated fault: first action s, "
+        "recovered | failed invariants |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        unrelated = r["unrelated"]
+        fault = (
+            f"{unrelated['first_action_s']}, {'yes' if unrelated['runs_off_its_fault'] else 'no'}"
+            if unrelated
+            else "-"
+        )
+        failed = [name for name, ok in invariants(r).items() if not ok]
+        kinds = ", ".join(f"{k} {n}" for k, n in sorted(r["pages_by_kind"].items()))
+        lines.append(
+            f"| {r['scenario']}: {r['description']} | {r['alerts_delivered']:,} | {r['alerts_per_cpu_s']:,.0f} "
+            f"| {r['incidents']} ({r['max_incidents_per_job']}) | {r['fleet_incidents']} "
+            f"| {r['pages']} ({kinds or 'none'}) | {r['requeues']} ({r['requeues_into_outage']}; {r['probes']}) "
+            f"| {r['jobs_running_at_end']} of {r['jobs']} | {fault} | {', '.join(failed) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
 # --- the table ---------------------------------------------------------------------------------------------------
 
 
@@ -757,25 +1076,32 @@ def with_before(table: str, before: Path) -> str:
     return f"{table}\n\n{markdown(saved['results']['rows'], saved['params']['label'])}"
 
 
-def write_readme(table: str) -> None:
+def write_readme(table: str, begin: str = BEGIN, end: str = END, title: str = "Storms") -> None:
     text = README.read_text()
-    if BEGIN in text and END in text:
-        head, rest = text.split(BEGIN, 1)
-        _, tail = rest.split(END, 1)
-        README.write_text(f"{head}{BEGIN}\n{table}\n{END}{tail}")
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        README.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
     else:
         README.write_text(
-            text.rstrip("\n") + f"\n\n### Storms (`python -m bench.storm`)\n\n{BEGIN}\n{table}\n{END}\n"
+            text.rstrip("\n") + f"\n\n### {title} (`python -m bench.storm`)\n\n{begin}\n{table}\n{end}\n"
         )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--scenarios", default=",".join(s.name for s in SCENARIOS))
+    parser.add_argument("--scenarios", help="names, comma-separated (default: every one of the list run)")
+    parser.add_argument(
+        "--trials",
+        action="store_true",
+        help="run the trials (what a skeptical SRE tries next) and check their invariants, not the scenarios",
+    )
     parser.add_argument("--outage-minutes", type=float, default=20.0)
     parser.add_argument("--horizon-minutes", type=float, default=45.0)
     parser.add_argument("--label", default="the code as it is now")
-    parser.add_argument("--out", type=Path, default=record.RESULTS / "storm.json")
+    parser.add_argument(
+        "--out", type=Path, help="default: bench/results/storm.json (trials: storm-trials.json)"
+    )
     parser.add_argument(
         "--no-readme", action="store_true", help="do not rewrite the table in bench/README.md"
     )
@@ -786,12 +1112,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="an earlier run's results, tabled beside this one's in bench/README.md",
     )
     args = parser.parse_args(argv)
-    wanted = args.scenarios.split(",")
-    unknown = set(wanted) - {s.name for s in SCENARIOS}
+    pool = TRIALS if args.trials else SCENARIOS
+    wanted = args.scenarios.split(",") if args.scenarios else [s.name for s in pool]
+    unknown = set(wanted) - {s.name for s in pool}
     if unknown:
-        parser.error(f"unknown scenario(s): {', '.join(sorted(unknown))}")
+        parser.error(f"unknown {'trial' if args.trials else 'scenario'}(s): {', '.join(sorted(unknown))}")
+    out = args.out or record.RESULTS / ("storm-trials.json" if args.trials else "storm.json")
     rows = []
-    for scenario in (s for s in SCENARIOS if s.name in wanted):
+    for scenario in (s for s in pool if s.name in wanted):
         rows.append(run_isolated(scenario, args))
         r = rows[-1]
         print(
@@ -802,7 +1130,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             flush=True,
         )
     params = {k: v for k, v in vars(args).items() if k not in ("out", "no_readme", "before")}
-    print(f"wrote {record.write(args.out, 'storm', params, {'rows': rows})}")
+    print(f"wrote {record.write(out, 'storm-trials' if args.trials else 'storm', params, {'rows': rows})}")
+    if args.trials:
+        table = trials_markdown(rows, args.label)
+        print(table)
+        if not args.no_readme:
+            write_readme(table, TRIALS_BEGIN, TRIALS_END, "Storm trials")
+        failed = {r["scenario"]: [n for n, ok in invariants(r).items() if not ok] for r in rows}
+        for name, broken in failed.items():
+            if broken:
+                print(f"{name}: FAILED {', '.join(broken)}")
+        return 1 if any(failed.values()) else 0
     table = markdown(rows, args.label)
     print(table)
     if not args.no_readme:
