@@ -82,16 +82,19 @@ class FleetHolds:
             failures = records.open_job_failures(conn, limit=MAX_OPEN_COMPARED)
         return [f for f in failures if f.incident_id != inc.id]
 
-    def _current(self, key: str, opened_at: datetime) -> fleet.FleetRecord | None:
-        """The fleet incident ``key`` that an incident opened at ``opened_at`` belongs to: None when there is none,
-        or when it cleared more than a window before (a new outage of the same kind is a new fleet incident)."""
+    def _current(self, key: str, inc: Incident) -> fleet.FleetRecord | None:
+        """The fleet incident ``key`` that ``inc`` belongs to: None when there is none, when it cleared before
+        ``inc``'s fault began (the cause is back: a new fleet incident), or, for a domain's, when ``inc`` opened more
+        than a window after it."""
         with self.deps.store.read() as conn:
             record = read_record(conn, key)
         window = timedelta(seconds=self.deps.settings.fleet.window_seconds)
         if record is None:
             return None
-        ended = record.cleared_at or (None if record.held else record.opened_at)
-        return None if ended is not None and opened_at > ended + window else record
+        if record.cleared_at is not None:
+            return None if inc.alert_starts_at > record.cleared_at else record
+        ended = None if record.held else record.opened_at
+        return None if ended is not None and inc.opened_at > ended + window else record
 
     # --- blame: a domain's nodes, or too many culprits for a person ----------------------------------------------
 
@@ -130,7 +133,7 @@ class FleetHolds:
 
     def _unexplained(self, inc: Incident, suspects: frozenset[str]) -> policy.Blame:
         settings = self.deps.settings
-        record = self._current(fleet.UNEXPLAINED, inc.opened_at)
+        record = self._current(fleet.UNEXPLAINED, inc)
         if record is not None and record.cleared_at is not None:
             return policy.Blame(
                 message=f"fleet incident {fleet.UNEXPLAINED} {record.why}: recovering without excluding "
@@ -153,7 +156,7 @@ class FleetHolds:
     def _told(self, inc: Incident, cause: fleet.SharedCause, held: bool) -> fleet.FleetRecord:
         """The fleet incident of ``cause``, opened and told once (a new one once the last cleared or, for a
         domain's, a window after it opened)."""
-        record = self._current(cause.key, inc.opened_at)
+        record = self._current(cause.key, inc)
         if record is None:
             record = fleet.FleetRecord(cause.key, cause.kind, cause.summary, self.deps.clock.now(), held=held)
             self._open(inc, record)
@@ -169,7 +172,7 @@ class FleetHolds:
         if inc.kind != IncidentKind.JOB or failure.category not in fleet.SHARED_CATEGORIES:
             return None, inc  # a domain's jobs are recovered off it (exclusion: blame), not held
         now = deps.clock.now()
-        record = self._current(failure.category, inc.opened_at)
+        record = self._current(failure.category, inc)
         if record is not None and record.cleared_at is not None:
             due = record.cleared_at + fleet.release_delay(inc.id, settings.release_jitter_seconds)
             return None if now >= due else due, inc
@@ -310,7 +313,7 @@ class FleetHolds:
         category = inc.labels.get("error_class")
         if inc.kind != IncidentKind.JOB or category not in fleet.SHARED_CATEGORIES:
             return None
-        record = self._current(category, inc.opened_at)
+        record = self._current(category, inc)
         sample = self.deps.settings.fleet.diagnosis_sample
         if record is None or record.cleared_at or record.diagnosis is None or len(record.sampled) < sample:
             return None
@@ -441,7 +444,7 @@ class FleetHolds:
         category = _failure(inc).category
         if category not in fleet.SHARED_CATEGORIES:
             return False
-        record = self._current(category, inc.opened_at)
+        record = self._current(category, inc)
         return record is not None and record.cleared_at is not None and inc.id in record.incidents
 
     def count_restart(self, conn: Connection, now: datetime) -> None:

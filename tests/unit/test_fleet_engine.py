@@ -117,6 +117,39 @@ def test_held_jobs_stay_held_when_their_alerts_resolve_and_go_when_the_clear_que
     assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(JOBS)
 
 
+def test_jobs_failing_after_the_fleet_incident_cleared_are_held_by_a_new_one_not_released_into_the_cause(
+    tmp_path,
+):
+    """A flapping file system (bench/storm.py storage-flapping): the jobs restarted when it cleared fail again as it
+    comes back, within the fleet window of the clear. Their faults began after the clear: a new fleet incident holds
+    them, told once; they are not late members of the cleared one, released into the outage."""
+    w = world(tmp_path, clear_queries={"storage_io": CLEAR_QUERY})
+    w.prometheus.answers[CLEAR_QUERY] = [FakeSample({"job": "storage"}, 0)]  # the file system is down
+    fail_together(w)
+    first = {i["id"] for i in w.incidents()}
+    w.prometheus.answers[CLEAR_QUERY] = []  # back
+    for j in JOBS:
+        w.prometheus.answers[f'increase(training_step_total{{slurm_job_id="{j}"}}[2m]) > 0'] = [
+            FakeSample({}, 1)
+        ]
+    for _ in range(6):
+        w.clock.advance(30)
+        w.run()
+    assert sorted(c["job"] for c in w.requeue.script.calls) == sorted(JOBS)
+    assert {w.incident(i)["outcome"] for i in first} == {"recovered"}
+    # Down again: every job fails again (its errors a new alert instance), a minute after the clear.
+    w.prometheus.answers.clear()
+    w.prometheus.answers[CLEAR_QUERY] = [FakeSample({"job": "storage"}, 0)]
+    w.send(*(firing(j, at=timedelta(seconds=w.clock.now().timestamp() - START.timestamp())) for j in JOBS))
+    for _ in range(70):  # 35 minutes: past the first restarts' cooldown (30 min)
+        w.clock.advance(30)
+        w.run()
+    assert len(w.requeue.script.calls) == len(JOBS)  # none restarted into the outage
+    again = {i["id"] for i in w.incidents()} - first
+    assert len(again) == len(JOBS) and sorted(record(w).incidents) == sorted(again)
+    assert record(w).cleared_at is None and len(ledger(w, "fleet_incident")) == 2
+
+
 def test_without_a_clear_query_one_probe_job_restarts_alone_and_its_recovery_releases_the_others(tmp_path):
     w = world(tmp_path, probe_after_seconds=300, probe_max_seconds=3600)
     fail_together(w)
