@@ -105,6 +105,8 @@ class IncidentRow(Protocol):
     def labels(self) -> Mapping[str, str]: ...
     @property
     def alert_starts_at(self) -> datetime: ...
+    @property
+    def alert_resolved(self) -> bool: ...
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,7 @@ class Subject:
     has_recheck: bool = False
     alertname: str = "alert"
     fault_at: datetime | None = None  # when the incident's first alert started
+    alerts_resolved: bool = False  # every alert resolved (a job's restart that waited past them)
     # How long a running job's own launcher (torchrun --max-restarts, a pod's restart policy) is given to bring it
     # back before Nightshift acts (the playbook's ``self_recovery``; None: act at once).
     self_recovery: timedelta | None = None
@@ -138,6 +141,7 @@ class Subject:
             has_recheck=has_recheck,
             alertname=row.labels.get("alertname", "alert"),
             fault_at=row.alert_starts_at,
+            alerts_resolved=row.alert_resolved,
             self_recovery=self_recovery,
         )
 
@@ -371,6 +375,11 @@ def _job(subject: Subject, facts: Facts) -> Decision:
     if status is not None and status.phase == JobPhase.COMPLETED:
         reason = f"job {subject.job} is {status.state}: it ended on purpose or normally, nothing to recover"
         return Close(IncidentOutcome.COMPLETED, reason)
+    if subject.alerts_resolved and status is not None and status.phase == JobPhase.RUNNING:
+        reason = (
+            f"its alerts resolved while its restart waited, and job {subject.job} runs: nothing to recover"
+        )
+        return Close(IncidentOutcome.RESOLVED, reason)
     if code_at_fault(subject):
         return _to_a_person(subject, learned)
     if facts.fleet is None:

@@ -589,11 +589,10 @@ def is_held(incident: Incident) -> bool:
 
 
 def waits_for_restart(incident: Incident) -> bool:
-    """Whether a job incident's restart waits on the fleet: on a shared cause, or for its turn past the storm guard.
-    Its alerts resolving meanwhile says nothing about the job (a dead job's error rate, an Xid's count window, fall
-    back within minutes whether or not it runs again): it is not closed for it, and its restart, once allowed, goes
-    ahead without the playbook's re-check of those alerts."""
-    storm = incident.held_by_guard and incident.reason.startswith(STORM_PREFIX)
-    return is_held(incident) or (
-        storm and incident.kind == IncidentKind.JOB and incident.open_key is not None
-    )
+    """Whether a job incident's restart waits: on a shared cause, or on a guard (the storm guard's turn, the budget's
+    backoff, a cooldown, the blast radius, the kill switch). Its alerts resolving meanwhile says nothing about the
+    job (a dead job's error rate, an Xid's count window, fall back within minutes whether or not it runs again): it
+    is not closed for it; once allowed, the policy reads the job (running: closed, nothing to recover) and restarts
+    a dead one without the playbook's re-check of those alerts."""
+    guarded = incident.held_by_guard and incident.kind == IncidentKind.JOB and incident.open_key is not None
+    return is_held(incident) or guarded

@@ -621,3 +621,36 @@ def test_the_fleet_reads_open_job_incidents_as_their_whole_rows_say(tmp_path, ur
         ("77", "storage_io", True, False),
         ("78", "nccl", False, False),
     ]
+
+
+@pytest.mark.parametrize(("later", "requeued"), [("FAILED", True), ("RUNNING", False)])
+def test_a_job_whose_restart_waits_on_a_guard_is_not_abandoned_when_its_alerts_resolve(
+    tmp_path, later, requeued
+):
+    """A job that fails again soon after its recovery waits out its budget's backoff; its alerts resolve meanwhile,
+    as a dead job's do within minutes. It is not closed 'blocked' (left dead for good, unpaged: bench/storm.py
+    storage-flapping): once the guard allows, a dead job is restarted, a running one closed as resolved."""
+    w = episode_world(tmp_path, slurm=FakeSlurm({"4242": ("FAILED", "node1,node2")}))
+    w.prometheus.answers[EPISODE_VERIFY] = [FakeSample({}, 1)]
+    w.send(alert(nccl("node1", 0)))
+    for _ in range(4):
+        w.clock.advance(46)
+        w.run()
+    (first,) = w.incidents()
+    assert first["outcome"] == "recovered" and len(w.requeue.script.calls) == 1
+    again = w.clock.now()
+    w.send(alert(nccl("node1", 0), starts_at=again))
+    w.clock.advance(46)
+    w.run()
+    (waiting,) = [i for i in w.incidents() if i["id"] != first["id"]]
+    assert waiting["reason"].startswith("backoff") and waiting["outcome"] is None
+    w.clock.advance(300)  # the dead job's error rate falls back: its alert resolves
+    w.send(alert(nccl("node1", 0), status="resolved", starts_at=again, ends_at=w.clock.now()))
+    w.run()
+    assert w.incident(waiting["id"])["outcome"] is None  # still waiting for the backoff, not 'blocked'
+    w.slurm.jobs["4242"] = (later, "node1,node2")
+    for _ in range(40):  # the backoff and the cooldown (30 min after the recovery), then the verification
+        w.clock.advance(60)
+        w.run()
+    assert len(w.requeue.script.calls) == (2 if requeued else 1)
+    assert w.incident(waiting["id"])["outcome"] == ("recovered" if requeued else "resolved")
