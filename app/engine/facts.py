@@ -23,7 +23,6 @@ from app.domain.templates import render_promql
 from app.engine import guard_facts
 from app.engine.context import template_context
 from app.engine.deps import EngineDeps
-from app.engine.fleet_hold import waits_for_restart
 from app.engine.repair import plan_repair
 from app.store.rows import Incident, Repair
 
@@ -81,8 +80,9 @@ def decide_with(
     facts it was made on, and the incident's row as gathering left it (diagnosed, held)."""
     facts = policy.Facts(now=deps.clock.now(), limits=limits(deps), diagnosed=diagnosed)
     for _ in range(MAX_GATHERS):
-        # A job whose alerts resolved while the fleet held its restart: the re-check of them would say nothing.
-        recheck = bool(playbook.recheck) and not (inc.alert_resolved and waits_for_restart(inc))
+        # A job whose alerts resolved (while its restart waited, or after an attempt that did not bring it back): the
+        # re-check of them would say nothing; the policy reads the job itself.
+        recheck = bool(playbook.recheck) and not (inc.alert_resolved and inc.kind == IncidentKind.JOB)
         decision = policy.decide(policy.Subject.of(inc, recheck, playbook.self_recovery), facts)
         if not isinstance(decision, policy.Gather):
             return decision, facts, inc

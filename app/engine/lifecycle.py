@@ -371,7 +371,9 @@ class Lifecycle:
         return None, inc
 
     def _attempt_failed(self, inc: Incident, reason: str) -> datetime | None:
-        if inc.alert_resolved:
+        # A job's alerts resolving says nothing of it (a dead job's error rate falls within minutes): the policy
+        # reads the job instead (running: resolved; dead: the guard chain, as below).
+        if inc.alert_resolved and inc.kind != IncidentKind.JOB:
             return self._close(inc, IncidentOutcome.FAILED, reason)
         # The guard chain decides what comes next: backoff, another attempt, or needs_human when the budget is spent.
         self._transition(lambda conn, now: transitions.attempt_failed(conn, now, inc, reason))

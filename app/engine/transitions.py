@@ -669,7 +669,8 @@ def resolved_before_acting(
 
 
 def alert_resolved(conn: Connection, now: datetime, inc: Incident, message: str) -> Incident:
-    """Every alert resolved while the incident acts (its verification finishes; a failed attempt is not retried),
+    """Every alert resolved while the incident acts (its verification finishes; a failed attempt is not retried,
+    but a job's, whose alerts say nothing of it, is: lifecycle ``_attempt_failed``),
     or while a worker holds it before acting (it closes at the worker's next look, which is now: poked)."""
     return _write(
         conn,

@@ -654,3 +654,27 @@ def test_a_job_whose_restart_waits_on_a_guard_is_not_abandoned_when_its_alerts_r
         w.run()
     assert len(w.requeue.script.calls) == (2 if requeued else 1)
     assert w.incident(waiting["id"])["outcome"] == ("recovered" if requeued else "resolved")
+
+
+def test_a_job_that_fails_again_while_its_recovery_is_verified_is_retried_though_its_first_alerts_resolved(
+    tmp_path,
+):
+    """The first alerts resolve while the requeued job is verified; the job fails again (a new alert attaches): at
+    the verification's timeout the attempt failed and is retried, not closed 'failed' as if its alerts were all
+    resolved (bench/storm.py storage-flapping: 19 jobs paged and left dead)."""
+    w = episode_world(tmp_path, slurm=FakeSlurm({"4242": ("FAILED", "node1,node2")}))
+    w.send(alert(nccl("node1", 0)))
+    w.clock.advance(46)
+    w.run()
+    assert len(w.requeue.script.calls) == 1
+    (incident,) = w.incidents()
+    w.clock.advance(120)
+    w.send(alert(nccl("node1", 0), status="resolved", ends_at=w.clock.now()))
+    w.run()
+    w.clock.advance(60)
+    w.send(alert(nccl("node1", 0), starts_at=w.clock.now()))  # it failed again
+    for _ in range(40):  # the verification's timeout (5 min), the budget's backoff (10 min)
+        w.clock.advance(60)
+        w.run()
+    assert w.incident(incident["id"])["outcome"] != "failed"
+    assert len(w.requeue.script.calls) >= 2  # retried
