@@ -23,6 +23,9 @@ Scenarios (``--scenarios``; every one by default):
 Trials (``--trials``; what a skeptical SRE tries next, each checked against :func:`invariants`; not in ``make
 bench``: together they take minutes, and their verdicts, not their speed, are the point):
 
+* ``rack-power``: a rack of 16 nodes (inside a leaf of 64; the rack a topology/block block) loses power: 16
+  silent exporters, 16 nodes down, 4 jobs inside it requeued by Slurm itself, a job straddling its edge losing 4 of
+  its 8 nodes.
 * ``driver-rollout``: a bad driver: within 3 minutes a GPU fails (Xid 79 or 119) on one node of each of 36 jobs,
   each job on a leaf of its own; nothing is shared.
 * ``storage-xid``: ``storage-1000``, and 5 minutes in, an Xid 79 under a job that does not use that storage.
@@ -105,7 +108,7 @@ REFAIL_SECONDS = 90.0  # a restarted job meets the cause again after this long
 # after its last error, whether or not the cause is over.
 ERRORS_RESOLVE_SECONDS = 300.0
 # The alerts a shared cause raises (resolved when it clears); an Xid is the node's own fault.
-CAUSE_ALERTS = ("TrainingJobError", "DcgmExporterDown")
+CAUSE_ALERTS = ("TrainingJobError", "DcgmExporterDown", "SlurmNodeDown")
 # Alerts that resolve ERRORS_RESOLVE_SECONDS after they began (an error counter, an Xid's windowed count).
 SELF_RESOLVING = ("TrainingJobError", "GpuXidError")
 # alerts/alertmanager.yml's group_by: one notification per node and job.
@@ -159,6 +162,7 @@ class Fleet:
     ranks_alerting: int = RANKS_PER_NODE  # the ranks of a node whose errors are alerts
     repeat_seconds: float = 0.0  # Alertmanager re-sends every firing group this often (0: past the horizon)
     group_by: tuple[str, ...] = GROUP_BY
+    rack_nodes: int = 0  # racks of this many nodes inside the leaves (topology/block blocks), 0: none
     acted: dict[str, float] = field(default_factory=dict)  # job -> when Nightshift first changed it
 
     @property
@@ -415,6 +419,12 @@ def exporter_alert(node: str) -> dict[str, Any]:
     return {"labels": labels, "at": 30.0}
 
 
+def node_down_alert(node: str) -> dict[str, Any]:
+    """SlurmNodeDown (rules/node.yml): DOWN or NOT_RESPONDING for 5 minutes."""
+    labels = {"alertname": "SlurmNodeDown", "severity": "critical", "node_name": node, "Hostname": node}
+    return {"labels": labels, "at": 0.0, "arrives": 300.0}
+
+
 def job_alerts(
     job: SimJob, nodes: Sequence[str], error_class: str, ranks: int = RANKS_PER_NODE
 ) -> list[dict[str, Any]]:
@@ -545,6 +555,24 @@ def driver_rollout(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]
     return fleet, alerts
 
 
+def rack_power_loss(args: argparse.Namespace) -> tuple[Fleet, list[dict[str, Any]]]:
+    """A rack of 16 nodes (inside a leaf of 64) loses power: its exporters go silent, Slurm marks its nodes down;
+    4 jobs of 3 nodes inside it die unseen (Slurm requeues them itself, NODE_FAIL) and a job of 8 nodes straddling
+    its edge loses its 4 ranks' nodes inside: its 4 nodes outside log the lost peers."""
+    rack = 16
+    dead = {node_name(80 + i) for i in range(rack)}  # rack5, in leaf1
+    inside = [SimJob(str(4000 + k), [node_name(80 + 3 * k + i) for i in range(3)]) for k in range(4)]
+    straddling = SimJob("4004", [node_name(92 + i) for i in range(8)])
+    fleet = _fleet(4 * LEAF_NODES, [*inside, straddling], dead, "power", args)
+    fleet.rack_nodes = rack
+    for job in inside:  # NODE_FAIL: requeued by Slurm, back once the rack is
+        job.state, job.runs_at = "PENDING", fleet.outage_until + RESTART_SECONDS
+    straddling.log, straddling.state = leaf_log(straddling, [96, 97, 98, 99], [92, 93, 94, 95], 0.0), "FAILED"
+    alerts = job_alerts(straddling, straddling.allocation[4:], "nccl")
+    alerts += [exporter_alert(n) for n in sorted(dead)] + [node_down_alert(n) for n in sorted(dead)]
+    return fleet, alerts
+
+
 def unrelated_job(fleet: Fleet, first: int) -> SimJob:
     """A job of 8 nodes from node ``first`` that does not use what the cause breaks (its own storage)."""
     job = SimJob("19999", [node_name(first + i) for i in range(8)], shares_cause=False)
@@ -595,6 +623,9 @@ SCENARIOS = [
 ]
 # What a skeptical SRE tries next.
 TRIALS = [
+    Scenario(
+        "rack-power", "a rack of 16 nodes loses power under 5 jobs, one straddling it", 256, rack_power_loss
+    ),
     Scenario("driver-rollout", "Xid 79/119 on one node of each of 36 jobs in 3 min", 2304, driver_rollout),
     Scenario("storage-xid", "storage-1000, and an Xid 79 under an unrelated job", 1008, storage_and_xid),
     Scenario(
@@ -670,13 +701,23 @@ def bodies(
 
 
 def write_topology(fleet: Fleet, workdir: Path) -> Path:
-    """topology.conf: leaves of LEAF_NODES nodes under one spine."""
+    """topology.conf: leaves of LEAF_NODES nodes under one spine; where the fleet has racks, each rack's nodes as a
+    block (the file's way to name a group of nodes smaller than a leaf)."""
     leaves = range((fleet.size + LEAF_NODES - 1) // LEAF_NODES)
     lines = [
         f"SwitchName=leaf{k} Nodes=gpu[{k * LEAF_NODES:05d}-{min(fleet.size, (k + 1) * LEAF_NODES) - 1:05d}]"
         for k in leaves
     ]
     lines.append(f"SwitchName=spine Switches=leaf[0-{len(leaves) - 1}]")
+    size = fleet.rack_nodes
+    lines += (
+        [
+            f"BlockName=rack{k} Nodes=gpu[{k * size:05d}-{(k + 1) * size - 1:05d}]"
+            for k in range(fleet.size // size)
+        ]
+        if size
+        else []
+    )
     path = workdir / "topology.conf"
     path.write_text("\n".join(lines) + "\n")
     return path
