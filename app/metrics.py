@@ -53,6 +53,11 @@ class Metrics:
         self.webhook_requests = Counter(
             "nightshift_webhook_requests", "Webhook requests, by HTTP status code.", ["code"], registry=r
         )
+        self.alerts_truncated = Counter(
+            "nightshift_alerts_truncated",
+            "Alerts Alertmanager left out of the notifications it sent (its max_alerts: truncatedAlerts).",
+            registry=r,
+        )
         self.incidents_opened = Counter(
             "nightshift_incidents_opened", "Incidents opened, by playbook.", ["playbook"], registry=r
         )

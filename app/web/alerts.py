@@ -58,6 +58,15 @@ def receive():
         response = error(503, str(exc))
         response.headers["Retry-After"] = str(exc.retry_after)
         return response
+    if notification.truncated_alerts:
+        # The group was larger than Alertmanager's max_alerts: the alerts past it never reach Nightshift.
+        metrics.alerts_truncated.inc(notification.truncated_alerts)
+        log.warning(
+            "webhook: Alertmanager left %d alert(s) of group %r out of its notification (max_alerts); group finer "
+            "(alerts/README.md)",
+            notification.truncated_alerts,
+            notification.group_key,
+        )
     log.debug(
         "webhook: %d alert(s) from receiver %r queued as inbox %d",
         len(notification.alerts),

@@ -77,7 +77,7 @@ def test_shipped_config_routes_everything_to_nightshift_and_to_people() -> None:
     assert webhook == {
         "url": "http://127.0.0.1:8080/api/v1/alerts",
         "send_resolved": True,
-        "max_alerts": 0,
+        "max_alerts": 500,
         "http_config": {
             "authorization": {"type": "Bearer", "credentials_file": "/etc/alertmanager/nightshift.token"}
         },

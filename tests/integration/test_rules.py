@@ -59,6 +59,7 @@ ALERTS = {
     "NightshiftIncidentsNeedPeople",
     "NightshiftNodesHeld",
     "NightshiftWebhookRejecting",
+    "NightshiftAlertsTruncated",
     "NightshiftPaused",
 }
 

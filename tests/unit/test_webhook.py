@@ -11,7 +11,7 @@ from sqlalchemy import create_engine
 
 from app.config import Settings
 from app.domain.errors import ConfigError
-from tests.payloads import alert, body, ingest_inbox, xid
+from tests.payloads import alert, body, ingest_inbox, payload, xid
 from tests.webapps import OPERATOR, TOKEN, auth, make_app, reader_client, webhook_settings, write
 
 
@@ -187,6 +187,20 @@ def test_health_and_metrics(client):
     assert 'nightshift_incidents_total{outcome="recovered"} 0.0' in text  # present before the first one
     assert (
         "nightshift_inbox_pending 0.0" in text and "nightshift_inbox_oldest_pending_age_seconds 0.0" in text
+    )
+
+
+def test_alerts_alertmanager_left_out_are_counted_and_the_rest_taken(client, caplog):
+    """A group past Alertmanager's max_alerts arrives cut, with truncatedAlerts counting the rest: the alerts that
+    came are taken, the missing ones counted (NightshiftAlertsTruncated fires on it) and logged with the group."""
+    cut = payload(alert(xid()), alert(xid(node="node2")))
+    cut["truncatedAlerts"] = 498
+    response = client.post("/api/v1/alerts", data=json.dumps(cut), headers=auth())
+    assert response.status_code == 200 and response.json["alerts"] == 2
+    text = client.get("/metrics").get_data(as_text=True)
+    assert "nightshift_alerts_truncated_total 498.0" in text
+    assert any(
+        "left 498 alert(s)" in r.getMessage() and cut["groupKey"] in r.getMessage() for r in caplog.records
     )
 
 
