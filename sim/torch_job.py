@@ -173,6 +173,7 @@ def submit(
 
 _RESUMED = re.compile(r"\[rank0\]: resuming from step (\d+) \(loss (\S+),")
 _LOSS = re.compile(r"\[rank0\]: step (\d+) loss: (\S+)")
+_SAVED = re.compile(r"\[rank0\]: saved checkpoint \S+ \(step (\d+), loss ([^)\s]+)\)")
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,12 @@ class Resume:
 def resumes(log: str) -> list[Resume]:
     """Every resume in a job's log (rank 0's lines; the other ranks load the same checkpoint), oldest first."""
     return [Resume(int(step), float(loss)) for step, loss in _RESUMED.findall(log)]
+
+
+def saves(log: str) -> list[tuple[int, float]]:
+    """(step, loss) of every checkpoint rank 0 saved, in log order: the loss is the one saved with it (a save on
+    request lands on any step, where no loss line may have been logged)."""
+    return [(int(step), float(loss)) for step, loss in _SAVED.findall(log)]
 
 
 def losses(log: str) -> list[tuple[int, float]]:

@@ -153,7 +153,10 @@ def assert_resumed_from_checkpoint(scenario: Scenario) -> None:
     """The run after the restart loaded the newest checkpoint (or a newer one) and its loss continues."""
     resume = torch_job.resumes(scenario.log)[-1]
     assert resume.step >= scenario.checkpoint > 0
-    saved = {step: loss for step, loss in torch_job.losses(scenario.log) if step == resume.step}
+    # The loss logged with the newest save of that step before the resume: a save on request lands on any step,
+    # not only on the steps whose loss is logged (under load, seen: the requested save at a step between them).
+    before = scenario.log.rsplit("resuming from step", 1)[0]
+    saved = {step: loss for step, loss in torch_job.saves(before) if step == resume.step}
     assert saved and abs(saved[resume.step] - resume.loss) < 1e-3  # the checkpoint's loss is the one saved
     after = [
         loss
