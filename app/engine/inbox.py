@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 from sqlalchemy import Connection
@@ -40,10 +39,32 @@ NEW_ALERTS, REPEATS = 0, 1  # inbox lanes
 RETRY_AFTER_SECONDS = 30  # what a refused sender is told (Alertmanager retries on its own backoff anyway)
 
 
-@dataclass
-class _Parsed:
+@dataclass(frozen=True)
+class _Portion:
+    """The alerts ``start`` to ``end`` of a queued notification that one batch ingests."""
+
     inbox_id: int
-    notification: Notification
+    start: int
+    end: int
+    alert_count: int
+
+
+def take(queued: Sequence[records.Row], batch: int) -> list[_Portion]:
+    """What one transaction ingests of the queue's head (as :func:`records.next_inbox` orders it): the first
+    notification's next ``batch`` alerts and, while they fit, the next notifications of the same lane whole (a batch
+    never mixes the lanes: new alerts go before every repeat, not beside them)."""
+    portions: list[_Portion] = []
+    room = batch
+    for row in queued:
+        if portions and (row["lane"] != queued[0]["lane"] or row["alert_count"] - row["next_alert"] > room):
+            break
+        start = row["next_alert"]
+        end = min(row["alert_count"], start + room)
+        portions.append(_Portion(row["id"], start, end, row["alert_count"]))
+        room -= end - start
+        if room <= 0:
+            break
+    return portions
 
 
 class Inbox:
@@ -53,39 +74,38 @@ class Inbox:
     def __init__(self, deps: EngineDeps):
         self.deps = deps
         self.wakeup = Wakeup(Path(deps.settings.data_dir) / SOCKET_NAME)
-        # The notification being ingested, parsed once for all its batches (one worker thread per process).
-        self._parsed: _Parsed | None = None
+        # The notifications of the batch being ingested, parsed once for all their batches (the look ahead's and
+        # the transaction's; one worker thread per process): a notification larger than a batch stays here.
+        self._parsed: dict[int, Notification] = {}
         self._parsed_lock = threading.Lock()
 
     def accept(self, notification: Notification, body: bytes) -> int:
-        """Commit the notification as received and return its inbox id. Raises StoreUnavailable or, past the
-        backlog bound, InboxFull (both → 503, retried by Alertmanager)."""
+        """Commit the notification as received and return its inbox id, in one transaction. Raises StoreUnavailable
+        or, past the backlog bound, InboxFull (both → 503, retried by Alertmanager; nothing is written)."""
         deps = self.deps
-        lane, new = self._lane(notification)
+        firing = {(a.fingerprint, a.starts_at) for a in notification.alerts if a.status == "firing"}
         with deps.store.transaction() as conn:
+            new = firing - records.known_instances(conn, firing)
+            self._admit(records.inbox_backlog(conn), notification, bool(new))
             inbox_id = records.enqueue_notification(
                 conn,
                 deps.clock.now(),
                 notification.receiver,
                 len(notification.alerts),
                 body.decode("utf-8"),
-                lane=lane,
+                lane=NEW_ALERTS if new else REPEATS,
                 new_instances=new,
             )
         self.wakeup.set()
-        firing = sum(alert.status == "firing" for alert in notification.alerts)
-        deps.metrics.alerts_received.labels("firing").inc(firing)
-        deps.metrics.alerts_received.labels("resolved").inc(len(notification.alerts) - firing)
+        firing_alerts = sum(alert.status == "firing" for alert in notification.alerts)
+        deps.metrics.alerts_received.labels("firing").inc(firing_alerts)
+        deps.metrics.alerts_received.labels("resolved").inc(len(notification.alerts) - firing_alerts)
         return inbox_id
 
-    def _lane(self, notification: Notification) -> tuple[int, set[tuple[str, datetime]]]:
-        """The notification's lane and its firing alert instances nobody has seen (in the store or carried by a
-        queued notification); raises InboxFull when the backlog refuses it."""
+    def _admit(self, backlog: int, notification: Notification, new: bool) -> None:
+        """Raise InboxFull when the backlog refuses the notification (``new``: it carries firing alert instances
+        nobody has seen, in the store or carried by a queued notification)."""
         bound = self.deps.settings.webhook.max_inbox_alerts
-        with self.deps.store.read() as conn:
-            backlog = records.inbox_backlog(conn)
-            firing = {(a.fingerprint, a.starts_at) for a in notification.alerts if a.status == "firing"}
-            new = firing - records.known_instances(conn, firing)
         limit = 2 * bound if new else bound
         if backlog > 0 and backlog + len(notification.alerts) > limit:
             what = "new alerts" if new else "repeats only"
@@ -94,58 +114,62 @@ class Inbox:
                 f"{len(notification.alerts)} alert(s), {what}, refused; retry later",
                 retry_after=RETRY_AFTER_SECONDS,
             )
-        return (NEW_ALERTS, new) if new else (REPEATS, set())
 
     def ingest_next(self) -> IngestResult | None:
-        """Ingest the next batch of the first pending notification (new alerts first, then the oldest): what it
-        did, or None when the inbox is empty.
+        """Ingest the next batch of the queue (new alerts first, then the oldest; several notifications when they
+        fit in ``worker.inbox_batch_alerts``): what it did, or None when the inbox is empty.
 
         A notification set aside gives an empty result."""
+        return self._ingest(self.deps.settings.worker.inbox_batch_alerts)
+
+    def _ingest(self, notifications: int) -> IngestResult | None:
+        """Ingest the alerts :func:`take` takes of the first ``notifications`` queued. A batch that raises is rolled
+        back and its first notification ingested alone; one notification that raises is set aside."""
         deps = self.deps
         batch = deps.settings.worker.inbox_batch_alerts
         with deps.store.read() as conn:
-            ahead = records.peek_inbox(conn)
-            if ahead is None:
+            ahead = take(records.peek_inbox(conn, notifications), batch)
+            if not ahead:
                 return None
-            upcoming = self._upcoming(conn, ahead, batch) if deps.workloads is not None else ()
+            upcoming = [a for _, a in self._alerts(conn, ahead)] if deps.workloads is not None else []
         # The Kubernetes jobs of those alerts, looked up before the write transaction and outside the read: never a
-        # network call inside a transaction. If another worker takes that notification meanwhile, the next one's
-        # alerts are looked up on its own turn, and any not looked up are ingested on their labels alone.
+        # network call inside a transaction. If another worker takes those notifications meanwhile, the next ones'
+        # alerts are looked up on their own turn, and any not looked up are ingested on their labels alone.
         prefetch_workloads(deps, upcoming)
         result = IngestResult()
-        inbox_id: int | None = None
+        portions: list[_Portion] = []
         try:
             with deps.store.transaction() as conn:
-                row = records.next_inbox(conn)
-                if row is None:
-                    return None  # another worker took the last one
-                inbox_id = row["id"]
-                notification = self._notification(inbox_id, row["alert_count"], lambda: row["body"])
-                assert notification is not None  # the row, locked, holds its body
-                start = row["next_alert"]
-                chunk = notification.alerts[start : start + batch]
-                ingest_alerts(deps, conn, notification, chunk, deps.clock.now(), result)
-                records.ingested(conn, inbox_id, start, start + len(chunk), row["alert_count"])
+                portions = take(records.next_inbox(conn, notifications), batch)
+                if not portions:
+                    return None  # another worker took the last ones
+                entries = self._alerts(conn, portions)
+                ingest_alerts(deps, conn, entries, deps.clock.now(), result)
+                records.ingested(conn, [(p.inbox_id, p.start, p.end, p.alert_count) for p in portions])
         except StoreUnavailable:
             raise
         except Exception as exc:
-            if inbox_id is None:
+            if len(portions) > 1:
+                log.warning(
+                    "inbox: a batch of %d notifications failed (%s); the first alone", len(portions), exc
+                )
+                return self._ingest(1)
+            if not portions:
                 raise
-            self._set_aside(inbox_id, exc)
+            self._set_aside(portions[0].inbox_id, exc)
             return IngestResult()
         publish(deps, result)
         return result
 
-    def _upcoming(self, conn: Connection, ahead: records.Row, batch: int) -> Sequence[Alert]:
-        """The alerts of the next batch of the notification the look ahead found (none if it is gone since)."""
-        inbox_id = ahead["id"]
-        notification = self._notification(
-            inbox_id, ahead["alert_count"], lambda: records.inbox_body(conn, inbox_id)
-        )
-        if notification is None:
-            return ()  # ingested by another worker since the look ahead
-        start = ahead["next_alert"]
-        return notification.alerts[start : start + batch]
+    def _alerts(self, conn: Connection, portions: Sequence[_Portion]) -> list[tuple[Notification, Alert]]:
+        """The portions' alerts, each with its notification (a notification gone since it was queued: none)."""
+        notifications = self._notifications(conn, portions)
+        return [
+            (notifications[p.inbox_id], alert)
+            for p in portions
+            if p.inbox_id in notifications
+            for alert in notifications[p.inbox_id].alerts[p.start : p.end]
+        ]
 
     def ingest_all(self) -> IngestResult:
         """Ingest until the inbox is empty (tests, tools): what every batch did, together."""
@@ -154,19 +178,21 @@ class Inbox:
             total.add(result)
         return total
 
-    def _notification(
-        self, inbox_id: int, alert_count: int, body: Callable[[], str | None]
-    ) -> Notification | None:
-        """The queued notification, parsed once for all its batches (``body`` is read only when it is not parsed
-        yet; None: it is gone)."""
+    def _notifications(self, conn: Connection, portions: Sequence[_Portion]) -> dict[int, Notification]:
+        """The portions' notifications, parsed once for the look ahead and the transaction, and for all the batches
+        of one larger than a batch (a body is read only when it is not parsed yet; one gone is left out). The parses
+        of earlier batches are forgotten."""
         with self._parsed_lock:
-            if self._parsed is None or self._parsed.inbox_id != inbox_id:
-                text = body()
-                if text is None:
-                    return None
+            wanted = [p.inbox_id for p in portions]
+            missing = [inbox_id for inbox_id in wanted if inbox_id not in self._parsed]
+            counts = {p.inbox_id: p.alert_count for p in portions}
+            for inbox_id, text in records.inbox_bodies(conn, missing).items() if missing else ():
                 # Validated at the door already; the webhook's size limit does not apply twice.
-                self._parsed = _Parsed(inbox_id, parse_notification(text, max_alerts=alert_count))
-            return self._parsed.notification
+                self._parsed[inbox_id] = parse_notification(text, max_alerts=counts[inbox_id])
+            self._parsed = {
+                inbox_id: self._parsed[inbox_id] for inbox_id in wanted if inbox_id in self._parsed
+            }
+            return dict(self._parsed)
 
     def _set_aside(self, inbox_id: int, exc: Exception) -> None:
         log.exception("inbox %d: ingestion failed; set aside", inbox_id)

@@ -25,6 +25,7 @@ from app.engine.deps import EngineDeps, Target, render_target
 from app.engine.effects import tell
 from app.store import records, repairs
 from app.store.rows import Incident
+from app.workloads import Resolution
 
 # Notices of unmatched alerts per ingestion (a storm of them is one ledger row each, not a message each).
 MAX_UNMATCHED_NOTICES = 5
@@ -62,7 +63,8 @@ def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
     result = IngestResult()
     prefetch_workloads(deps, notification.alerts)
     with deps.store.transaction() as conn:
-        ingest_alerts(deps, conn, notification, notification.alerts, deps.clock.now(), result)
+        entries = [(notification, alert) for alert in notification.alerts]
+        ingest_alerts(deps, conn, entries, deps.clock.now(), result)
     publish(deps, result)
     return result
 
@@ -70,17 +72,54 @@ def ingest(deps: EngineDeps, notification: Notification) -> IngestResult:
 def ingest_alerts(
     deps: EngineDeps,
     conn: Connection,
-    notification: Notification,
-    alerts: Sequence[Alert],
+    entries: Sequence[tuple[Notification, Alert]],
     now: datetime,
     result: IngestResult,
 ) -> None:
-    """Record these alerts of the notification and open/attach/close incidents, inside the caller's transaction."""
-    with records.ledger_batch(conn):
-        stored = records.stored_alerts(conn, alerts)
-        for alert in alerts:
-            _ingest_alert(deps, conn, notification, alert, now, result, stored)
+    """Record these alerts (each with its notification) and open/attach/close incidents, inside the caller's
+    transaction, in order. What each firing alert matches is worked out first, so that the batch reads its
+    alerts and the open incidents of their episodes once (:func:`records.alert_batch_of`)."""
+    matches = [_matches(deps, alert) if alert.status == "firing" else None for _, alert in entries]
+    open_keys = [
+        t.episode.open_key for m in matches if m is not None for t in m.targets if t.episode is not None
+    ]
+    with records.ledger_batch(conn), records.alert_batch_of(conn, entries, now, open_keys):
+        for (notification, alert), matched in zip(entries, matches, strict=True):
+            _ingest_alert(deps, conn, notification, alert, matched, now, result)
             result.alerts += 1
+
+
+@dataclass(frozen=True)
+class _Target:
+    """One playbook an alert matches, and the target it renders (or why it cannot)."""
+
+    playbook: Playbook
+    target: Target | None
+    episode: episodes.Episode | None
+    error: ParamError | None = None
+
+
+@dataclass(frozen=True)
+class _Matches:
+    """What a firing alert matches: no store read, so worked out for a whole batch before it reads the store."""
+
+    workload: Resolution | None
+    targets: tuple[_Target, ...]
+    resolves_workloads: bool
+
+
+def _matches(deps: EngineDeps, alert: Alert) -> _Matches:
+    matched = deps.playbooks.match(alert.labels)
+    workload = deps.workload_of(alert.labels) if matched else None
+    targets = []
+    for playbook in matched:
+        try:
+            target = render_target(playbook, alert.labels, alert.annotations, workload)
+        except ParamError as exc:
+            targets.append(_Target(playbook, None, None, exc))
+            continue
+        targets.append(_Target(playbook, target, episodes.episode_of(playbook, target.values, target.key)))
+    return _Matches(workload, tuple(targets), any(_resolves_workloads(p) for p in matched))
 
 
 def prefetch_workloads(deps: EngineDeps, alerts: Sequence[Alert]) -> None:
@@ -106,11 +145,11 @@ def _ingest_alert(
     conn: Connection,
     notification: Notification,
     alert: Alert,
+    matched: _Matches | None,
     now: datetime,
     result: IngestResult,
-    stored: dict[records.InstanceKey, records.Stored],
 ) -> None:
-    alert_id, previous = records.upsert_alert(conn, alert, notification, now, stored)
+    alert_id, previous = records.upsert_alert(conn, alert, now)
     name = alert.labels.get("alertname", "")
     facts = {
         "fingerprint": alert.fingerprint,
@@ -130,11 +169,10 @@ def _ingest_alert(
     if previous is None:
         received = {**facts, "labels": dict(alert.labels), "receiver": notification.receiver}
         transitions.note(conn, now, None, LedgerKind.ALERT_RECEIVED, f"{name} {alert.status}", received)
-    if alert.status == "resolved":
+    if matched is None:  # resolved
         _resolve(deps, conn, alert_id, name, now, result)
         return
-    matched = deps.playbooks.match(alert.labels)
-    if not matched:
+    if not matched.targets:
         if previous is None:
             result.unmatched += 1
             transitions.note(conn, now, None, LedgerKind.UNMATCHED, f"{name}: no playbook matches", facts)
@@ -148,24 +186,21 @@ def _ingest_alert(
                     )
                 )
         return
-    workload = deps.workload_of(alert.labels)
-    if workload is not None and any(_resolves_workloads(p) for p in matched):
+    workload = matched.workload
+    if workload is not None and matched.resolves_workloads:
         facts["job_lookup"] = workload.note
-    for playbook in matched:
-        try:
-            target = render_target(playbook, alert.labels, alert.annotations, workload)
-        except ParamError as exc:
-            invalid = f"{name}: playbook {playbook.name}: {exc}; no incident"
+    for t in matched.targets:
+        if t.target is None or t.episode is None:
+            invalid = f"{name}: playbook {t.playbook.name}: {t.error}; no incident"
             transitions.note(
                 conn, now, None, LedgerKind.TARGET_INVALID, invalid, {**facts, "labels": dict(alert.labels)}
             )
             continue
-        episode = episodes.episode_of(playbook, target.values, target.key)
         # An instance already tied to an incident of this episode (or, per target, of this playbook) is a repeat:
         # attached already when that incident is open, and not a new fault when it has closed.
-        if previous is not None and _had_incident(conn, alert_id, playbook.name, episode):
+        if previous is not None and _had_incident(conn, alert_id, t.playbook.name, t.episode):
             continue
-        _join(deps, conn, alert_id, alert, playbook, target, episode, now, facts, result)
+        _join(deps, conn, alert_id, alert, t.playbook, t.target, t.episode, now, facts, result)
 
 
 def _join(

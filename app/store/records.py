@@ -18,6 +18,7 @@ from sqlalchemy import (
     or_,
     select,
     text,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -27,6 +28,7 @@ from app.domain.alertmanager import Alert, Notification
 from app.domain.fleet import JobFailure
 from app.domain.states import AttemptOutcome, IncidentKind, LedgerKind, StepStatus
 from app.ledger_log import log_entry
+from app.store import alert_batch
 from app.store.rows import AlertRow, Attempt, Incident, LedgerEntry, StepRow
 from app.store.schema import (
     UtcDateTime,
@@ -77,37 +79,15 @@ def _incidents(conn: Connection, stmt: Any, params: Mapping[str, Any] | None = N
 # Statements on the per-alert path of the webhook, built once with bound parameters. Building a statement with
 # its values inline, and computing its cache key, costs SQLAlchemy several times what SQLite spends running it
 # (bench/README.md, "Profile"); a prebuilt statement is compiled once and only its parameters change.
-_ALERT_INSTANCE = (
-    select(alerts.c.id, alerts.c.status)
-    .where(alerts.c.fingerprint == bindparam("fingerprint_"), alerts.c.starts_at == bindparam("starts_at_"))
-    .with_for_update()
-)
-# A batch's instances: two IN lists, not a row-value IN (SQLite searches the (fingerprint, starts_at) index with
-# both, where it scans the whole index for (fingerprint, starts_at) IN (...)). Their cross product may find an
-# instance the batch does not hold: stored_alerts leaves it out.
-_ALERT_INSTANCES = (
-    select(alerts.c.id, alerts.c.fingerprint, alerts.c.starts_at, alerts.c.status)
-    .where(
-        alerts.c.fingerprint.in_(bindparam("fingerprints_", expanding=True)),
-        alerts.c.starts_at.in_(bindparam("starts_", expanding=True)),
-    )
-    .with_for_update()
-)
-# INSERT ... ON CONFLICT DO NOTHING (SQLite 3.24+, PostgreSQL): a row another writer inserted first is skipped in the
-# statement itself, where a savepoint around a plain INSERT cost two more round trips per alert (bench.storm).
-_NEW_ALERT = {
-    name: dialect.insert(alerts)
-    .on_conflict_do_nothing(index_elements=[alerts.c.fingerprint, alerts.c.starts_at])
-    .returning(alerts.c.id)
+_OPEN_INCIDENT = select(incidents).where(incidents.c.open_key == bindparam("open_key_"))
+# An incident whose open key another writer holds is skipped in the statement (no savepoint: two round trips
+# fewer); the row comes back as written, defaults included.
+_INSERT_INCIDENT = {
+    name: dialect.insert(incidents)
+    .on_conflict_do_nothing(index_elements=[incidents.c.open_key])
+    .returning(incidents)
     for name, dialect in (("sqlite", sqlite), ("postgresql", postgresql))
 }
-_UPDATE_ALERT = (
-    update(alerts)
-    .where(alerts.c.id == bindparam("alert_id_"))
-    .values(notifications=alerts.c.notifications + 1)
-)
-_OPEN_INCIDENT = select(incidents).where(incidents.c.open_key == bindparam("open_key_"))
-_INSERT_INCIDENT = insert(incidents)
 _NEW_LINK = {
     name: dialect.insert(incident_alerts).on_conflict_do_nothing().returning(incident_alerts.c.alert_id)
     for name, dialect in (("sqlite", sqlite), ("postgresql", postgresql))
@@ -189,105 +169,111 @@ _LAST_RECOVERY = {
 _CONTROL = select(controls.c.value).where(controls.c.key == bindparam("key_"))
 _CONTROL_FOR_UPDATE = _CONTROL.with_for_update()
 _INSERT_INBOX = insert(inbox)
-# New alerts first (lane 0), then repeats; oldest first within a lane.
-_NEXT_INBOX = (
-    select(inbox)
+# New alerts first (lane 0), then repeats; oldest first within a lane. Not their bodies: the worker parses a body
+# once, for all its batches, and reads only the bodies of the notifications a batch takes.
+_QUEUED = (
+    select(inbox.c.id, inbox.c.lane, inbox.c.next_alert, inbox.c.alert_count)
     .where(inbox.c.failed_at.is_(None))
     .order_by(inbox.c.lane, inbox.c.id)
-    .limit(1)
-    .with_for_update(skip_locked=True)
+    .limit(bindparam("limit_"))
 )
-# The worker's look ahead: which notification is next, and where in it (not its body: the worker parses a body once).
-_PEEK_INBOX = (
-    select(inbox.c.id, inbox.c.next_alert, inbox.c.alert_count)
-    .where(inbox.c.failed_at.is_(None))
-    .order_by(inbox.c.lane, inbox.c.id)
-    .limit(1)
+_NEXT_INBOX = _QUEUED.with_for_update(skip_locked=True)
+_INBOX_BODIES = select(inbox.c.id, inbox.c.body).where(
+    inbox.c.id.in_(bindparam("inbox_ids_", expanding=True))
 )
-_INBOX_BODY = select(inbox.c.body).where(inbox.c.id == bindparam("inbox_id_"))
 _INBOX_BACKLOG = select(inbox_counter.c.alerts).where(inbox_counter.c.id == 1)
 _BACKLOG_CHANGE = (
     update(inbox_counter)
     .where(inbox_counter.c.id == 1)
     .values(alerts=inbox_counter.c.alerts + bindparam("alerts_"))
 )
+# The instances a notification carries that the store holds, or a queued notification carried as new: two IN lists
+# per table (see alert_batch._INSTANCES); their cross product may find more, which known_instances leaves out.
+_KNOWN = union_all(
+    *(
+        select(table.c.fingerprint, table.c.starts_at).where(
+            table.c.fingerprint.in_(bindparam("fingerprints_", expanding=True)),
+            table.c.starts_at.in_(bindparam("starts_", expanding=True)),
+        )
+        for table in (alerts, inbox_alerts)
+    )
+)
 _REMAINING = inbox.c.alert_count - inbox.c.next_alert
 _ADVANCE_INBOX = (
     update(inbox).where(inbox.c.id == bindparam("inbox_id_")).values(next_alert=bindparam("done_"))
 )
-_DELETE_INBOX = inbox.delete().where(inbox.c.id == bindparam("inbox_id_"))
-_DELETE_INBOX_ALERTS = inbox_alerts.delete().where(inbox_alerts.c.inbox_id == bindparam("inbox_id_"))
+_DELETE_INBOX = inbox.delete().where(inbox.c.id.in_(bindparam("inbox_ids_", expanding=True)))
+_DELETE_INBOX_ALERTS = inbox_alerts.delete().where(
+    inbox_alerts.c.inbox_id.in_(bindparam("inbox_ids_", expanding=True))
+)
 
 
 # --- alerts -------------------------------------------------------------------------------------------------
 
 
-InstanceKey = tuple[str, datetime]  # an alert instance: (fingerprint, startsAt)
-Stored = tuple[int, str]  # a stored alert instance: its row id and its status
+InstanceKey = alert_batch.InstanceKey
+# Fingerprints looked up per query (SQLite allows 32,766 bound parameters; PostgreSQL 65,535).
+KNOWN_CHUNK = alert_batch.CHUNK
 
 
-def stored_alerts(conn: Connection, batch: Sequence[Alert]) -> dict[InstanceKey, Stored]:
-    """The stored row id and status of a batch's alert instances, one read for the batch, locked until the
-    transaction ends (FOR UPDATE on PostgreSQL; SQLite's BEGIN IMMEDIATE already serialises writers): a replica
-    that read a row before another one resolved it must not write its stale status back."""
-    wanted = sorted({(a.fingerprint, a.starts_at) for a in batch})
-    found: dict[InstanceKey, Stored] = {}
-    for start in range(0, len(wanted), KNOWN_CHUNK):
-        chunk = wanted[start : start + KNOWN_CHUNK]
-        params = {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
-        found.update(
-            ((r.fingerprint, r.starts_at), (r.id, r.status)) for r in conn.execute(_ALERT_INSTANCES, params)
-        )
-    return {key: found[key] for key in wanted if key in found}
+@contextmanager
+def alert_batch_of(
+    conn: Connection, entries: Sequence[tuple[Notification, Alert]], now: datetime, open_keys: Iterable[str]
+) -> Iterator[None]:
+    """Record a batch of alerts (``entries``: each with its notification) inside the block, through
+    :func:`upsert_alert` (:mod:`app.store.alert_batch`): their instances are read and the new ones inserted as the
+    block starts, with the open incidents of ``open_keys``; what the block writes to instances and links is
+    written as it ends. When the block raises, nothing more is written (its transaction rolls back)."""
+    batch = alert_batch.AlertBatch(conn)
+    first: dict[InstanceKey, dict[str, Any]] = {}
+    for notification, alert in entries:
+        first.setdefault((alert.fingerprint, alert.starts_at), _new_alert(alert, notification, now))
+    batch.read(first, list(first.values()), open_keys)
+    alert_batch.hold(conn, batch)
+    try:
+        yield
+    finally:
+        alert_batch.hold(conn, None)
+    batch.flush()
 
 
-def upsert_alert(
-    conn: Connection,
-    alert: Alert,
-    notification: Notification,
-    now: datetime,
-    stored: dict[InstanceKey, Stored],
-) -> tuple[int, str | None]:
-    """Record one alert instance; return its row id and its status before this notification (None when new).
-    ``stored``: the batch's instances (:func:`stored_alerts`), kept current here (an instance may come twice in
-    one notification)."""
-    key = (alert.fingerprint, alert.starts_at)
-    existing = stored.get(key)
-    if existing is None:
-        values: dict[str, Any] = {
-            "fingerprint": alert.fingerprint,
-            "starts_at": alert.starts_at,
+def _new_alert(alert: Alert, notification: Notification, now: datetime) -> dict[str, Any]:
+    return {
+        "fingerprint": alert.fingerprint,
+        "starts_at": alert.starts_at,
+        "status": alert.status,
+        "ends_at": alert.ends_at,
+        # The column is a short copy for display (String(200), enforced by PostgreSQL); labels keep it whole.
+        "alertname": alert.labels.get("alertname", "")[:_ALERTNAME_CHARS],
+        "labels": dict(alert.labels),
+        "annotations": dict(alert.annotations),
+        "generator_url": alert.generator_url,
+        "receiver": notification.receiver,
+        "group_key": notification.group_key,
+        "first_received_at": now,
+        "last_received_at": now,
+        "notifications": 1,
+    }
+
+
+def upsert_alert(conn: Connection, alert: Alert, now: datetime) -> tuple[int, str | None]:
+    """Record one alert of the open batch (:func:`alert_batch_of`); return its row id and its status before this
+    occurrence (None when new). A resolved instance never goes back to firing: a late firing notification for it
+    is out of order, and changes only when it was last received."""
+    batch = alert_batch.current(conn)
+    assert batch is not None, "alerts are recorded in a batch"
+
+    def changes(previous: str) -> dict[str, Any]:
+        if previous == "resolved" and alert.status == "firing":
+            return {"last_received_at": now}
+        return {
+            "last_received_at": now,
             "status": alert.status,
             "ends_at": alert.ends_at,
-            # The column is a short copy for display (String(200), enforced by PostgreSQL); labels keep it whole.
-            "alertname": alert.labels.get("alertname", "")[:_ALERTNAME_CHARS],
-            "labels": dict(alert.labels),
             "annotations": dict(alert.annotations),
-            "generator_url": alert.generator_url,
-            "receiver": notification.receiver,
-            "group_key": notification.group_key,
-            "first_received_at": now,
-            "last_received_at": now,
-            "notifications": 1,
         }
-        new_id = conn.execute(_NEW_ALERT[conn.dialect.name], values).scalar()
-        if new_id is not None:
-            stored[key] = (new_id, alert.status)
-            return new_id, None
-        # A concurrent replica inserted the same instance first.
-        found = conn.execute(
-            _ALERT_INSTANCE, {"fingerprint_": alert.fingerprint, "starts_at_": alert.starts_at}
-        ).one()
-        existing = (found.id, found.status)
-    alert_id, previous = existing
-    changes: dict[str, Any] = {"last_received_at": now}
-    # A resolved instance never goes back to firing: a late firing notification for it is out of order.
-    if not (previous == "resolved" and alert.status == "firing"):
-        changes.update(status=alert.status, ends_at=alert.ends_at, annotations=dict(alert.annotations))
-    # Incremented in SQL: replicas updating the same row under READ COMMITTED must not lose a delivery.
-    conn.execute(_UPDATE_ALERT, {**changes, "alert_id_": alert_id})
-    stored[key] = (alert_id, changes.get("status", previous))
-    return alert_id, previous
+
+    return batch.recorded((alert.fingerprint, alert.starts_at), changes)
 
 
 def get_alerts_for_incident(conn: Connection, incident_id: int) -> list[AlertRow]:
@@ -309,20 +295,36 @@ def get_alert(conn: Connection, alert_id: int) -> AlertRow | None:
 
 
 def find_open_incident(conn: Connection, open_key: str) -> Incident | None:
-    return _incident(conn, _OPEN_INCIDENT, {"open_key_": open_key})
+    batch = alert_batch.current(conn)
+    if batch is None:
+        return _incident(conn, _OPEN_INCIDENT, {"open_key_": open_key})
+    known, incident = batch.open_incident(open_key)
+    if not known:  # a key the batch did not read: the store, once it holds what the batch wrote
+        batch.flush()
+        incident = _incident(conn, _OPEN_INCIDENT, {"open_key_": open_key})
+        firing = _firing(conn, incident.id) if incident is not None else 0
+        batch.incident_read(open_key, incident, firing)
+    return incident
 
 
 def insert_incident(conn: Connection, values: Mapping[str, Any]) -> int | None:
     """Insert an open incident; None when another writer holds the same open key (then attach to theirs)."""
-    try:
-        with conn.begin_nested():
-            return inserted_id(conn.execute(_INSERT_INCIDENT, dict(values)))
-    except IntegrityError:
+    row = _one(conn, _INSERT_INCIDENT[conn.dialect.name], dict(values))
+    batch = alert_batch.current(conn)
+    if row is None:
+        if batch is not None:
+            batch.open_key_taken(values["open_key"])
         return None
+    if batch is not None:
+        batch.incident_inserted(Incident.from_row(row))
+    return int(row["id"])
 
 
 def link_alert(conn: Connection, incident_id: int, alert_id: int) -> bool:
     """Attach an alert to an incident; False when it already was."""
+    batch = alert_batch.current(conn)
+    if batch is not None:
+        return batch.link(incident_id, alert_id)
     linked = conn.execute(_NEW_LINK[conn.dialect.name], {"incident_id": incident_id, "alert_id": alert_id})
     return linked.first() is not None  # RETURNING: a row only when it was inserted (rowcount is not portable)
 
@@ -330,10 +332,18 @@ def link_alert(conn: Connection, incident_id: int, alert_id: int) -> bool:
 def incidents_for_alert(conn: Connection, alert_id: int) -> list[Incident]:
     """The alert's incidents, locked until the transaction ends: closing one on a resolved alert must not race
     a worker claiming it (``claim_next`` skips locked rows)."""
-    return _incidents(conn, _INCIDENTS_OF_ALERT, {"alert_id_": alert_id})
+    batch = alert_batch.current(conn)
+    held = batch.incidents_of(alert_id) if batch is not None else None
+    return held if held is not None else _incidents(conn, _INCIDENTS_OF_ALERT, {"alert_id_": alert_id})
 
 
 def firing_alert_count(conn: Connection, incident_id: int) -> int:
+    batch = alert_batch.current(conn)
+    held = batch.firing_count(incident_id) if batch is not None else None
+    return held if held is not None else _firing(conn, incident_id)
+
+
+def _firing(conn: Connection, incident_id: int) -> int:
     return int(conn.execute(_FIRING_ALERTS, {"incident_id_": incident_id}).scalar_one())
 
 
@@ -343,6 +353,9 @@ def get_incident(conn: Connection, incident_id: int) -> Incident | None:
 
 def update_incident(conn: Connection, incident_id: int, **values: Any) -> None:
     conn.execute(_UPDATE_INCIDENT, {"incident_id_": incident_id, **values})
+    batch = alert_batch.current(conn)
+    if batch is not None:
+        batch.incident_updated(incident_id, values)
 
 
 def wake_incident(conn: Connection, incident_id: int, at: datetime) -> None:
@@ -541,51 +554,47 @@ def _backlog_changed(conn: Connection, alerts: int) -> None:
         conn.execute(_BACKLOG_CHANGE, {"alerts_": alerts})
 
 
-# Fingerprints looked up per query (SQLite allows 32,766 bound parameters; PostgreSQL 65,535).
-KNOWN_CHUNK = 1000
-
-
 def known_instances(conn: Connection, instances: Iterable[tuple[str, datetime]]) -> set[tuple[str, datetime]]:
     """Which of the alert instances (fingerprint, startsAt) the store already holds, or a queued notification
     carried as new."""
-    wanted = set(instances)
-    fingerprints = sorted({fingerprint for fingerprint, _ in wanted})
+    wanted = sorted(set(instances))
     found: set[tuple[str, datetime]] = set()
-    for table in (alerts, inbox_alerts):
-        for start in range(0, len(fingerprints), KNOWN_CHUNK):
-            stmt = select(table.c.fingerprint, table.c.starts_at).where(
-                table.c.fingerprint.in_(fingerprints[start : start + KNOWN_CHUNK])
-            )
-            found.update((row.fingerprint, row.starts_at) for row in conn.execute(stmt))
-    return found & wanted
+    for start in range(0, len(wanted), KNOWN_CHUNK):
+        chunk = wanted[start : start + KNOWN_CHUNK]
+        params = {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
+        found.update((row.fingerprint, row.starts_at) for row in conn.execute(_KNOWN, params))
+    return found.intersection(wanted)
 
 
-def next_inbox(conn: Connection) -> Row | None:
-    """The oldest notification still to ingest, locked (SKIP LOCKED on PostgreSQL; SQLite serialises writers)."""
-    return _one(conn, _NEXT_INBOX)
+def next_inbox(conn: Connection, limit: int) -> list[Row]:
+    """The next ``limit`` notifications to ingest (``id``, ``lane``, ``next_alert``, ``alert_count``), locked (SKIP
+    LOCKED on PostgreSQL; SQLite serialises writers)."""
+    return _all(conn, _NEXT_INBOX, {"limit_": limit})
 
 
-def peek_inbox(conn: Connection) -> Row | None:
-    """The next notification to ingest (``id``, ``next_alert``, ``alert_count``; not its body), without a lock: a
-    read transaction's look ahead, which spares an idle worker a write transaction."""
-    return _one(conn, _PEEK_INBOX)
+def peek_inbox(conn: Connection, limit: int) -> list[Row]:
+    """The next ``limit`` notifications to ingest, as :func:`next_inbox` gives them, without a lock: a read
+    transaction's look ahead, which spares an idle worker a write transaction."""
+    return _all(conn, _QUEUED, {"limit_": limit})
 
 
-def inbox_body(conn: Connection, inbox_id: int) -> str | None:
-    """A queued notification's body; None when it is gone (on PostgreSQL each statement of a read sees what
-    committed before it: another worker may have ingested it since the same read found it)."""
-    body = conn.execute(_INBOX_BODY, {"inbox_id_": inbox_id}).scalar()
-    return str(body) if body is not None else None
+def inbox_bodies(conn: Connection, inbox_ids: Sequence[int]) -> dict[int, str]:
+    """Queued notifications' bodies by id; one that is gone is left out (on PostgreSQL each statement of a read
+    sees what committed before it: another worker may have ingested it since the same read found it)."""
+    return {row.id: str(row.body) for row in conn.execute(_INBOX_BODIES, {"inbox_ids_": list(inbox_ids)})}
 
 
-def ingested(conn: Connection, inbox_id: int, start: int, done: int, alert_count: int) -> None:
-    """The notification's alerts ``start`` to ``done`` are in: it advances, or leaves the queue with its last."""
-    if done >= alert_count:
-        conn.execute(_DELETE_INBOX, {"inbox_id_": inbox_id})
-        conn.execute(_DELETE_INBOX_ALERTS, {"inbox_id_": inbox_id})
-    else:
-        conn.execute(_ADVANCE_INBOX, {"inbox_id_": inbox_id, "done_": done})
-    _backlog_changed(conn, start - min(done, alert_count))
+def ingested(conn: Connection, portions: Sequence[tuple[int, int, int, int]]) -> None:
+    """Each notification's alerts ``start`` to ``done`` are in (``portions``: (inbox id, start, done, alert count)):
+    it advances, or leaves the queue with its last."""
+    finished = [inbox_id for inbox_id, _, done, count in portions if done >= count]
+    if finished:
+        conn.execute(_DELETE_INBOX, {"inbox_ids_": finished})
+        conn.execute(_DELETE_INBOX_ALERTS, {"inbox_ids_": finished})
+    for inbox_id, _, done, count in portions:
+        if done < count:
+            conn.execute(_ADVANCE_INBOX, {"inbox_id_": inbox_id, "done_": done})
+    _backlog_changed(conn, sum(start - min(done, count) for _, start, done, count in portions))
 
 
 def fail_inbox(conn: Connection, inbox_id: int, now: datetime, error: str) -> None:

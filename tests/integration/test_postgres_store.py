@@ -91,11 +91,9 @@ def test_postgres_store_keeps_aware_utc_times_and_json(postgres_url):
         assert store.dialect == "postgresql"
         labels = {**xid(), "note": "ünïcödé \u202e ok"}
         notification = parse_notification(json.dumps(payload(alert(labels))))
-        with store.transaction() as conn:
-            instances = records.stored_alerts(conn, notification.alerts)
-            alert_id, previous = records.upsert_alert(
-                conn, notification.alerts[0], notification, START, instances
-            )
+        first = notification.alerts[0]
+        with store.transaction() as conn, records.alert_batch_of(conn, [(notification, first)], START, ()):
+            alert_id, previous = records.upsert_alert(conn, first, START)
         with store.transaction() as conn:
             stored = records.get_alert(conn, alert_id)
         assert previous is None and stored is not None

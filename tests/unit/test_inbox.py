@@ -153,7 +153,7 @@ def test_a_notification_whose_ingestion_raises_is_set_aside_and_the_queue_moves_
     with world.engine.deps.store.read() as conn:
         kinds = [r.kind for r in records.iter_ledger(conn)]
         assert "inbox_failed" in kinds
-        assert records.inbox_stats(conn)["failed"] == 1 and records.peek_inbox(conn) is None
+        assert records.inbox_stats(conn)["failed"] == 1 and records.peek_inbox(conn, 1) == []
 
     monkeypatch.setattr(world.engine.deps.playbooks, "match", real_match)  # the fix is deployed
     with world.engine.deps.store.transaction() as conn:
