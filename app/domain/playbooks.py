@@ -49,6 +49,7 @@ from app.domain.templates import (
     check_template,
     is_templated,
     render,
+    template_refs,
 )
 
 API_VERSION = "nightshift/v1"
@@ -150,6 +151,9 @@ SELF_RECOVERY_MIN = timedelta(minutes=2)
 SELF_RECOVERY_MAX = timedelta(hours=1)
 
 
+MAX_REMEMBERED_TARGETS = 4096  # rendered targets a playbook remembers
+
+
 @dataclass(frozen=True)
 class Playbook:
     """One remediation recipe, as loaded from ``source`` (the document starts at ``line``)."""
@@ -181,6 +185,10 @@ class Playbook:
     line: int = 0
     # The YAML document as written, with the line of every key (lint's warnings point at the line they mean).
     document: Document | None = field(default=None, compare=False, repr=False)
+    # Targets rendered, by the values of the labels and annotations their templates read (render_target).
+    _targets: dict[tuple[str | None, ...], dict[str, str]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
 
     def line_of(self, path: PathKey) -> int:
         """The line of ``path`` in the playbook's document (its first line when unknown)."""
@@ -208,12 +216,28 @@ class Playbook:
         Raises :class:`app.domain.errors.ParamError` when a rendered value fails its pattern (a node with spaces).
         """
         context = {"labels": labels, "annotations": annotations}
+        # A template reads only the values it names: alerts that agree on them (a node's ranks, a job's nodes) share
+        # one target, rendered and checked once (a failing one is not remembered: it raises every time).
+        read = tuple(
+            context[namespace].get(key) if namespace in context else None
+            for text in self.target.values()
+            for namespace, key in template_refs(text)
+        )
+        known = self._targets.get(read)
+        if known is not None:
+            return dict(known)
         rendered = {key: render(text, context) for key, text in self.target.items()}
         target = validate_params("target", TARGET_PARAMS, rendered)
         scheduler = scheduling.of(target)
         if scheduler is not None:
             scheduler.check_target(target)
+        if len(self._targets) >= MAX_REMEMBERED_TARGETS:
+            self._targets.clear()
+        self._targets[read] = dict(target)
         return target
+
+
+MAX_REMEMBERED_MATCHES = 4096  # label-value combinations whose match PlaybookSet remembers
 
 
 class PlaybookSet:
@@ -224,6 +248,10 @@ class PlaybookSet:
 
     ``candidates_examined`` counts the playbooks whose matchers :meth:`match` evaluated, over its lifetime: a
     statistic (and the test hook showing that matching is indexed), not a limit.
+
+    A match is remembered by the values of the labels its candidates' matchers read (a matcher reads one label):
+    a storm's thousands of alerts that differ only in their node or rank are matched once. At most
+    :data:`MAX_REMEMBERED_MATCHES` are remembered; past it the memory starts again.
     """
 
     def __init__(self, playbooks: Iterable[Playbook] = (), schedulers: Iterable[str] = scheduling.NAMES):
@@ -244,12 +272,30 @@ class PlaybookSet:
             else:
                 self._by_alertname.setdefault(alertname, []).append(playbook)
         self.candidates_examined = 0
+        self._read: dict[str, tuple[str, ...]] = {}  # alertname → the labels its candidates' matchers read
+        self._matched: dict[tuple[str, tuple[str | None, ...]], tuple[Playbook, ...]] = {}
 
     def match(self, labels: Mapping[str, str]) -> list[Playbook]:
         """Every playbook whose matchers all hold for ``labels``, ordered by name."""
-        candidates = self._by_alertname.get(labels.get("alertname", ""), []) + self._any_alertname
-        self.candidates_examined += len(candidates)
-        return sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
+        alertname = labels.get("alertname", "")
+        candidates = self._by_alertname.get(alertname, []) + self._any_alertname
+        read = self._read.get(alertname)
+        if read is None:
+            read = tuple(sorted({m.name for p in candidates for m in p.match}))
+            if len(self._read) >= MAX_REMEMBERED_MATCHES:
+                self._read.clear()
+            self._read[alertname] = read
+        key = (alertname, tuple(labels.get(name) for name in read))
+        matched = self._matched.get(key)
+        if matched is None:
+            self.candidates_examined += len(candidates)
+            matched = tuple(
+                sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
+            )
+            if len(self._matched) >= MAX_REMEMBERED_MATCHES:
+                self._matched.clear()
+            self._matched[key] = matched
+        return list(matched)
 
     def excluded_matches(self, labels: Mapping[str, str]) -> list[str]:
         """Why each playbook set aside for its scheduler would have matched ``labels`` (explain's notes)."""

@@ -21,8 +21,9 @@ written literally in a template.
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,8 +51,13 @@ class Ref:
     offset: int
 
 
-def _parse(text: str, namespaces: Collection[str] = NAMESPACES) -> list[str | Ref]:
+def _parse(text: str, namespaces: Collection[str] = NAMESPACES) -> tuple[str | Ref, ...]:
     """Split ``text`` into literal chunks and references. Raises :class:`TemplateError`."""
+    return _split(text, tuple(namespaces))
+
+
+@functools.lru_cache(maxsize=4096)  # a playbook's few templates, rendered for every alert it matches
+def _split(text: str, namespaces: tuple[str, ...]) -> tuple[str | Ref, ...]:
     parts: list[str | Ref] = []
     pos = 0
     while (start := text.find("{{", pos)) != -1:
@@ -79,7 +85,7 @@ def _parse(text: str, namespaces: Collection[str] = NAMESPACES) -> list[str | Re
         pos = end + 2
     if pos < len(text):
         parts.append(text[pos:])
-    return parts
+    return tuple(parts)
 
 
 def template_refs(text: str) -> list[tuple[str, str]]:
@@ -172,7 +178,7 @@ def _escape(match: re.Match[str]) -> str:
     return _PROMQL_ESCAPES[match.group(0)]
 
 
-def _check_quoted(parts: list[str | Ref]) -> None:
+def _check_quoted(parts: Sequence[str | Ref]) -> None:
     """Follow PromQL's lexer through the literal chunks; every reference must fall inside a "..." string.
 
     A reference right after a backslash is refused too: the backslash would swallow the first character of the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from app.wakeup import SOCKET_NAME, Wakeup
 log = logging.getLogger(__name__)
 
 NEW_ALERTS, REPEATS = 0, 1  # inbox lanes
+# Alerts of accepted notifications kept parsed for this process's worker (about 1 KiB each).
+MAX_HANDED_OVER_ALERTS = 10_000
 RETRY_AFTER_SECONDS = 30  # what a refused sender is told (Alertmanager retries on its own backoff anyway)
 
 
@@ -78,6 +81,12 @@ class Inbox:
         # the transaction's; one worker thread per process): a notification larger than a batch stays here.
         self._parsed: dict[int, Notification] = {}
         self._parsed_lock = threading.Lock()
+        # Notifications this process accepted, as parsed at the door, for its own worker thread (``serve`` with its
+        # embedded worker): spared reading and parsing their bodies again. Bounded; a worker in another process
+        # (another gunicorn worker, ``nightshift worker``) reads the body.
+        self._accepted: OrderedDict[int, Notification] = OrderedDict()
+        self._accepted_alerts = 0
+        self._hand_over = deps.settings.embedded_worker
 
     def accept(self, notification: Notification, body: bytes) -> int:
         """Commit the notification as received and return its inbox id, in one transaction. Raises StoreUnavailable
@@ -96,6 +105,8 @@ class Inbox:
                 lane=NEW_ALERTS if new else REPEATS,
                 new_instances=new,
             )
+        if self._hand_over:
+            self._keep(inbox_id, notification)
         self.wakeup.set()
         firing_alerts = sum(alert.status == "firing" for alert in notification.alerts)
         deps.metrics.alerts_received.labels("firing").inc(firing_alerts)
@@ -184,6 +195,11 @@ class Inbox:
         of earlier batches are forgotten."""
         with self._parsed_lock:
             wanted = [p.inbox_id for p in portions]
+            for inbox_id in wanted:
+                handed = self._accepted.pop(inbox_id, None)
+                if handed is not None:
+                    self._accepted_alerts -= len(handed.alerts)
+                    self._parsed.setdefault(inbox_id, handed)
             missing = [inbox_id for inbox_id in wanted if inbox_id not in self._parsed]
             counts = {p.inbox_id: p.alert_count for p in portions}
             for inbox_id, text in records.inbox_bodies(conn, missing).items() if missing else ():
@@ -193,6 +209,16 @@ class Inbox:
                 inbox_id: self._parsed[inbox_id] for inbox_id in wanted if inbox_id in self._parsed
             }
             return dict(self._parsed)
+
+    def _keep(self, inbox_id: int, notification: Notification) -> None:
+        """Hand an accepted notification to this process's worker (the oldest are let go past
+        :data:`MAX_HANDED_OVER_ALERTS`)."""
+        with self._parsed_lock:
+            self._accepted[inbox_id] = notification
+            self._accepted_alerts += len(notification.alerts)
+            while self._accepted_alerts > MAX_HANDED_OVER_ALERTS:
+                _, dropped = self._accepted.popitem(last=False)
+                self._accepted_alerts -= len(dropped.alerts)
 
     def _set_aside(self, inbox_id: int, exc: Exception) -> None:
         log.exception("inbox %d: ingestion failed; set aside", inbox_id)
