@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from hypothesis import strategies as st
+
+from tests.fakes import START
+from tests.payloads import alert, xid
 
 json_scalars = st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20)
 json_values = st.recursive(
@@ -44,3 +49,21 @@ payloads = st.fixed_dictionaries(
         )
     },
 )
+
+
+# Alerts an engine test delivers: a few nodes and jobs (hostile target values among them), three Xids (a node fault,
+# a job's, one no playbook acts on), three start times, and resolutions among them.
+NODES = ("node1", "node2", "node3", "node 1;reboot", "../etc")
+JOBS = ("1234", "77", "$(id)")
+
+
+@st.composite
+def alert_docs(draw: st.DrawFn) -> dict[str, Any]:
+    labels = xid(
+        node=draw(st.sampled_from(NODES)),
+        job=draw(st.sampled_from(JOBS)),
+        gpu=draw(st.sampled_from(("3", "5"))),
+        code=draw(st.sampled_from(("79", "48", "13"))),
+    )
+    starts = START.replace(minute=draw(st.sampled_from((0, 1, 2))))
+    return alert(labels, status=draw(st.sampled_from(("firing", "firing", "resolved"))), starts_at=starts)

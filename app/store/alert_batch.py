@@ -94,18 +94,17 @@ class AlertBatch:
     by the buffered writes until :meth:`flush`)."""
 
     conn: Connection
-    instances: dict[InstanceKey, int] = field(default_factory=dict)  # instance → its row id
-    status: dict[int, str] = field(
-        default_factory=dict
-    )  # row id → the instance's status as the batch left it
+    # Each instance's row id, and each row's status as the batch has left it.
+    instances: dict[InstanceKey, int] = field(default_factory=dict)
+    status: dict[int, str] = field(default_factory=dict)
     # Instances inserted as the batch opened whose first occurrence has not been recorded yet.
     fresh: set[InstanceKey] = field(default_factory=set)
-    links: defaultdict[int, set[int]] = field(
-        default_factory=lambda: defaultdict(set)
-    )  # alert id → incident ids
+    # Each alert's incidents (by id), the incidents read or written, the open incident of each open key read
+    # (None: none open), and how many firing alerts each incident holds.
+    links: defaultdict[int, set[int]] = field(default_factory=lambda: defaultdict(set))
     incidents: dict[int, Incident] = field(default_factory=dict)
-    open_keys: dict[str, int | None] = field(default_factory=dict)  # open key → incident id (None: none open)
-    firing: dict[int, int] = field(default_factory=dict)  # incident id → its firing alerts
+    open_keys: dict[str, int | None] = field(default_factory=dict)
+    firing: dict[int, int] = field(default_factory=dict)
     _updates: list[dict[str, Any]] = field(default_factory=list)
     _new_links: list[dict[str, int]] = field(default_factory=list)
 
@@ -119,10 +118,12 @@ class AlertBatch:
         needs of the store."""
         conn = self.conn
         self._known(read_instances(conn, keys))
-        known = sorted(self.status)
         self._insert(
             [row for row in new_rows if (row["fingerprint"], row["starts_at"]) not in self.instances]
         )
+        # Every instance the batch did not insert itself, those a concurrent writer inserted first included.
+        inserted = {self.instances[key] for key in self.fresh}
+        known = sorted(alert_id for alert_id in self.status if alert_id not in inserted)
         for chunk in _chunks(known):
             for alert_id, incident_id in conn.execute(_LINKS, {"alert_ids_": chunk}):
                 self.links[alert_id].add(incident_id)

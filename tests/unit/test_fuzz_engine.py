@@ -28,7 +28,7 @@ from app.store import records
 from app.store.schema import alerts, incident_alerts, incidents
 from tests.fakes import START, FakeSample
 from tests.payloads import alert, payload, xid
-from tests.strategies import json_values, payloads
+from tests.strategies import JOBS, NODES, alert_docs, json_values, payloads
 from tests.webapps import build_app, headers
 from tests.worlds import GRANTS, World, make_world
 
@@ -79,22 +79,6 @@ def test_webhook_answers_only_200_400_or_413(webhook: Flask, data: str | bytes) 
 
 
 # --- the engine --------------------------------------------------------------------------------------------
-
-NODES = ("node1", "node2", "node3", "node 1;reboot", "../etc")
-JOBS = ("1234", "77", "$(id)")
-
-
-@st.composite
-def alert_docs(draw: st.DrawFn) -> dict[str, Any]:
-    labels = xid(
-        node=draw(st.sampled_from(NODES)),
-        job=draw(st.sampled_from(JOBS)),
-        gpu=draw(st.sampled_from(("3", "5"))),
-        code=draw(st.sampled_from(("79", "48", "13"))),
-    )
-    starts = START.replace(minute=draw(st.sampled_from((0, 1, 2))))
-    return alert(labels, status=draw(st.sampled_from(("firing", "firing", "resolved"))), starts_at=starts)
-
 
 operations = st.lists(
     st.one_of(
