@@ -270,9 +270,10 @@ class EpisodeSettings:
 class WorkerSettings:
     poll_seconds: float = 1.0
     lease_seconds: int = 120
-    # Alerts ingested from the inbox per transaction: bounds how long the worker holds SQLite's one write lock,
-    # which the webhook needs to answer (about 0.5 ms per alert).
-    inbox_batch_alerts: int = 4
+    # Alerts ingested from the inbox per transaction (several notifications of one lane when they fit): bounds
+    # how long the worker holds SQLite's one write lock, which the webhook needs to answer (about 0.15 ms an alert
+    # on 2 cores, bench/README.md "Storms"), against the cost of a transaction, paid once a batch.
+    inbox_batch_alerts: int = 64
     step_retry_limit: int = 5
     # An incident whose processing raises this many times in a row goes to a person, the error in its ledger.
     max_tick_errors: int = 5

@@ -114,6 +114,8 @@ SELF_RESOLVING = ("TrainingJobError", "GpuXidError")
 # alerts/alertmanager.yml's group_by: one notification per node and job.
 GROUP_BY = ("alertname", "Hostname", "slurm_job_id", "train_job", "namespace", "pod")
 BEGIN, END = "<!-- storm:begin -->", "<!-- storm:end -->"
+# The earlier generations tabled beside a run: before ingestion in batches (cd73f21), before fleet incidents (529f0c8).
+BEFORE = (record.RESULTS / "storm-before-batches.json", record.RESULTS / "storm-before.json")
 TRIALS_BEGIN, TRIALS_END = "<!-- storm-trials:begin -->", "<!-- storm-trials:end -->"
 
 
@@ -1119,12 +1121,14 @@ def markdown(rows: Sequence[dict[str, Any]], label: str) -> str:
     return "\n".join(lines)
 
 
-def with_before(table: str, before: Path) -> str:
-    """``table``, and the table of the earlier run saved at ``before`` (the code before a change), if any."""
-    if not before.exists():
-        return table
-    saved = record.read(before)
-    return f"{table}\n\n{markdown(saved['results']['rows'], saved['params']['label'])}"
+def with_before(table: str, before: Sequence[Path]) -> str:
+    """``table``, and the tables of the earlier runs saved at ``before`` (the code before a change), if any."""
+    tables = [table]
+    for path in before:
+        if path.exists():
+            saved = record.read(path)
+            tables.append(markdown(saved["results"]["rows"], saved["params"]["label"]))
+    return "\n\n".join(tables)
 
 
 def write_readme(table: str, begin: str = BEGIN, end: str = END, title: str = "Storms") -> None:
@@ -1159,8 +1163,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--before",
         type=Path,
-        default=record.RESULTS / "storm-before.json",
-        help="an earlier run's results, tabled beside this one's in bench/README.md",
+        action="append",
+        help="an earlier run's results, tabled beside this one's in bench/README.md (repeatable; default: "
+        + ", ".join(str(p.relative_to(REPO)) for p in BEFORE)
+        + ")",
     )
     args = parser.parse_args(argv)
     pool = TRIALS if args.trials else SCENARIOS
@@ -1195,7 +1201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = markdown(rows, args.label)
     print(table)
     if not args.no_readme:
-        write_readme(with_before(table, args.before))
+        write_readme(with_before(table, args.before or BEFORE))
     return 0
 
 

@@ -237,9 +237,6 @@ class Playbook:
         return target
 
 
-MAX_REMEMBERED_MATCHES = 4096  # label-value combinations whose match PlaybookSet remembers
-
-
 class PlaybookSet:
     """Loaded playbooks, indexed by the ``alertname`` each one requires (if any) so matching stays cheap.
 
@@ -248,10 +245,6 @@ class PlaybookSet:
 
     ``candidates_examined`` counts the playbooks whose matchers :meth:`match` evaluated, over its lifetime: a
     statistic (and the test hook showing that matching is indexed), not a limit.
-
-    A match is remembered by the values of the labels its candidates' matchers read (a matcher reads one label):
-    a storm's thousands of alerts that differ only in their node or rank are matched once. At most
-    :data:`MAX_REMEMBERED_MATCHES` are remembered; past it the memory starts again.
     """
 
     def __init__(self, playbooks: Iterable[Playbook] = (), schedulers: Iterable[str] = scheduling.NAMES):
@@ -272,30 +265,12 @@ class PlaybookSet:
             else:
                 self._by_alertname.setdefault(alertname, []).append(playbook)
         self.candidates_examined = 0
-        self._read: dict[str, tuple[str, ...]] = {}  # alertname → the labels its candidates' matchers read
-        self._matched: dict[tuple[str, tuple[str | None, ...]], tuple[Playbook, ...]] = {}
 
     def match(self, labels: Mapping[str, str]) -> list[Playbook]:
         """Every playbook whose matchers all hold for ``labels``, ordered by name."""
-        alertname = labels.get("alertname", "")
-        candidates = self._by_alertname.get(alertname, []) + self._any_alertname
-        read = self._read.get(alertname)
-        if read is None:
-            read = tuple(sorted({m.name for p in candidates for m in p.match}))
-            if len(self._read) >= MAX_REMEMBERED_MATCHES:
-                self._read.clear()
-            self._read[alertname] = read
-        key = (alertname, tuple(labels.get(name) for name in read))
-        matched = self._matched.get(key)
-        if matched is None:
-            self.candidates_examined += len(candidates)
-            matched = tuple(
-                sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
-            )
-            if len(self._matched) >= MAX_REMEMBERED_MATCHES:
-                self._matched.clear()
-            self._matched[key] = matched
-        return list(matched)
+        candidates = self._by_alertname.get(labels.get("alertname", ""), []) + self._any_alertname
+        self.candidates_examined += len(candidates)
+        return sorted((p for p in candidates if matches_all(p.match, labels)), key=lambda p: p.name)
 
     def excluded_matches(self, labels: Mapping[str, str]) -> list[str]:
         """Why each playbook set aside for its scheduler would have matched ``labels`` (explain's notes)."""

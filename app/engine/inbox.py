@@ -1,11 +1,16 @@
-"""The inbox: the webhook commits each notification as received; the worker ingests it, a few alerts a transaction.
+"""The inbox: the webhook commits each notification as received; the worker ingests them, a batch a transaction.
 
-Answering Alertmanager costs one INSERT and one commit whatever the group's size, and the per-alert work (dedup,
-match, incidents, ledger) happens in the worker, in transactions short enough that the webhook's commit never
-waits long for SQLite's single write lock. Each transaction ingests the next ``batch`` alerts of the oldest
-pending notification and advances its ``next_alert`` with them, so a crash between two batches resumes where it
-stopped, and no alert is ingested twice. A notification whose ingestion raises (a bug, not an outage) is set aside
-with its error (``failed_at``) and the queue moves on; ``nightshift inbox --retry`` puts it back.
+Answering Alertmanager costs one transaction whatever the group's size (the backlog's check, the body, the new
+instances it carries), and the per-alert work (dedup, match, incidents, ledger) happens in the worker, in
+transactions short enough that the webhook's commit never waits long for SQLite's single write lock. Each
+transaction ingests the next ``worker.inbox_batch_alerts`` alerts of the queue (:func:`take`: the next
+notifications of one lane while they fit whole, or the next alerts of one larger than a batch) and advances each
+one's ``next_alert`` with them, so a crash between two batches resumes where it stopped, and no alert is ingested
+twice. A batch that raises is rolled back and its first notification ingested alone; a notification whose
+ingestion raises (a bug, not an outage) is set aside with its error (``failed_at``) and the queue moves on;
+``nightshift inbox --retry`` puts it back. A notification this process accepted reaches its own worker thread as
+parsed at the door (``serve`` with its embedded worker; bounded by :data:`MAX_HANDED_OVER_ALERTS`); a worker in
+another process reads and parses the body.
 
 Backpressure: a notification carrying a firing alert instance the store has not seen (a new Xid, a node going
 down) goes in lane 0, one of pure repeats (Alertmanager re-sending a group) in lane 1, and the worker takes lane 0

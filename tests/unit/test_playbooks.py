@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import textwrap
+from dataclasses import replace
 from datetime import timedelta
 
 import jsonschema
@@ -17,6 +18,7 @@ from app.domain.errors import ConfigError, ParamError
 from app.domain.matchers import parse_matchers
 from app.domain.outcome import Ok
 from app.domain.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
+from app.domain import playbooks as playbooks_module
 from app.domain.playbooks import (
     SCHEMA_PATH,
     Budget,
@@ -901,3 +903,41 @@ def test_a_notify_url_must_be_written_out_not_templated():
         text.replace("{{ labels.hook }}", "chat.example"), "pb.yaml", default_registry()
     )
     assert loaded.steps[0].with_["url"] == "https://chat.example/x"  # the text may still be templated
+
+
+def test_a_target_is_rendered_once_for_alerts_that_agree_on_what_its_templates_read(monkeypatch):
+    playbook = replace(
+        _playbook("node-fault", 'alertname="GpuXidError"'),
+        target={"scheduler": "slurm", "node": "{{ labels.Hostname }}", "job": "{{ labels.slurm_job_id }}"},
+    )
+    rendered: list[str] = []
+    real = playbooks_module.render
+
+    def render(text, context, **kwargs):
+        rendered.append(text)
+        return real(text, context, **kwargs)
+
+    monkeypatch.setattr(playbooks_module, "render", render)
+    rank = {"alertname": "GpuXidError", "Hostname": "node1", "slurm_job_id": "42", "rank": "0"}
+    first = playbook.render_target(rank, {})
+    assert playbook.render_target({**rank, "rank": "7"}, {"summary": "x"}) == first  # reads neither
+    assert len(rendered) == 3  # one rendering of the three values
+    first["node"] = "changed by a caller"
+    assert playbook.render_target(rank, {})["node"] == "node1"  # a copy is handed out
+    assert playbook.render_target({**rank, "Hostname": "node2"}, {})["node"] == "node2"
+    bad = {**rank, "Hostname": "node 1;reboot"}
+    for _ in range(2):  # a value its pattern refuses raises every time, never remembered
+        with pytest.raises(ParamError):
+            playbook.render_target(bad, {})
+
+
+def test_the_targets_a_playbook_remembers_are_bounded(monkeypatch):
+    monkeypatch.setattr(playbooks_module, "MAX_REMEMBERED_TARGETS", 3)
+    playbook = replace(
+        _playbook("node-fault", 'alertname="GpuXidError"'), target={"node": "{{ labels.Hostname }}"}
+    )
+    for i in range(10):
+        assert playbook.render_target({"alertname": "GpuXidError", "Hostname": f"node{i}"}, {}) == {
+            "node": f"node{i}"
+        }
+        assert len(playbook._targets) <= 3
