@@ -13,12 +13,12 @@ import pytest
 from app.actions import default_registry
 from app.actions.base import Action, Plan
 from app.actions.registry import ActionRegistry
+from app.domain import playbooks as playbooks_module
 from app.domain.config_documents import read_documents
 from app.domain.errors import ConfigError, ParamError
 from app.domain.matchers import parse_matchers
 from app.domain.outcome import Ok
 from app.domain.params import NODE_NAME, SAFE_TEXT, SLURM_JOB_ID, Param
-from app.domain import playbooks as playbooks_module
 from app.domain.playbooks import (
     SCHEMA_PATH,
     Budget,
