@@ -5,7 +5,7 @@ backends, a fake clock) and what tests ask of it, built by :func:`make_world` (i
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from app import build_engine
@@ -350,3 +350,16 @@ def episode_world(
         prometheus=prometheus,
         slurm=slurm,
     )
+
+
+def matching_that_raises_on(world: World, hostname: str) -> Callable[[Mapping[str, str]], list[Any]]:
+    """The world's playbook matching, raising for the alerts of ``hostname``: a bug in matching, which the inbox sets
+    the notification aside for."""
+    real = world.engine.deps.playbooks.match
+
+    def match(labels: Mapping[str, str]) -> list[Any]:
+        if labels.get("Hostname") == hostname:
+            raise RuntimeError("a bug in matching")
+        return real(labels)
+
+    return match

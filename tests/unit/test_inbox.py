@@ -19,7 +19,7 @@ from app.store.schema import inbox as inbox_table
 from app.worker import run_worker
 from sim.procs import wait_until
 from tests.payloads import alert, payload, xid
-from tests.worlds import World, make_world
+from tests.worlds import World, make_world, matching_that_raises_on
 
 
 def accept(world: World, *alerts: dict) -> int:
@@ -133,13 +133,7 @@ def test_a_notification_whose_ingestion_raises_is_set_aside_and_the_queue_moves_
     poisoned = accept(world, alert(xid(node="node9", job="9")))
     accept(world, alert(xid()))
     real_match = world.engine.deps.playbooks.match
-
-    def match(labels):
-        if labels.get("Hostname") == "node9":
-            raise RuntimeError("a bug in matching")
-        return real_match(labels)
-
-    monkeypatch.setattr(world.engine.deps.playbooks, "match", match)
+    monkeypatch.setattr(world.engine.deps.playbooks, "match", matching_that_raises_on(world, "node9"))
     assert backlog(world.engine) == 2
     total = world.engine.inbox.ingest_all()
     assert backlog(world.engine) == 0  # the set-aside notification waits outside the backlog

@@ -7,9 +7,11 @@ from __future__ import annotations
 import json
 import tempfile
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
@@ -23,7 +25,7 @@ from app.store.schema import alerts, inbox, incident_alerts, incidents, ledger
 from tests.fakes import START
 from tests.payloads import alert, payload, xid
 from tests.strategies import alert_docs
-from tests.worlds import GRANTS, World, make_world
+from tests.worlds import GRANTS, World, make_world, matching_that_raises_on
 
 # Few alert instances, so that one comes again, resolves and fires late within a batch; and the fuzz tests' wider
 # mix (hostile values, unmatched Xids).
@@ -136,14 +138,7 @@ def test_a_batch_that_raises_is_retried_a_notification_at_a_time_and_only_the_ba
     first = accept(world, alert(xid(node="node1", job="1")))
     poisoned = accept(world, alert(xid(node="node9", job="9")))
     last = accept(world, alert(xid(node="node2", job="2")))
-    real_match = world.engine.deps.playbooks.match
-
-    def match(labels):
-        if labels.get("Hostname") == "node9":
-            raise RuntimeError("a bug in matching")
-        return real_match(labels)
-
-    monkeypatch.setattr(world.engine.deps.playbooks, "match", match)
+    monkeypatch.setattr(world.engine.deps.playbooks, "match", matching_that_raises_on(world, "node9"))
     world.engine.inbox.ingest_all()
     with world.engine.deps.store.read() as conn:
         rows = {row.id: row for row in conn.execute(select(inbox))}
@@ -151,6 +146,20 @@ def test_a_batch_that_raises_is_retried_a_notification_at_a_time_and_only_the_ba
     assert set(rows) == {poisoned} and rows[poisoned].failed_at is not None
     assert first not in rows and last not in rows
     assert hosts == ["node1", "node2"]  # each ingested once, the poisoned one not at all
+
+
+@pytest.fixture
+def bodies_read(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ids of the queued notifications whose bodies the worker reads from the store (filled as it does)."""
+    read: list[int] = []
+    real = records.inbox_bodies
+
+    def bodies(conn: Any, inbox_ids: Sequence[int]) -> dict[int, str]:
+        read.extend(inbox_ids)
+        return real(conn, inbox_ids)
+
+    monkeypatch.setattr(records, "inbox_bodies", bodies)
+    return read
 
 
 def test_the_worker_takes_a_notification_its_process_accepted_without_reading_its_body(tmp_path, monkeypatch):
@@ -164,35 +173,19 @@ def test_the_worker_takes_a_notification_its_process_accepted_without_reading_it
     assert len(world.engine.inbox.ingest_all().opened) == 1
 
 
-def test_past_the_hand_over_bound_the_oldest_accepted_are_read_from_the_store(tmp_path, monkeypatch):
+def test_past_the_hand_over_bound_the_oldest_accepted_are_read_from_the_store(tmp_path, monkeypatch, bodies_read):
     monkeypatch.setattr(inbox_module, "MAX_HANDED_OVER_ALERTS", 2)
     world = make_world(tmp_path, GRANTS)
     world.engine.deps.settings.worker.inbox_batch_alerts = 64
     ids = [accept(world, alert(xid(node=f"node{i}", job=str(i)))) for i in range(4)]
-    read: list[int] = []
-    real = records.inbox_bodies
-
-    def bodies(conn, inbox_ids):
-        read.extend(inbox_ids)
-        return real(conn, inbox_ids)
-
-    monkeypatch.setattr(records, "inbox_bodies", bodies)
     assert len(world.engine.inbox.ingest_all().opened) == 4
-    assert sorted(read) == ids[:2]  # the two let go; the last two were handed over
+    assert sorted(bodies_read) == ids[:2]  # the two let go; the last two were handed over
 
 
-def test_serve_without_its_worker_hands_nothing_over(tmp_path, monkeypatch):
+def test_serve_without_its_worker_hands_nothing_over(tmp_path, bodies_read):
     world = make_world(tmp_path, GRANTS)
     world.engine.deps.settings.embedded_worker = False
     serve = Inbox(world.engine.deps)  # as ``serve`` builds it with that setting
     body = json.dumps(payload(alert(xid()))).encode()
     inbox_id = serve.accept(parse_notification(body), body)
-    read: list[int] = []
-    real = records.inbox_bodies
-
-    def bodies(conn, inbox_ids):
-        read.extend(inbox_ids)
-        return real(conn, inbox_ids)
-
-    monkeypatch.setattr(records, "inbox_bodies", bodies)
-    assert len(serve.ingest_all().opened) == 1 and read == [inbox_id]
+    assert len(serve.ingest_all().opened) == 1 and bodies_read == [inbox_id]
