@@ -173,7 +173,9 @@ def test_the_worker_takes_a_notification_its_process_accepted_without_reading_it
     assert len(world.engine.inbox.ingest_all().opened) == 1
 
 
-def test_past_the_hand_over_bound_the_oldest_accepted_are_read_from_the_store(tmp_path, monkeypatch, bodies_read):
+def test_past_the_hand_over_bound_the_oldest_accepted_are_read_from_the_store(
+    tmp_path, monkeypatch, bodies_read
+):
     monkeypatch.setattr(inbox_module, "MAX_HANDED_OVER_ALERTS", 2)
     world = make_world(tmp_path, GRANTS)
     world.engine.deps.settings.worker.inbox_batch_alerts = 64
