@@ -6,7 +6,7 @@ open incident of its episode, links it, and on a resolve counts what still fires
 is three to four statements an alert, and SQLAlchemy spends about ten times what SQLite does on each
 (bench/README.md, "Storms"). Here the batch's reads are made up front:
 
-* its alert instances (:func:`records.stored_alerts`), the new ones inserted at once (each with the values of its
+* its alert instances (:func:`read_instances`), the new ones inserted at once (each with the values of its
   first occurrence in the batch: a later one is an update, as it would have been);
 * the incidents its known instances are linked to, locked as :func:`records.incidents_for_alert` locks them;
 * the open incidents of the episodes its firing alerts fall in (the caller names their open keys);
@@ -118,9 +118,7 @@ class AlertBatch:
         needs of the store."""
         conn = self.conn
         self._known(read_instances(conn, keys))
-        self._insert(
-            [row for row in new_rows if (row["fingerprint"], row["starts_at"]) not in self.instances]
-        )
+        self._insert([r for r in new_rows if (r["fingerprint"], r["starts_at"]) not in self.instances])
         # Every instance the batch did not insert itself, those a concurrent writer inserted first included.
         inserted = {self.instances[key] for key in self.fresh}
         known = sorted(alert_id for alert_id in self.status if alert_id not in inserted)
@@ -173,9 +171,6 @@ class AlertBatch:
             self.firing.update((incident_id, count) for incident_id, count in rows)
 
     # --- what the store's functions ask and tell it -----------------------------------------------------------
-
-    def holds(self, key: InstanceKey) -> bool:
-        return key in self.instances
 
     def recorded(self, key: InstanceKey, changes: Callable[[str], dict[str, Any]]) -> tuple[int, str | None]:
         """One occurrence of a batch's instance: its row id and its status before it (None: new, inserted as the
