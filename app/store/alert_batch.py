@@ -111,14 +111,17 @@ class AlertBatch:
     # --- opening --------------------------------------------------------------------------------------------
 
     def read(
-        self, keys: Iterable[InstanceKey], new_rows: Sequence[dict[str, Any]], open_keys: Iterable[str]
+        self,
+        keys: Iterable[InstanceKey],
+        new_row: Callable[[InstanceKey], dict[str, Any]],
+        open_keys: Iterable[str],
     ) -> None:
-        """Read the batch's instances (``keys``), insert the new ones (``new_rows``: the alerts table's columns,
-        one row per instance the store does not hold, the first occurrence's values), then read what the batch
-        needs of the store."""
+        """Read the batch's instances (``keys``), insert those the store does not hold (``new_row``: an instance's
+        columns, its first occurrence's values), then read what the batch needs of the store."""
         conn = self.conn
+        keys = list(keys)
         self._known(read_instances(conn, keys))
-        self._insert([r for r in new_rows if (r["fingerprint"], r["starts_at"]) not in self.instances])
+        self._insert([new_row(key) for key in keys if key not in self.instances])
         # Every instance the batch did not insert itself, those a concurrent writer inserted first included.
         inserted = {self.instances[key] for key in self.fresh}
         known = sorted(alert_id for alert_id in self.status if alert_id not in inserted)
@@ -265,12 +268,17 @@ def read_instances(conn: Connection, keys: Iterable[InstanceKey]) -> dict[Instan
     resolved it must not write its stale status back."""
     wanted = sorted(set(keys))
     found: dict[InstanceKey, tuple[int, str]] = {}
-    for chunk in _chunks(wanted):
-        params = {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
+    for params in instance_lists(wanted):
         found.update(
             ((r.fingerprint, r.starts_at), (r.id, r.status)) for r in conn.execute(_INSTANCES, params)
         )
     return {key: found[key] for key in wanted if key in found}
+
+
+def instance_lists(keys: Sequence[InstanceKey]) -> Iterable[dict[str, list[Any]]]:
+    """The two IN lists (``fingerprints_``, ``starts_``) that find these instances, a chunk of them at a time."""
+    for chunk in _chunks(keys):
+        yield {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
 
 
 def _chunks(values: Sequence[Any]) -> Iterable[list[Any]]:

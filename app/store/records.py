@@ -212,8 +212,6 @@ _DELETE_INBOX_ALERTS = inbox_alerts.delete().where(
 
 
 InstanceKey = alert_batch.InstanceKey
-# Fingerprints looked up per query (SQLite allows 32,766 bound parameters; PostgreSQL 65,535).
-KNOWN_CHUNK = alert_batch.CHUNK
 
 
 @contextmanager
@@ -225,10 +223,10 @@ def alert_batch_of(
     block starts, with the open incidents of ``open_keys``; what the block writes to instances and links is
     written as it ends. When the block raises, nothing more is written (its transaction rolls back)."""
     batch = alert_batch.AlertBatch(conn)
-    first: dict[InstanceKey, dict[str, Any]] = {}
+    first: dict[InstanceKey, tuple[Notification, Alert]] = {}
     for notification, alert in entries:
-        first.setdefault((alert.fingerprint, alert.starts_at), _new_alert(alert, notification, now))
-    batch.read(first, list(first.values()), open_keys)
+        first.setdefault((alert.fingerprint, alert.starts_at), (notification, alert))
+    batch.read(first, lambda key: _new_alert(first[key][1], first[key][0], now), open_keys)
     alert_batch.hold(conn, batch)
     try:
         yield
@@ -559,9 +557,7 @@ def known_instances(conn: Connection, instances: Iterable[tuple[str, datetime]])
     carried as new."""
     wanted = sorted(set(instances))
     found: set[tuple[str, datetime]] = set()
-    for start in range(0, len(wanted), KNOWN_CHUNK):
-        chunk = wanted[start : start + KNOWN_CHUNK]
-        params = {"fingerprints_": sorted({f for f, _ in chunk}), "starts_": sorted({at for _, at in chunk})}
+    for params in alert_batch.instance_lists(wanted):
         found.update((row.fingerprint, row.starts_at) for row in conn.execute(_KNOWN, params))
     return found.intersection(wanted)
 
