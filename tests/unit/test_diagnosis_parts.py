@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from app.domain.diagnosis import BENIGN, Culprit, Diagnosis, diagnose
-from app.domain.diagnosis.lines import normalise_pci, parse_line
+from app.domain.diagnosis.lines import normalise_pci, parse_line, read_layout
 from app.domain.diagnosis.signatures import required_literals
 from app.domain.diagnosis.stacks import judge, parse_dumps
 
@@ -69,8 +69,43 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
     ],
 )
 def test_parse_line_reads_rank_host_and_gpu(raw, rank, host, gpu):
-    line = parse_line(0, raw)
+    line = read_layout([raw]).resolve(parse_line(0, raw))  # the line is the whole log
     assert (line.rank, line.host, line.gpu) == (rank, host, gpu)
+
+
+TORCHRUN_PER_NODE = [  # srun -l over one torchrun --tee 3 a node, two nodes of two workers
+    "0: [default0]:step 10 loss 2.1",
+    "1: [default1]:RuntimeError: boom",
+    "srun: error: gpu-b: task 1: Exited with exit code 1",
+    "srun: error: gpu-a: task 0: Exited with exit code 1",
+]
+
+
+def test_under_one_torchrun_a_node_srun_s_task_names_the_node_and_the_worker_s_tag_no_job_rank():
+    layout = read_layout(TORCHRUN_PER_NODE)
+    assert (layout.tasks_are_ranks, layout.one_node, dict(layout.task_hosts)) == (
+        False,
+        False,
+        {0: "gpu-a", 1: "gpu-b"},
+    )
+    line = layout.resolve(parse_line(1, TORCHRUN_PER_NODE[1]))
+    assert (line.rank, line.local_rank, line.task, line.host) == (None, 1, 1, "gpu-b")
+
+
+@pytest.mark.parametrize(
+    ("log", "rank"),
+    [
+        (["12: KeyError: 'x'", "3: step 1"], 12),  # srun, a task a rank
+        (["[default5]:KeyError: 'x'", "torchrun --nnodes=1 --nproc-per-node=8 train.py"], 5),  # one node
+        (["[default5]:KeyError: 'x'", "host-a:1:1 [0] NCCL INFO x", "host-b:1:1 [0] NCCL INFO x"], None),
+        # the label is not the rank: a launcher a node
+        (["1: [rank9]: KeyError: 'x'", "12: KeyError: 'x'"], 9),
+        (["12: KeyError: 'x'", "1: [rank9]: step 1"], None),
+        (["12: KeyError: 'x'", "LocalElasticAgent: starting workers"], None),
+    ],
+)
+def test_what_a_task_and_a_local_rank_mean_is_read_from_the_whole_log(log, rank):
+    assert read_layout(log).resolve(parse_line(0, log[0])).rank == rank
 
 
 def test_terminal_colours_do_not_hide_an_error():
@@ -146,6 +181,43 @@ def test_plain_py_spy_output_without_headers_is_read():
     )
     (stack,) = parse_dumps(text.splitlines())
     assert (stack.pid, stack.rank, stack.frames) == (42, None, ("read (data.py:5)",))
+
+
+def test_a_command_line_s_rank_is_the_job_s_rank_and_its_local_rank_only_a_local_rank():
+    def plain(pid: int, args: str) -> str:
+        return f'Process {pid}: python -u train.py {args}\nThread {pid} (idle): "MainThread"\n    read (d.py:5)\n'
+
+    text = plain(7, "--rank=5 --local_rank=1") + plain(8, "--local_rank=1") + plain(9, "--node_rank=1")
+    assert [(s.rank, s.local_rank) for s in parse_dumps(text.splitlines())] == [
+        (5, None),
+        (None, 1),
+        (None, None),
+    ]
+
+
+def test_a_local_rank_from_a_command_line_names_no_host_in_a_multi_node_job():
+    """DeepSpeed passes ``--local_rank=N`` to every worker: on a two-node job it is not rank N, whose host the
+    log names; the culprit's node stays unknown rather than wrong."""
+    table = "gpu-{h}:1:1 [{d}] NCCL INFO comm 0x1 rank {r} nranks 4 cudaDev {d} busId 1b000 - Init COMPLETE"
+    hosts = "\n".join(table.format(h="ab"[r // 2], d=r % 2, r=r) for r in range(4))
+    dumps = [
+        f"Process {100 + r}: python -u train.py --local_rank={r % 2}\n"
+        f'Thread {100 + r} (idle): "MainThread"\n    {COLLECTIVE[0]}\n    {COLLECTIVE[1]}\n'
+        for r in range(3)
+    ]
+    dumps.append(
+        'Process 103: python -u train.py --local_rank=1\nThread 103 (idle): "MainThread"\n'
+        "    compute (t.py:40)\n    step (t.py:11)\n"
+    )
+    stacks = parse_dumps("".join(dumps).splitlines())
+    verdict = judge(stacks)
+    assert verdict is not None and verdict.culprit is not None
+    assert (verdict.culprit.rank, verdict.culprit.local_rank) == (None, 1)
+    assert "local rank 1" in verdict.description
+    result = diagnose({"job_id": "7"}, hosts + "\n" + "".join(dumps))
+    assert result.category == "hang"
+    # not rank 1's host gpu-a: a local rank 1 runs on both nodes
+    assert result.culprit is None or result.culprit.node is None
 
 
 # --- quiet on healthy runs ----------------------------------------------------------------------------------

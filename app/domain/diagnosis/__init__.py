@@ -645,10 +645,11 @@ def _pattern_votes(
             culprit = None
             if stack_verdict.culprit is not None:
                 c = stack_verdict.culprit
+                rank = c.rank if c.rank is not None else (c.local_rank if reading.layout.one_node else None)
                 culprit = Culprit(
-                    c.node or (reading.rank_hosts.get(c.rank) if c.rank is not None else None),
-                    c.rank,
-                    reading.rank_gpus.get(c.rank) if c.rank is not None else None,
+                    c.node or (reading.rank_hosts.get(rank) if rank is not None else None),
+                    rank,
+                    reading.rank_gpus.get(rank) if rank is not None else None,
                     (c.describe(),),
                 )
             tallies[stack_verdict.category].add_fact(

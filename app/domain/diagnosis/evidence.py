@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from app.domain.diagnosis import launcher as launchers
 from app.domain.diagnosis import xid as xids
-from app.domain.diagnosis.lines import LogLine, normalise_pci, unshipped
+from app.domain.diagnosis.lines import Layout, LogLine, normalise_pci, read_layout, unshipped
 from app.domain.diagnosis.lines import parse_line as parse_one
 from app.domain.diagnosis.signatures import Signature, SignatureCatalogue
 
@@ -124,6 +124,7 @@ class Reading:
     # OOM killer), and the nodes whose task exited with a status of its own.
     srun_killed: dict[str, LogLine] = field(default_factory=dict)
     srun_exited: set[str] = field(default_factory=set)
+    layout: Layout = field(default_factory=Layout)  # what srun's tasks and torchrun's local ranks mean here
 
     def first(self, role: str) -> Marker | None:
         return next((m for m in self.markers if m.signature.role == role), None)
@@ -152,15 +153,16 @@ class Reading:
 
 def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
     """Classify and parse ``lines`` (already bounded by the caller) in one pass."""
-    reading = Reading(line_count=len(lines))
+    reading = Reading(line_count=len(lines), layout=read_layout(lines))
     agent = reading.launcher
     jax_barrier: LogLine | None = None  # the barrier timeout whose missing tasks the next lines name
     section_starts = [0]  # the line each section starts at
     section_nodes: dict[int, str] = {}  # a section's start -> the Kubernetes node it names ("Node:")
     section_host: str | None = None  # from a "==> dmesg node7 <==" header: where the lines below come from
+    layout = reading.layout
 
     def parse_line(index: int, text: str) -> LogLine:
-        line = parse_one(index, text)
+        line = layout.resolve(parse_one(index, text))
         return dataclasses.replace(line, host=section_host) if section_host and not line.host else line
 
     for index, raw in enumerate(lines):
@@ -258,7 +260,7 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
         if failure.host and failure.host != "localhost":
             reading.rank_hosts.setdefault(failure.rank, failure.host)
         if failure.error and (_GLOO_TIMEOUT.search(failure.error) or _WATCHDOG in failure.error):
-            line = parse_one(failure.index, failure.text)
+            line = layout.resolve(parse_one(failure.index, failure.text))
             reading.timeouts.setdefault(failure.rank, (-1, "gloo", line))
     return reading
 

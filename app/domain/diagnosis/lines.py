@@ -7,12 +7,20 @@ several at once (``2024-03-21T02:07:08Z gpu-node-07 [stderr] [rank3]:[E321 02:07
 torchrun's ``[default3]:``), then reads the facts the body itself names (NCCL's ``host:pid:tid [gpu]``, c10d's
 ``[Rank 3]``, Slurm's ``srun: error: HOST: task 3:``, Megatron's ``Rank 12: ... Device: 2, node: HOST``, the
 driver's ``NVRM: Xid (PCI:...)``). What is not named stays None.
+
+Two prefixes name a rank only in some jobs, and one line cannot tell which: ``srun -l``'s label is a task's
+number, the rank's under one task per rank but the node's under one launcher per node (torchrun, whose workers
+tag their own lines: ``1: [rank9]: ...``); torchrun's ``[default3]:`` is the worker's rank within its node, the
+job's rank only on one node. :func:`read_layout` reads which from the whole log, and :meth:`Layout.resolve` gives
+a line the rank and host they mean there; what the log leaves open stays unknown rather than guessed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from datetime import datetime
 
 _MONTHS = {
@@ -38,18 +46,21 @@ _UPTIME = re.compile(r"\[\s*\d+\.\d+\]\s*")  # dmesg: [12345.678901]
 _GLOG = re.compile(  # glog / c10d: E0321 02:07:08.408271 12345 file.cpp:607]
     r"\[?[IWEF](?P<mo>\d\d)(?P<d>\d\d) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)\.\d+(?: +\d+)?(?: [\w./-]+:\d+)?\]\s*"
 )
-# [rank3]: (torch), [default3]: (torchrun --tee), [rank: 3] (Lightning), [1,3]<stderr>: (Open MPI --tag-output),
-# [3]<stderr>: (horovodrun), "[3] " (per-process output tags)
+# [rank3]: (torch), [rank: 3] (Lightning), [1,3]<stderr>: (Open MPI --tag-output), [3]<stderr>: (horovodrun),
+# "[3] " (per-process output tags)
 _RANK_TAG = re.compile(
-    r"(?:\[(?:rank|default|worker|trainer):? ?(?P<rank>\d{1,6})\]:?"
+    r"(?:\[rank:? ?(?P<rank>\d{1,6})\]:?"
     r"|\[(?:\d{1,6},)?(?P<mpi>\d{1,6})\]<std(?:out|err)>:|\[(?P<bare>\d{1,5})\](?= ))\s*",
     re.IGNORECASE,
 )
+# torchrun --tee's "[{role}{local_rank}]:" (torch/distributed/elastic/multiprocessing/tail_log.py), role "default"
+# unless --role names another
+_ROLE_TAG = re.compile(r"\[(?:default|worker|trainer)(?P<local>\d{1,6})\]:\s*", re.IGNORECASE)
 _RAY = re.compile(
     r"\((?:\w+) pid=\d+, ip=(?P<host>[\w.:-]+)\)\s*"
 )  # Ray: (RayTrainWorker pid=1, ip=10.0.0.3)
 _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
-_SRUN_LABEL = re.compile(r"(?P<rank>\d{1,6}): ")
+_SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
 # "RuntimeError: " or "NCCL: " never reads as a host.
 _HOST_COLON = re.compile(
@@ -72,7 +83,7 @@ _JSON_RANK = re.compile(r'"(?:rank|global_rank|RANK|process_index)"\s*:\s*"?(?P<
 _JSON_HOST = re.compile(r'"(?:host|hostname|node|nodename|HOSTNAME)"\s*:\s*"(?P<host>[\w.-]{1,253})"')
 _JAX_TASK = re.compile(r"/job:[\w-]+/replica:\d+/task:(?P<rank>\d+)")
 _C10D_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d{1,6})\]")
-_SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<rank>\d{1,6})(?:[-,]\d+)*: ")
+_SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<task>\d{1,6})(?P<more>(?:[-,]\d+)*): ")
 _MEGATRON = re.compile(r"\bRank (?P<rank>\d{1,6}): found (?:NaN|Inf)\b")
 _DEVICE = re.compile(r"\bDevice: (?P<gpu>\d+)")
 _NODE = re.compile(r"\bnode: (?P<host>[\w.-]+)")
@@ -88,20 +99,23 @@ class LogLine:
     index: int
     raw: str
     body: str
-    rank: int | None = None
+    rank: int | None = None  # the job's rank (RANK), where the line names it
     host: str | None = None
     gpu: str | None = None
     pci: str | None = None
     time: float | None = (
         None  # seconds since the epoch; year 2000 when the format has no year (relative only)
     )
+    task: int | None = None  # srun's task number (srun -l's label, srun's own "task N" lines)
+    local_rank: int | None = None  # the worker's rank within its node (torchrun's tag)
 
 
 def parse_line(index: int, raw: str) -> LogLine:
     """Split ``raw`` into prefixes and body and read who and when from both."""
     rest = raw.lstrip()
     rank: int | None = None
-    label: int | None = None  # srun -l's task number: the rank only when nothing else on the line names one
+    task: int | None = None
+    local_rank: int | None = None
     host: str | None = None
     gpu: str | None = None
     when: float | None = None
@@ -129,10 +143,12 @@ def parse_line(index: int, raw: str) -> LogLine:
             pass
         elif match := _RANK_TAG.match(rest):
             rank = int(match["rank"] or match["mpi"] or match["bare"]) if rank is None else rank
+        elif match := _ROLE_TAG.match(rest):
+            local_rank = int(match["local"]) if local_rank is None else local_rank
         elif (match := _RAY.match(rest)) or (match := _POD.match(rest)):
             host = host or match["host"]
-        elif label is None and rank is None and (match := _SRUN_LABEL.match(rest)):
-            label = int(match["rank"])
+        elif task is None and rank is None and local_rank is None and (match := _SRUN_LABEL.match(rest)):
+            task = int(match["task"])
         elif host is None and (match := _HOST_COLON.match(rest)) and not _NCCL_SOURCE.match(rest):
             host = match["host"]
         else:
@@ -153,7 +169,7 @@ def parse_line(index: int, raw: str) -> LogLine:
         rank = int(next(g for g in match.groups() if g is not None))
     if match := _SRUN_TASK.search(body):
         host = match["host"]
-        rank = int(match["rank"]) if rank is None else rank
+        task = int(match["task"]) if task is None else task
     elif match := _ON_NODE.search(body):
         host = host or match["host"] or match["host2"]
     if ("found N" in body or "found I" in body) and (match := _MEGATRON.search(body)):
@@ -164,9 +180,70 @@ def parse_line(index: int, raw: str) -> LogLine:
             host = host or node["host"]
     if match := _XID.search(body):
         pci = normalise_pci(match["pci"])
-    # srun's label is the task's number: each rank's under one task per GPU, but the node's when srun starts one
-    # launcher (torchrun) per node, whose workers tag their own lines ("1: [rank9]: ..." is rank 9 on task 1).
-    return LogLine(index, raw, body, rank if rank is not None else label, host, gpu, pci, when)
+    return LogLine(index, raw, body, rank, host, gpu, pci, when, task, local_rank)
+
+
+# What read_layout looks at: srun -l's label before a rank or torchrun tag, the launchers that start one process per
+# node, srun's own task lines, NCCL's and torchrun's summary's host names.
+_TASK_TAGGED = re.compile(
+    r"(?P<task>\d{1,6}): (?:\[rank:? ?(?P<rank>\d{1,6})\]|\[(?:default|worker|trainer)\d{1,6}\]:)",
+    re.IGNORECASE,
+)
+_PER_NODE_LAUNCHER = re.compile(
+    r"\[(?:default|worker|trainer)\d{1,6}\]:|torch[./]distributed[./](?:elastic|run|launch)\b|\btorchrun\b|"
+    r"LocalElasticAgent|--world_info\b|\baccelerate launch\b",
+    re.IGNORECASE,
+)
+_SUMMARY_HOST = re.compile(r"^\s*host\s*: (?P<host>[\w.-]+)\s*$")
+MAX_LAYOUT_HOSTS = 4096  # hosts and tasks remembered: enough to tell one node from several, and to name them
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the job was started, as far as its whole log tells: what its tasks and local ranks mean."""
+
+    tasks_are_ranks: bool = True  # srun started one task per rank (no launcher per node under it)
+    one_node: bool = True  # nothing in the log names a second node: a local rank is the job's rank
+    # srun's task -> its node, from srun's own lines
+    task_hosts: Mapping[int, str] = field(default_factory=dict)
+
+    def resolve(self, line: LogLine) -> LogLine:
+        """``line`` with the rank and host its task and local rank mean in this log."""
+        rank, host = line.rank, line.host
+        if rank is None and line.task is not None and self.tasks_are_ranks:
+            rank = line.task
+        if rank is None and line.local_rank is not None and self.one_node:
+            rank = line.local_rank
+        if host is None and line.task is not None:
+            host = self.task_hosts.get(line.task)
+        if (rank, host) == (line.rank, line.host):
+            return line
+        return dataclasses.replace(line, rank=rank, host=host)
+
+
+def read_layout(lines: Iterable[str]) -> Layout:
+    """The :class:`Layout` of a log, in one pass of a few regular expressions a line."""
+    per_node = False
+    tasks: set[int] = set()
+    hosts: set[str] = set()
+    task_hosts: dict[int, str] = {}
+    for raw in lines:
+        own = unshipped(raw.lstrip())
+        if (tagged := _TASK_TAGGED.match(own)) and len(tasks) < MAX_LAYOUT_HOSTS:
+            tasks.add(int(tagged["task"]))
+            per_node = per_node or tagged["rank"] is None or tagged["rank"] != tagged["task"]
+        per_node = per_node or bool(_PER_NODE_LAUNCHER.search(own))
+        if len(hosts) >= MAX_LAYOUT_HOSTS:
+            continue
+        if own.startswith("srun: error: ") and (task := _SRUN_TASK.match(own)):
+            hosts.add(task["host"])
+            if not task["more"]:  # "tasks 0-3": several tasks on one node, each its own rank
+                task_hosts.setdefault(int(task["task"]), task["host"])
+        elif " NCCL " in own and (source := _NCCL_SOURCE.search(own)):
+            hosts.add(source["host"])
+        elif "host" in own and (summary := _SUMMARY_HOST.match(own)):
+            hosts.add(summary["host"])
+    return Layout(not per_node, len(tasks) <= 1 and len(hosts) <= 1, task_hosts)
 
 
 def unshipped(raw: str) -> str:

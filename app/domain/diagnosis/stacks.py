@@ -30,7 +30,10 @@ MAX_PROCESSES = 4096
 
 _HEADER = re.compile(r"^==> py-spy node=(?P<node>\S*) rank=(?P<rank>\S*) pid=(?P<pid>\d+) <==")
 _PROCESS = re.compile(r"^Process (?P<pid>\d+): (?P<cmd>.*)")
-_CMD_RANK = re.compile(r"--(?:local[_-])?rank[= ](?P<rank>\d{1,6})\b")  # launchers pass it (--local_rank=3)
+# Launchers pass ranks on the command line: the job's rank (``--rank=3``), or only the rank within the node
+# (DeepSpeed's and torch.distributed.launch's ``--local_rank=3``), which names no node and no job rank.
+_CMD_RANK = re.compile(r"(?<![\w-])--(?:global[_-])?rank[= ](?P<rank>\d{1,6})\b")
+_CMD_LOCAL_RANK = re.compile(r"(?<![\w-])--local[_-]rank[= ](?P<rank>\d{1,6})\b")
 _THREAD = re.compile(r'^Thread (?:0x[0-9A-Fa-f]+|\d+) \((?P<state>[\w +]+)\)(?:: "(?P<name>[^"]*)")?')
 _FRAME = re.compile(r"^\s{2,}(?P<func>\S.*?) \((?P<file>[^()]+?):(?P<line>\d+)\)\s*$")
 
@@ -86,6 +89,7 @@ class RankStack:
     pid: int
     frames: tuple[str, ...]  # "function (file:line)", innermost first
     error: str | None = None  # py-spy's error when it could not dump the process
+    local_rank: int | None = None  # the rank within its node, where only that is known
 
     @property
     def kind(self) -> str:
@@ -114,9 +118,7 @@ class RankStack:
         return re.sub(r":\d+\)$", ")", self.frames[0])
 
     def describe(self) -> str:
-        who = " ".join(
-            part for part in (self.node, f"rank {self.rank}" if self.rank is not None else None) if part
-        )
+        who = " ".join(part for part in (self.node, _rank_words(self)) if part)
         path = " <- ".join(self.frames[:3])
         return f"{who or 'process'} (pid {self.pid}): {path}"
 
@@ -138,6 +140,7 @@ def parse_dumps(lines: Sequence[str]) -> list[RankStack]:
     stacks: list[RankStack] = []
     node: str | None = None
     rank: int | None = None
+    local_rank: int | None = None
     pid: int | None = None
     threads: list[tuple[str, list[str]]] = []
     error: str | None = None
@@ -145,23 +148,25 @@ def parse_dumps(lines: Sequence[str]) -> list[RankStack]:
     def finish() -> None:
         if pid is not None and threads and len(stacks) < MAX_PROCESSES:
             main = next((frames for name, frames in threads if name == "MainThread"), threads[0][1])
-            stacks.append(RankStack(node, rank, pid, tuple(main)))
+            stacks.append(RankStack(node, rank, pid, tuple(main), local_rank=local_rank))
         elif pid is not None and error and len(stacks) < MAX_PROCESSES:
-            stacks.append(RankStack(node, rank, pid, (), error))
+            stacks.append(RankStack(node, rank, pid, (), error, local_rank))
 
     for raw in lines:
         line = raw.rstrip()
         if header := _HEADER.match(line):
             finish()
-            node, pid, threads, error = header["node"] or None, None, [], None
+            node, pid, threads, error, local_rank = header["node"] or None, None, [], None, None
             rank = int(header["rank"]) if header["rank"].isdigit() else None
         elif process := _PROCESS.match(line):
             if pid is not None:  # a second process under one header, or plain dumps without headers
                 finish()
-                node = rank = None
+                node = rank = local_rank = None
             pid, threads = int(process["pid"]), []
             if rank is None and (from_cmd := _CMD_RANK.search(process["cmd"])):
                 rank = int(from_cmd["rank"])
+            if rank is None and (from_cmd := _CMD_LOCAL_RANK.search(process["cmd"])):
+                local_rank = int(from_cmd["rank"])
         elif pid is not None and not threads and (failed := _DUMP_ERROR.match(line)):
             error = "; ".join(filter(None, (error, failed["error"] or failed["cause"])))
         elif pid is not None and (thread := _THREAD.match(line)):
@@ -245,6 +250,12 @@ def judge(stacks: Sequence[RankStack]) -> StackVerdict | None:
     )
 
 
+def _rank_words(stack: RankStack) -> str | None:
+    if stack.rank is not None:
+        return f"rank {stack.rank}"
+    return f"local rank {stack.local_rank}" if stack.local_rank is not None else None
+
+
 def _who(stack: RankStack) -> str:
-    rank = f"rank {stack.rank}" if stack.rank is not None else f"pid {stack.pid}"
+    rank = _rank_words(stack) or f"pid {stack.pid}"
     return f"{rank} on {stack.node}" if stack.node else rank
