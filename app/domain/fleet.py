@@ -255,16 +255,17 @@ def may_share(failure: JobFailure, others: Iterable[JobFailure], settings: Fleet
 
 @dataclass
 class FleetRecord:
-    """One fleet incident, as stored (a control row ``fleet:<key>``): its member job incidents, its sampled
-    diagnosis, how its cause is checked, and whether (when, by whom) it cleared."""
+    """One fleet incident, as stored (a control row ``fleet:<key>``, the cause's current one; its earlier ones under
+    ``fleet-history:<key>#<number>``): its member job incidents, its sampled diagnosis, how its cause is checked,
+    and whether (when, by whom) it cleared."""
 
     key: str  # "storage_io", "switch:leaf1", "unexplained"
     kind: str  # "storage", a domain's kind, or "unexplained"
     summary: str
     opened_at: datetime
-    held: bool = (
-        True  # its jobs' recoveries wait for it (a domain's jobs are requeued off the domain instead)
-    )
+    # its jobs' recoveries wait for it (a domain's jobs are requeued off the domain instead)
+    held: bool = True
+    number: int = 1  # the how-manieth fleet incident of its cause: a cause that comes back opens the next
     incidents: list[int] = field(default_factory=list)
     diagnosis: dict[str, Any] | None = None  # read from the logs of the ``sampled`` members
     sampled: list[int] = field(default_factory=list)

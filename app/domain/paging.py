@@ -12,7 +12,9 @@ notice's :class:`app.domain.states.NoticeKind` (and, for an incident's outcome, 
 * a fleet incident or the fleet's restart storm guard, as its incident needing a person.
 
 Each page has a ``dedup_key`` naming what it is about, so a repeated notice (a retried finalisation, an
-Alertmanager repeat of an unmatched alert) updates the one open PagerDuty alert instead of opening another.
+Alertmanager repeat of an unmatched alert) updates the one open PagerDuty alert instead of opening another. A fleet
+incident's is its cause's (``fleet/storage_io``): a cause that comes back (a flapping file system) updates the
+alert of its last fleet incident while a person has not resolved it, and pages anew once they have.
 """
 
 from __future__ import annotations
@@ -86,7 +88,9 @@ def page_for(notice: Notice, external_url: str = "") -> Page | None:
     incident = data.get("incident")
     link = _incident_link(external_url, incident)
     outcome = data.get("outcome")
-    if kind in AS_OUTCOME and outcome in PAGE_OUTCOMES and incident is not None:
+    if kind == NoticeKind.FLEET_INCIDENT and outcome in PAGE_OUTCOMES and data.get("fleet"):
+        key, severity, event_class = f"fleet/{data['fleet']}", PAGE_OUTCOMES[outcome], str(outcome)
+    elif kind in AS_OUTCOME and outcome in PAGE_OUTCOMES and incident is not None:
         key, severity, event_class = f"incident/{incident}", PAGE_OUTCOMES[outcome], str(outcome)
     elif kind == NoticeKind.NODE_HELD:
         key = f"node/{data.get('scheduler', '')}/{data['node']}/repair/{data.get('repair_id', '')}"

@@ -34,6 +34,8 @@ STORM_PREFIX = "fleet storm guard"
 MAX_OPEN_COMPARED = 5000  # open job incidents compared for a shared cause (the newest)
 RESTARTS, STORM_NOTIFIED = "fleet_restarts", "fleet_storm_notified_at"
 PREFIX = "fleet:"
+HISTORY_PREFIX = "fleet-history:"  # + "<key>#<number>": the earlier fleet incidents of a cause
+MAX_HISTORY = 20  # earlier fleet incidents kept a cause, beside its current one (the oldest is dropped)
 DIAGNOSIS_WAIT = timedelta(
     seconds=5
 )  # a job that may share its cause waits this long for the others' diagnoses
@@ -57,6 +59,23 @@ def read_record(conn: Connection, key: str, *, for_update: bool = False) -> flee
 
 def write_record(conn: Connection, record: fleet.FleetRecord, now: datetime) -> None:
     records.set_control(conn, PREFIX + record.key, record.as_json(), now)
+
+
+def archive_record(conn: Connection, record: fleet.FleetRecord, now: datetime) -> None:
+    """Keep ``record`` (its cause's current one until now) among the cause's earlier fleet incidents, at most
+    :data:`MAX_HISTORY` of them."""
+    records.set_control(conn, f"{HISTORY_PREFIX}{record.key}#{record.number}", record.as_json(), now)
+    if record.number > MAX_HISTORY:
+        records.delete_control(conn, f"{HISTORY_PREFIX}{record.key}#{record.number - MAX_HISTORY}")
+
+
+def _history(conn: Connection) -> list[fleet.FleetRecord]:
+    stored = records.controls_with_prefix(conn, HISTORY_PREFIX)
+    return [
+        fleet.FleetRecord.from_json(name.rpartition("#")[0], value)
+        for name, value in stored.items()
+        if isinstance(value, dict) and "#" in name
+    ]
 
 
 class FleetHolds:
@@ -83,18 +102,18 @@ class FleetHolds:
         return [f for f in failures if f.incident_id != inc.id]
 
     def _current(self, key: str, inc: Incident) -> fleet.FleetRecord | None:
-        """The fleet incident ``key`` that ``inc`` belongs to: None when there is none, when it cleared before
-        ``inc``'s fault began (the cause is back: a new fleet incident), or, for a domain's, when ``inc`` opened more
-        than a window after it."""
+        """The fleet incident ``key`` that ``inc`` belongs to (None: none does)."""
         with self.deps.store.read() as conn:
             record = read_record(conn, key)
+        return record if record is not None and self._belongs(inc, record) else None
+
+    def _belongs(self, inc: Incident, record: fleet.FleetRecord) -> bool:
+        """Whether ``inc`` belongs to ``record``: not when it cleared before ``inc``'s fault began (the cause is
+        back: a new fleet incident), nor, for a domain's, when ``inc`` opened more than a window after it."""
         window = timedelta(seconds=self.deps.settings.fleet.window_seconds)
-        if record is None:
-            return None
         if record.cleared_at is not None:
-            return None if inc.alert_starts_at > record.cleared_at else record
-        ended = None if record.held else record.opened_at
-        return None if ended is not None and inc.opened_at > ended + window else record
+            return inc.alert_starts_at <= record.cleared_at
+        return record.held or inc.opened_at <= record.opened_at + window
 
     # --- blame: a domain's nodes, or too many culprits for a person ----------------------------------------------
 
@@ -159,7 +178,7 @@ class FleetHolds:
         record = self._current(cause.key, inc)
         if record is None:
             record = fleet.FleetRecord(cause.key, cause.kind, cause.summary, self.deps.clock.now(), held=held)
-            self._open(inc, record)
+            record = self._open(inc, record)
         return record
 
     # --- holding the jobs of a shared cause ------------------------------------------------------------------
@@ -473,10 +492,13 @@ class FleetHolds:
         return record
 
     def fleet_incidents(self, limit: int) -> list[dict[str, Any]]:
-        """Every fleet incident, newest first, each with up to ``limit`` of its job incidents (state, why)."""
+        """Every fleet incident, newest first (a cause's current one ``current``, its earlier ones kept: at most
+        :data:`MAX_HISTORY` a cause), each with up to ``limit`` of its job incidents (state, why)."""
         with self.deps.store.read() as conn:
             stored = records.controls_with_prefix(conn, PREFIX)
             found = [fleet.FleetRecord.from_json(k, v) for k, v in stored.items() if isinstance(v, dict)]
+            current = {id(r) for r in found}
+            found += _history(conn)
             found.sort(key=lambda r: r.opened_at, reverse=True)
             out = []
             for record in found:
@@ -494,14 +516,30 @@ class FleetHolds:
                                 "reason": row.reason,
                             }
                         )
-                out.append({**record.as_json(), "members": members, "member_count": len(record.incidents)})
+                out.append(
+                    {
+                        **record.as_json(),
+                        "current": id(record) in current,
+                        "members": members,
+                        "member_count": len(record.incidents),
+                    }
+                )
         return out
 
     # --- writing -----------------------------------------------------------------------------------------------
 
-    def _open(self, inc: Incident, record: fleet.FleetRecord) -> None:
+    def _open(self, inc: Incident, record: fleet.FleetRecord) -> fleet.FleetRecord:
+        """Open ``record`` and tell it once; the cause's earlier one (cleared, or a domain's a window old) is kept
+        in its history. Returns the fleet incident ``inc`` belongs to: another worker's, where one opened it since
+        ``inc`` looked."""
         now = self.deps.clock.now()
         with self.deps.store.transaction() as conn:
+            earlier = read_record(conn, record.key, for_update=True)
+            if earlier is not None and self._belongs(inc, earlier):
+                return earlier  # opened meanwhile, and told by whoever opened it
+            if earlier is not None:
+                archive_record(conn, earlier, now)
+                record.number = earlier.number + 1
             write_record(conn, record, now)
             transitions.fleet_opened(
                 conn, now, inc, f"{PREFIX}{record.key}: {record.summary}", record.as_json()
@@ -535,10 +573,16 @@ class FleetHolds:
                 NoticeKind.FLEET_INCIDENT,
                 f"[nightshift] fleet incident {record.key}"
                 + (": job recoveries held" if record.held else ""),
-                f"{record.summary}.\n{then} First incident #{inc.id}.",
-                {"incident": inc.id, "fleet": record.key, "outcome": IncidentOutcome.NEEDS_HUMAN},
+                f"{record.summary}.\n{then} First incident #{inc.id}.{_back(earlier)}",
+                {
+                    "incident": inc.id,
+                    "fleet": record.key,
+                    "number": record.number,
+                    "outcome": IncidentOutcome.NEEDS_HUMAN,
+                },
             ),
         )
+        return record
 
     def _join(self, inc: Incident, record: fleet.FleetRecord, now: datetime) -> Incident:
         """``inc`` joins the fleet incident and waits for it (its diagnosis joins the sample while it is short).
@@ -577,6 +621,18 @@ class FleetHolds:
             {**record.as_json(), "by": by},
             {i: now + fleet.release_delay(i, settings.release_jitter_seconds) for i in record.incidents},
         )
+
+
+def _back(earlier: fleet.FleetRecord | None) -> str:
+    """What the notice of a cause that comes back says of its last fleet incident."""
+    if earlier is None:
+        return ""
+    if earlier.cleared_at is None:
+        return f" The same cause's fleet incident #{earlier.number} opened at {earlier.opened_at:%Y-%m-%d %H:%M:%S}."
+    return (
+        f" The cause is back: its fleet incident #{earlier.number} cleared at "
+        f"{earlier.cleared_at:%Y-%m-%d %H:%M:%S} ({earlier.cleared_by or 'unknown'})."
+    )
 
 
 def is_held(incident: Incident) -> bool:

@@ -749,6 +749,10 @@ def controls_with_prefix(conn: Connection, prefix: str) -> dict[str, Any]:
     return {row.key[len(prefix) :]: row.value for row in conn.execute(stmt)}
 
 
+def delete_control(conn: Connection, key: str) -> None:
+    conn.execute(delete(controls).where(controls.c.key == key))
+
+
 def set_control(conn: Connection, key: str, value: Any, now: datetime) -> None:
     updated = conn.execute(update(controls).where(controls.c.key == key).values(value=value, updated_at=now))
     if updated.rowcount == 0:

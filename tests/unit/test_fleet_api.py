@@ -8,7 +8,7 @@ import re
 from datetime import timedelta
 
 from app.domain import fleet
-from app.engine.fleet_hold import read_record, write_record
+from app.engine.fleet_hold import MAX_HISTORY, archive_record, read_record, write_record
 from app.store import Store, records
 from tests.fixtures.procs import nightshift_cli as nightshift
 from tests.webapps import OPERATOR, VIEWER, make_app, webhook_settings
@@ -91,3 +91,44 @@ def test_the_cli_lists_and_releases_a_fleet_incident(tmp_path):
     assert again.returncode == 1 and "already cleared" in again.stderr
     (row,) = released_rows(store)
     assert "released by erin: ok" in row["message"]
+
+
+def test_a_cause_s_earlier_fleet_incidents_are_listed_beside_its_current_one_which_alone_can_be_released(
+    tmp_path,
+):
+    app = make_app(webhook_settings(tmp_path))
+    store = app.extensions["nightshift"].store
+    now = store.clock.now()
+    earlier = fleet.FleetRecord(
+        "storage_io", "storage", "NFS down", now - timedelta(hours=2), incidents=[1, 2]
+    )
+    earlier.cleared_at, earlier.cleared_by = now - timedelta(hours=1), "query"
+    with store.transaction() as conn:
+        archive_record(conn, earlier, now)
+        write_record(conn, fleet.FleetRecord("storage_io", "storage", "NFS down again", now, number=2), now)
+    listed = (
+        app.test_client().get("/api/v1/fleet", headers={"Authorization": f"Bearer {VIEWER}"}).json["fleet"]
+    )
+    assert [(f["number"], f["current"], f["summary"]) for f in listed] == [
+        (2, True, "NFS down again"),
+        (1, False, "NFS down"),
+    ]
+    ui = app.test_client()
+    form = CSRF.search(ui.get("/login").text).group(1)  # type: ignore[union-attr]
+    assert (
+        ui.post("/login", data={"operator": "bob", "token": OPERATOR, "csrf_token": form}).status_code == 303
+    )
+    page = ui.get("/fleet").text
+    assert 'data-number="1"' in page and 'data-number="2"' in page
+    assert page.count('action="/fleet/storage_io/release"') == 1
+
+
+def test_a_cause_keeps_its_last_twenty_earlier_fleet_incidents(tmp_path):
+    app = make_app(webhook_settings(tmp_path))
+    store = app.extensions["nightshift"].store
+    now = store.clock.now()
+    with store.transaction() as conn:
+        for number in range(1, MAX_HISTORY + 6):
+            archive_record(conn, fleet.FleetRecord("storage_io", "storage", "NFS", now, number=number), now)
+    kept = app.extensions["nightshift"].engine.fleet.fleet_incidents(limit=1)
+    assert sorted(f["number"] for f in kept) == list(range(6, MAX_HISTORY + 6))

@@ -53,6 +53,15 @@ def world(tmp_path, jobs=JOBS, playbooks=PLAYBOOKS, **fleet: Any):
     return w
 
 
+def listen(w) -> None:
+    """The people's notices reach ``w.hook`` (the chat webhook), through the real notification path."""
+    deps = w.engine.deps
+    deps.settings.notify.webhook_url = "http://people.example/hook"
+    w.hook = FakeHttpPoster()
+    deps.clients = Clients(deps.settings, prometheus=w.prometheus, slurm=w.slurm, http=w.hook)
+    w.engine = Engine(deps)
+
+
 def logs_read(w) -> int:
     """The job logs the diagnoses read (the collect step's runs)."""
     return len(w.engine.deps.registry.get("fake.logs").script.calls)
@@ -124,6 +133,7 @@ def test_jobs_failing_after_the_fleet_incident_cleared_are_held_by_a_new_one_not
     comes back, within the fleet window of the clear. Their faults began after the clear: a new fleet incident holds
     them, told once; they are not late members of the cleared one, released into the outage."""
     w = world(tmp_path, clear_queries={"storage_io": CLEAR_QUERY})
+    listen(w)
     w.prometheus.answers[CLEAR_QUERY] = [FakeSample({"job": "storage"}, 0)]  # the file system is down
     fail_together(w)
     first = {i["id"] for i in w.incidents()}
@@ -148,6 +158,15 @@ def test_jobs_failing_after_the_fleet_incident_cleared_are_held_by_a_new_one_not
     again = {i["id"] for i in w.incidents()} - first
     assert len(again) == len(JOBS) and sorted(record(w).incidents) == sorted(again)
     assert record(w).cleared_at is None and len(ledger(w, "fleet_incident")) == 2
+    # The first is kept beside the second, and the second's notice says the cause is back.
+    listed = w.engine.fleet.fleet_incidents(limit=10)
+    assert [(f["number"], f["current"], f["cleared_by"]) for f in listed] == [
+        (2, True, ""),
+        (1, False, "query"),
+    ]
+    assert sorted(m["id"] for m in listed[1]["members"]) == sorted(first)
+    told = [b for b in w.hook.bodies if b["nightshift"].get("fleet") == "storage_io"]
+    assert len(told) == 2 and "The cause is back: its fleet incident #1 cleared" in told[1]["text"]
 
 
 def test_without_a_clear_query_one_probe_job_restarts_alone_and_its_recovery_releases_the_others(tmp_path):
@@ -308,15 +327,11 @@ def topology_world(tmp_path, jobs, **fleet: Any):
     path = tmp_path / "topology.conf"
     path.write_text(LEAVES)
     w = episode_world(tmp_path, slurm=FakeSlurm(jobs), max_culprits=2)
-    deps = w.engine.deps
-    settings = deps.settings
-    settings.notify.webhook_url = "http://people.example/hook"
-    w.hook = FakeHttpPoster()  # type: ignore[attr-defined]
-    deps.clients = Clients(settings, prometheus=w.prometheus, slurm=w.slurm, http=w.hook)  # type: ignore[attr-defined]
+    settings = w.engine.deps.settings
     settings.fleet.topology_file = str(path)
     for key, value in fleet.items():
         setattr(settings.fleet, key, value)
-    w.engine = Engine(w.engine.deps)
+    listen(w)
     return w
 
 

@@ -175,6 +175,14 @@ def test_dedup_keys_name_the_subject_and_stay_within_255_characters() -> None:
     assert page_for(advisory).dedup_key == "nightshift/incident/9"
     unmatched = Notice(UNMATCHED, "s", "t", {"unmatched": "A", "fingerprint": "f00"})
     assert page_for(unmatched).dedup_key == "nightshift/alert/f00"
+    # A cause's fleet incidents share one: the second of a flapping file system updates the first's open alert.
+    fleet = [
+        page_for(
+            Notice(NoticeKind.FLEET_INCIDENT, "s", "t", {"incident": i, "fleet": "storage_io", "outcome": o})
+        )
+        for i, o in ((3, "needs_human"), (8, "needs_human"))
+    ]
+    assert [p.dedup_key for p in fleet] == ["nightshift/fleet/storage_io"] * 2
     long = dedup_key("node/slurm/" + "n" * 400)
     assert len(long) == MAX_DEDUP_KEY and long != dedup_key("node/slurm/" + "n" * 401)
 
