@@ -45,6 +45,9 @@ class Node:
     env: dict[str, str] = field(default_factory=dict)
     tmpfs: str | None = None  # a directory to mount a small tmpfs on (ENOSPC)
     delay: float = 0.0  # seconds after the previous node started
+    # srun -l's task label (one torchrun a node, srun's task N on node N): every line of the node's output prefixed
+    # "N: ", as srun --label writes it ("%*d: ", the task number padded to the width of the largest; 2 tasks: 1)
+    label: int | None = None
 
 
 @dataclass
@@ -73,7 +76,8 @@ class Job:
             script = f"hostname {node.host} && mount --bind {self.hosts()} /etc/hosts"
             if node.tmpfs:
                 script += f" && mkdir -p {node.tmpfs} && mount -t tmpfs -o size=256k tmpfs {node.tmpfs}"
-            argv = ["unshare", "--uts", "--mount", "sh", "-c", script + ' && exec "$@"', "sh", TORCHRUN]
+            run = ' && exec "$@"' if node.label is None else f' && "$@" 2>&1 | sed -u "s/^/{node.label}: /"'
+            argv = ["unshare", "--uts", "--mount", "sh", "-c", script + run, "sh", TORCHRUN]
             argv += [*node.args, str(WORKER)]
             env = {
                 **os.environ,
@@ -320,6 +324,22 @@ SCENARIOS = [
         [
             Node("trn-b01", multinode(2, 29611, endpoint="trn-b01")),
             Node("trn-b02", multinode(2, 29611, endpoint="trn-b01"), delay=2),
+        ],
+        fault("sigkill", rank=3),
+    ),
+    Scenario(  # as two_nodes_sigkill_rank3, under srun -l: the label is the node's task, never a rank
+        "srun_label_two_nodes_sigkill_rank3",
+        [
+            Node("trn-h01", multinode(2, 29616, endpoint="trn-h01"), label=0),
+            Node("trn-h02", multinode(2, 29616, endpoint="trn-h01"), delay=2, label=1),
+        ],
+        fault("sigkill", rank=3),
+    ),
+    Scenario(  # the same with torchrun --tee 3: each worker's line tagged with its local rank, "[default1]:"
+        "srun_label_tee_two_nodes_sigkill_rank3",
+        [
+            Node("trn-h03", multinode(2, 29617, "--tee", "3", endpoint="trn-h03"), label=0),
+            Node("trn-h04", multinode(2, 29617, "--tee", "3", endpoint="trn-h03"), delay=2, label=1),
         ],
         fault("sigkill", rank=3),
     ),
