@@ -492,8 +492,8 @@ class FleetHolds:
         return record
 
     def fleet_incidents(self, limit: int) -> list[dict[str, Any]]:
-        """Every fleet incident, newest first (a cause's current one ``current``, its earlier ones kept: at most
-        :data:`MAX_HISTORY` a cause), each with up to ``limit`` of its job incidents (state, why)."""
+        """The newest ``limit`` fleet incidents, newest first (a cause's current one ``current``, its earlier ones
+        kept: at most :data:`MAX_HISTORY` a cause), each with up to ``limit`` of its job incidents (state, why)."""
         with self.deps.store.read() as conn:
             stored = records.controls_with_prefix(conn, PREFIX)
             found = [fleet.FleetRecord.from_json(k, v) for k, v in stored.items() if isinstance(v, dict)]
@@ -501,7 +501,7 @@ class FleetHolds:
             found += _history(conn)
             found.sort(key=lambda r: r.opened_at, reverse=True)
             out = []
-            for record in found:
+            for record in found[:limit]:
                 members = []
                 for incident_id in record.incidents[:limit]:
                     row = records.get_incident(conn, incident_id)

@@ -211,9 +211,9 @@ def hold_node(node: str):
 
 @bp.get("/fleet")
 def list_fleet():
-    """Fleet incidents (one shared cause for many jobs), newest first: why, how the cause is checked, whether it
-    cleared, and up to ``limit`` of its job incidents each (state and why); and the topology in use (its sources,
-    size, when it was read, why a read was refused)."""
+    """The newest ``limit`` fleet incidents (one shared cause for many jobs; a cause's current one and its earlier
+    ones), newest first: why, how the cause is checked, whether it cleared, and up to ``limit`` of its job incidents
+    each (state and why); and the topology in use (its sources, size, when it was read, why a read was refused)."""
     limit = int_arg("limit", 100, 1, MAX_LIMIT)
     fleet = current_app.extensions["nightshift"].engine.fleet
     return jsonify({"status": "ok", "fleet": fleet.fleet_incidents(limit), "topology": fleet.source.view()})

@@ -130,5 +130,6 @@ def test_a_cause_keeps_its_last_twenty_earlier_fleet_incidents(tmp_path):
     with store.transaction() as conn:
         for number in range(1, MAX_HISTORY + 6):
             archive_record(conn, fleet.FleetRecord("storage_io", "storage", "NFS", now, number=number), now)
-    kept = app.extensions["nightshift"].engine.fleet.fleet_incidents(limit=1)
-    assert sorted(f["number"] for f in kept) == list(range(6, MAX_HISTORY + 6))
+    listing = app.extensions["nightshift"].engine.fleet.fleet_incidents
+    assert sorted(f["number"] for f in listing(limit=100)) == list(range(6, MAX_HISTORY + 6))
+    assert len(listing(limit=3)) == 3  # the listing is bounded too
