@@ -57,6 +57,12 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
         ("[4]<stderr>:RuntimeError: x", 4, None, None),
         ("[2] jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED", 2, None, None),
         ("[    2.123] NVRM: x", None, None, None),
+        (  # talosctl dmesg: the node as talosctl was given it, facility, right-aligned level, time
+            "192.168.11.119: kern: warning: [2026-04-22T21:27:45.100431901Z]: NVRM: Xid (PCI:0000:01:00): 119, pid=9",
+            None,
+            "192.168.11.119",
+            None,
+        ),
         ("(RayTrainWorker pid=2211, ip=10.0.3.7) RuntimeError: x", None, "10.0.3.7", None),
         (
             '{"time": "2025-01-01T00:00:00Z", "rank": 6, "host": "gpu-9", "msg": "OSError: x"}',

@@ -339,3 +339,53 @@ def test_mpirun_names_the_rank_and_node_that_died_of_a_signal():
     result = diagnose({}, (PUBLIC / "mpirun_rank_killed_signal9.log").read_text())
     assert (result.category, result.restartable) == ("host_oom", True), result.summary
     assert result.culprit is not None and (result.culprit.rank, result.culprit.node) == (3, "gpu-a02")
+
+
+def test_nccl_s_older_ib_completion_error_is_a_network_fault_not_the_abort_it_causes():
+    """NCCL before 2.12 wrote "NET/IB : Got completion with error 12" (no peer): the retry counter ran out on the
+    link. The rank's abort that follows (terminate, SIGABRT under mpirun) is its consequence, not a program bug."""
+    result = diagnose({}, (PUBLIC / "ib_completion_error12_old_format.log").read_text())
+    assert (result.category, result.restartable) == ("nccl_network", True), result.summary
+    assert result.culprit is not None and result.culprit.node == "gpu-node-2"
+
+
+def test_nccl_invalid_usage_is_the_program_s_not_the_network_s():
+    """ncclInvalidUsage (two ranks on one GPU): a configuration or code bug that a restart repeats, though c10d
+    reports it as a DistBackendError like a network failure."""
+    result = diagnose({}, (PUBLIC / "nccl_invalid_usage_duplicate_gpu.log").read_text())
+    assert (result.category, result.restartable) == ("application_error", False), result.summary
+
+
+def test_a_kernel_line_names_the_node_and_the_rank_that_reported_the_fault_there_names_the_rank():
+    """An application-class Xid names a node and a PCI address, not a process; the one rank on that node that
+    reported the same kernel fault (cudaErrorLaunchFailure) is the culprit rank."""
+    result = diagnose({}, (PUBLIC / "unspecified_launch_failure_xid13_dmesg.log").read_text())
+    assert (result.category, result.restartable) == ("application_error", False), result.summary
+    assert result.culprit is not None and (result.culprit.node, result.culprit.rank) == ("gpu-b05", 9)
+
+
+def test_talosctl_dmesg_names_the_node_of_an_xid():
+    result = diagnose({}, (PUBLIC / "xid119_gsp_timeout_talos_kmsg.log").read_text())
+    assert (result.category, result.xid) == ("gpu_hardware", 119), result.summary
+    assert result.culprit is not None and result.culprit.node == "192.168.11.119"
+
+
+def test_kubectl_describe_s_exit_code_137_is_a_killed_worker_that_explains_the_peers_timeout():
+    """kubectl describe pads "Exit Code:    137" (Reason: Error, not OOMKilled): the container got SIGKILL; the
+    master's collective timeout 30 minutes later is its consequence. Restartable: the log does not say who sent
+    it."""
+    result = diagnose({}, (PUBLIC / "k8s_describe_exit137_reason_error.log").read_text())
+    assert (result.category, result.restartable) == ("host_oom", True), result.summary
+    assert result.culprit is not None and result.culprit.node == "gke-a3-pool-3c1e"
+
+
+def test_a_loss_still_nan_when_the_run_finishes_was_not_survived():
+    """A run whose loss and gradient norm stayed non-finite to its last step and then finished ran on diverged:
+    finishing explains away other errors, not a model that is NaN at the end."""
+    nan = "{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 1.2e-05, 'epoch': 0.8}"
+    done = "{'train_runtime': 10303.79, 'train_samples_per_second': 0.623, 'train_loss': 0.38, 'epoch': 2.0}"
+    diverged = diagnose({}, "\n".join(["{'loss': 1.8998, 'grad_norm': 21.9, 'epoch': 0.4}", nan, nan, done]))
+    assert (diverged.category, diverged.restartable) == ("numerical_divergence", False), diverged.summary
+    recovered = "{'loss': 1.7712, 'grad_norm': 3.1, 'learning_rate': 1e-05, 'epoch': 1.2}"
+    survived = diagnose({}, "\n".join([nan, recovered, recovered.replace("1.7712", "1.7650"), done]))
+    assert survived.category == BENIGN, survived.summary

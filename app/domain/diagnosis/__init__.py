@@ -473,14 +473,16 @@ def _survived_categories(votes: list[Vote], reading: Reading, explained: list[st
     survived: set[str] = set()
     for category, index in last.items():
         after = sum(1 for p in progress if p > index)
+        # A model non-finite at its last logged step has not survived by finishing: it ran on to the end diverged.
+        finished = any(c > index for c in completed) and (category != "numerical_divergence" or after > 0)
         if recovered.get(category, -1) > index:
             survived.add(category)
             explained.append(f"{_WORDING[category][0].lower()} cleared later in the log")
-        elif after >= PROGRESS_TO_RESOLVE or any(c > index for c in completed):
+        elif after >= PROGRESS_TO_RESOLVE or finished:
             survived.add(category)
             explained.append(
                 f"{_WORDING[category][0].lower()} followed by "
-                + ("the job finishing" if any(c > index for c in completed) else f"{after} progress lines")
+                + ("the job finishing" if finished else f"{after} progress lines")
             )
     return survived
 
@@ -899,6 +901,8 @@ def _hosts_named(reading: Reading) -> set[str]:
 
 def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | None:
     named = tally.culprit  # from the Xid verdict or a pattern across lines
+    if named is not None and named.node and named.rank is None:
+        named = Culprit(named.node, _rank_on(named.node, tally, reading), named.gpu, named.evidence)
     if named is not None and (named.node or named.rank is not None):
         return _completed(named, reading)
     hosts = {vote.line.host for vote in tally.votes if vote.line.host}
@@ -938,6 +942,17 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
         (host,) = named_hosts
         return Culprit(host, None, None, (f"every line that names a host names {host}",))
     return None
+
+
+def _rank_on(node: str, tally: _Tally, reading: Reading) -> int | None:
+    """The one rank on ``node`` whose lines hold the evidence (a kernel line names the node, not the process: the
+    rank that reported the same fault there is it); None when none or several do."""
+    ranks = {
+        v.line.rank
+        for v in tally.votes
+        if v.line.rank is not None and (v.line.host or reading.rank_hosts.get(v.line.rank)) == node
+    }
+    return next(iter(ranks)) if len(ranks) == 1 else None
 
 
 # Categories whose evidence names no node, whichever rank logged it. A model that diverges: the rank that logs the

@@ -33,7 +33,7 @@ _MONTHS = {
 # Leading prefixes, tried in turn until none matches. Each is anchored at the current position.
 _ISO = re.compile(
     r"\[?(?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)[T _](?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:[.,]\d+)?"
-    r"(?:Z|[+-]\d\d:?\d\d)?\]?\s*"
+    r"(?:Z|[+-]\d\d:?\d\d)?(?:\]:?)?\s*"
 )
 _CTIME = re.compile(  # dmesg -T: [Mon Oct 16 09:50:06 2017]
     r"\[(?:\w{3}) (?P<mon>\w{3}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) (?P<y>\d{4})\]\s*"
@@ -41,6 +41,12 @@ _CTIME = re.compile(  # dmesg -T: [Mon Oct 16 09:50:06 2017]
 _SYSLOG = re.compile(  # Jan  1 12:00:00 gpu-node-07 kernel: ...
     r"(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) "
     r"(?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?:\s*"
+)
+# talosctl dmesg / logs: "192.168.11.119: kern: warning: [2026-04-22T21:27:51.291660856Z]: NVRM: ..." (the node, as
+# talosctl was given it, often an address; the facility; the level, right-aligned; the time)
+_TALOS = re.compile(
+    r"(?P<host>[\w.:-]{1,253}): +(?:kern|user|daemon|syslog|auth|authpriv|local\d): +"
+    r"(?:emerg|alert|crit|err|warning|notice|info|debug): +"
 )
 _UPTIME = re.compile(r"\[\s*\d+\.\d+\]\s*")  # dmesg: [12345.678901]
 _GLOG = re.compile(  # glog / c10d: E0321 02:07:08.408271 12345 file.cpp:607]
@@ -128,6 +134,8 @@ def parse_line(index: int, raw: str) -> LogLine:
         elif match := _CTIME.match(rest):
             stamped = True
             when = when or _epoch(int(match["y"]), _MONTHS.get(match["mon"].lower(), 1), match)
+        elif host is None and (match := _TALOS.match(rest)):
+            host = match["host"]
         elif match := _SYSLOG.match(rest):
             when = when or _epoch(2000, _MONTHS.get(match["mon"].lower(), 1), match)
             host = host or match["host"]
