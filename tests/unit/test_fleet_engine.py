@@ -9,6 +9,7 @@ from datetime import timedelta
 from typing import Any
 
 from app.clients import Clients
+from app.domain import fleet
 from app.engine import Engine
 from app.engine.fleet_hold import read_record
 from app.store import records
@@ -416,3 +417,20 @@ def test_too_many_culprits_that_no_domain_explains_are_one_fleet_incident_and_on
         ("600", ""),
         ("601", ""),
     ]
+
+
+def test_a_worker_that_opens_a_fleet_incident_another_opened_meanwhile_joins_it_and_tells_nobody(tmp_path):
+    """Two workers see a shared cause at once; each found no record when it looked. The second to write finds the
+    first's (read under lock) and joins it: one record, told once."""
+    w = world(tmp_path, clear_queries={"storage_io": CLEAR_QUERY})
+    listen(w)
+    w.prometheus.answers[CLEAR_QUERY] = [FakeSample({"job": "storage"}, 0)]
+    fail_together(w)
+    told = len(w.hook.bodies)
+    late = max(i["id"] for i in w.incidents())
+    with w.engine.deps.store.read() as conn:
+        inc = records.get_incident(conn, late)
+    mine = fleet.FleetRecord("storage_io", "storage", "mine", w.clock.now())
+    joined = w.engine.fleet._open(inc, mine)
+    assert (joined.number, joined.summary) == (1, record(w).summary) and joined.summary != "mine"
+    assert len(ledger(w, "fleet_incident")) == 1 and len(w.hook.bodies) == told
