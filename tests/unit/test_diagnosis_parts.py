@@ -64,6 +64,10 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
             None,
         ),
         ("(RayTrainWorker pid=2211, ip=10.0.3.7) RuntimeError: x", None, "10.0.3.7", None),
+        # SkyPilot: the rank in its prefix is the node's, not a process's; the worker's address names the node
+        ("(worker1, rank=1, pid=15406, ip=10.164.0.57) [rank9]: RuntimeError: x", 9, "10.164.0.57", None),
+        ("(head, rank=0, pid=17894) RuntimeError: x", None, None, None),
+        ("(node-1 pid=23066, ip=172.31.23.131) RuntimeError: x", None, "172.31.23.131", None),
         (
             '{"time": "2025-01-01T00:00:00Z", "rank": 6, "host": "gpu-9", "msg": "OSError: x"}',
             6,

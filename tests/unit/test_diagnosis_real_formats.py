@@ -389,3 +389,30 @@ def test_a_loss_still_nan_when_the_run_finishes_was_not_survived():
     recovered = "{'loss': 1.7712, 'grad_norm': 3.1, 'learning_rate': 1e-05, 'epoch': 1.2}"
     survived = diagnose({}, "\n".join([nan, recovered, recovered.replace("1.7712", "1.7650"), done]))
     assert survived.category == BENIGN, survived.summary
+
+
+@pytest.mark.parametrize(
+    ("log", "category", "restartable"),
+    [
+        ("ray_oom_killer_rollout_worker.log", "host_oom", False),  # Ray's memory monitor, not a Python bug
+        ("hf_hub_504_at_startup.log", "object_store_timeout", True),  # the Hub's 504: a retry works
+        (
+            "nccl_error2_all_to_all_torch24.log",
+            "nccl_network",
+            True,
+        ),  # "NCCL Error 2: unhandled system error"
+        ("nccl_error2_dataparallel_old.log", "nccl_network", True),
+        ("k8s_node_shutdown_spot_exit137.log", BENIGN, False),  # the SIGKILL ending a shutdown's grace
+    ],
+)
+def test_service_and_shutdown_texts_are_not_read_as_program_bugs_or_kills(log, category, restartable):
+    """Exceptions that a service or the platform raised in the program (Ray's OOM killer, the model hub's 5xx, an
+    NCCL error code) name that service's failure, not the program's; a container killed at the end of its node's
+    graceful shutdown was stopped, not killed by the OOM killer."""
+    result = diagnose({}, (PUBLIC / log).read_text())
+    assert (result.category, result.restartable) == (category, restartable), result.summary
+
+
+def test_ray_names_the_node_its_memory_monitor_killed_a_worker_on():
+    result = diagnose({}, (PUBLIC / "ray_oom_killer_rollout_worker.log").read_text())
+    assert result.culprit is not None and result.culprit.node == "172.24.0.226"

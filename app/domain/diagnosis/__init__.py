@@ -442,7 +442,10 @@ def _shutdown_filtered(votes: list[Vote], reading: Reading, explained: list[str]
     kept: list[Vote] = []
     dropped: dict[str, int] = {}
     for vote in votes:
-        noise_kind = vote.category in SHUTDOWN_NOISE or (vote.category == "host_oom" and vote.weight < 5)
+        # A SIGKILL after a stop is the stop's own escalation (SIGTERM, then SIGKILL when the grace period ends).
+        noise_kind = vote.category in SHUTDOWN_NOISE or (
+            vote.category == "host_oom" and (vote.weight < 5 or vote.signature.description == _KILLED_ONLY)
+        )
         stop = reading.stopped_before(vote.line.index) if noise_kind else None
         if stop is not None and not reading.restarted_between(stop.index, vote.line.index):
             dropped[stop.signature.description] = dropped.get(stop.signature.description, 0) + 1

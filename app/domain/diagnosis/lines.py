@@ -62,9 +62,10 @@ _RANK_TAG = re.compile(
 # torchrun --tee's "[{role}{local_rank}]:" (torch/distributed/elastic/multiprocessing/tail_log.py), role "default"
 # unless --role names another
 _ROLE_TAG = re.compile(r"\[(?:default|worker|trainer)(?P<local>\d{1,6})\]:\s*", re.IGNORECASE)
-_RAY = re.compile(
-    r"\((?:\w+) pid=\d+, ip=(?P<host>[\w.:-]+)\)\s*"
-)  # Ray: (RayTrainWorker pid=1, ip=10.0.0.3)
+# Ray's "(RayTrainWorker pid=1, ip=10.0.0.3)" and SkyPilot's "(head, rank=0, pid=5634)", "(worker1, rank=1,
+# pid=15406, ip=10.164.0.57)", "(setup pid=8665)", "(task, pid=1918)", older "(node-1 pid=23066, ip=...)": the
+# node's address where it is given. SkyPilot's rank is the node's (SKYPILOT_NODE_RANK), not a process's: not read.
+_RAY = re.compile(r"\((?:[\w.-]+,? )?(?:rank=\d+, )?pid=\d+(?:, ip=(?P<host>[\w.:-]+))?\)\s*")
 _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
@@ -95,6 +96,8 @@ _DEVICE = re.compile(r"\bDevice: (?P<gpu>\d+)")
 _NODE = re.compile(r"\bnode: (?P<host>[\w.-]+)")
 _DS_RANK = re.compile(r"\[Rank (?P<rank>\d{1,6})\]|\bRank (?P<rank2>\d{1,6}) Skipping step\b")
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\)")
+# Ray's memory monitor: "Memory on the node (IP: 172.24.0.226, ID: 8289f8...)", the raylet's "at node (ID: .., IP: ..)"
+_RAY_NODE = re.compile(r"\bnode \((?:IP: (?P<host>[\w.:]+), ID: \w+|ID: \w+, IP: (?P<host2>[\w.:]+))\)")
 _ON_NODE = re.compile(r"\bON (?P<host>[\w.-]+) CANCELLED AT\b|\bNode failure on (?P<host2>[\w.-]+)")
 
 
@@ -178,7 +181,7 @@ def parse_line(index: int, raw: str) -> LogLine:
     if match := _SRUN_TASK.search(body):
         host = match["host"]
         task = int(match["task"]) if task is None else task
-    elif match := _ON_NODE.search(body):
+    elif (match := _ON_NODE.search(body)) or ("node (" in body and (match := _RAY_NODE.search(body))):
         host = host or match["host"] or match["host2"]
     if ("found N" in body or "found I" in body) and (match := _MEGATRON.search(body)):
         rank = int(match["rank"]) if rank is None else rank
