@@ -75,6 +75,12 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
             None,
         ),
         ("fp16: True", None, None, None),  # a config key is not a host
+        (
+            "[6781753.400584] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20034, Fatal",
+            None,
+            None,
+            None,
+        ),  # a driver
         ("RuntimeError: CUDA error", None, None, None),
     ],
 )

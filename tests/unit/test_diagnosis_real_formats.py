@@ -403,6 +403,8 @@ def test_a_loss_still_nan_when_the_run_finishes_was_not_survived():
         ),  # "NCCL Error 2: unhandled system error"
         ("nccl_error2_dataparallel_old.log", "nccl_network", True),
         ("k8s_node_shutdown_spot_exit137.log", BENIGN, False),  # the SIGKILL ending a shutdown's grace
+        ("cuda_error_802_fabric_manager.log", "gpu_hardware", True),  # CUDA cannot start on the node
+        ("ibv_reg_mr_memlock_nccl.log", "nccl_network", True),  # ibv_reg_mr's ENOMEM: the memlock limit
     ],
 )
 def test_service_and_shutdown_texts_are_not_read_as_program_bugs_or_kills(log, category, restartable):
@@ -416,3 +418,17 @@ def test_service_and_shutdown_texts_are_not_read_as_program_bugs_or_kills(log, c
 def test_ray_names_the_node_its_memory_monitor_killed_a_worker_on():
     result = diagnose({}, (PUBLIC / "ray_oom_killer_rollout_worker.log").read_text())
     assert result.culprit is not None and result.culprit.node == "172.24.0.226"
+
+
+def test_an_nvswitch_driver_name_is_not_a_host():
+    """dmesg's "nvidia-nvswitch1: SXid (...)" is the driver's name: the culprit is the node whose dmesg it is."""
+    result = diagnose({}, (PUBLIC / "nvswitch_sxid_fatal_dmesg_section.log").read_text())
+    assert result.category == "nvlink", result.summary
+    assert result.culprit is not None and result.culprit.node == "gpu-d11"
+
+
+def test_cuda_s_own_wording_of_a_busy_or_unavailable_gpu_is_a_gpu_fault():
+    """cudaErrorDevicesUnavailable as torch prints it (karpathy/neuraltalk2#127: after an unspecified launch
+    failure, "all CUDA-capable devices are busy or unavailable" until the machine was restarted)."""
+    result = diagnose({}, "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable")
+    assert (result.category, result.restartable) == ("gpu_hardware", True), result.summary

@@ -69,9 +69,9 @@ _RAY = re.compile(r"\((?:[\w.-]+,? )?(?:rank=\d+, )?pid=\d+(?:, ip=(?P<host>[\w.
 _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
-# "RuntimeError: " or "NCCL: " never reads as a host.
+# "RuntimeError: " or "NCCL: " never reads as a host; nor does a kernel driver's "nvidia-nvswitch3: ".
 _HOST_COLON = re.compile(
-    r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:)"
+    r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:|nvidia-)"
     r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}):\s+(?!\d)"
 )
 # After a timestamp: "gpu-f02 kernel: ", "hgx-07 train[99120]: ", "gpu-c12 [stderr] " (a host holds a digit).
