@@ -432,3 +432,21 @@ def test_cuda_s_own_wording_of_a_busy_or_unavailable_gpu_is_a_gpu_fault():
     failure, "all CUDA-capable devices are busy or unavailable" until the machine was restarted)."""
     result = diagnose({}, "RuntimeError: CUDA error: all CUDA-capable devices are busy or unavailable")
     assert (result.category, result.restartable) == ("gpu_hardware", True), result.summary
+
+
+def test_a_journal_json_record_names_its_host_and_nccl_s_rank_table_the_rank_on_the_failed_gpu():
+    result = diagnose({}, (PUBLIC / "xid79_journalctl_json.log").read_text())
+    assert (result.category, result.xid) == ("gpu_hardware", 79), result.summary
+    assert result.culprit is not None
+    assert (result.culprit.node, result.culprit.rank, result.culprit.gpu) == ("gpu-n07", 11, "3")
+
+
+def test_a_sub_communicator_s_rank_is_not_read_as_the_job_s_rank_of_a_failed_gpu():
+    """A tensor-parallel group's NCCL table says "rank 1 nranks 2": with communicators of two sizes in the log, the
+    GPU's rank in the job is not known."""
+    xid = "Jun  2 03:11:09 gpu-n07 kernel: NVRM: Xid (PCI:0000:91:00): 79, pid=1, GPU has fallen off the bus."
+    table = "gpu-n07:20411:20411 [3] NCCL INFO comm 0x55 rank {rank} nranks {n} cudaDev 3 nvmlDev 3 busId 91000 - Init"
+    one = diagnose({}, "\n".join([table.format(rank=11, n=16), xid]))
+    assert one.culprit is not None and (one.culprit.node, one.culprit.rank) == ("gpu-n07", 11)
+    mixed = diagnose({}, "\n".join([table.format(rank=1, n=2), table.format(rank=11, n=16), xid]))
+    assert mixed.culprit is not None and (mixed.culprit.node, mixed.culprit.rank) == ("gpu-n07", None)

@@ -1085,12 +1085,19 @@ def _odd_rank_out(reading: Reading) -> Culprit | None:
 
 
 def _completed(culprit: Culprit, reading: Reading) -> Culprit:
-    """Fill in the node and GPU of a culprit rank from what the log says about that rank."""
-    node, gpu = culprit.node, culprit.gpu
-    if culprit.rank is not None:
-        node = node or reading.rank_hosts.get(culprit.rank)
-        gpu = gpu or reading.rank_gpus.get(culprit.rank)
-    return Culprit(node, culprit.rank, gpu, culprit.evidence)
+    """Fill in the node and GPU of a culprit rank from what the log says about that rank, and the rank of a culprit
+    GPU from NCCL's rank table (the one rank on that node's GPU), where the table is of one communicator: a
+    sub-communicator's (tensor parallel, pipeline) ranks are not the job's."""
+    node, rank, gpu = culprit.node, culprit.rank, culprit.gpu
+    if rank is not None:
+        node = node or reading.rank_hosts.get(rank)
+        gpu = gpu or reading.rank_gpus.get(rank)
+    elif node is not None and gpu is not None and len(reading.comm_sizes) == 1:
+        on_gpu = [
+            r for r, host in reading.rank_hosts.items() if host == node and reading.rank_gpus.get(r) == gpu
+        ]
+        rank = on_gpu[0] if len(on_gpu) == 1 else None
+    return Culprit(node, rank, gpu, culprit.evidence)
 
 
 def _gpu_of(line: LogLine, reading: Reading, labels: Mapping[str, str]) -> str | None:

@@ -111,6 +111,8 @@ class Reading:
     pci_gpus: dict[tuple[str | None, str], str] = field(default_factory=dict)  # (host, pci) -> cudaDev
     ranks_seen: set[int] = field(default_factory=set)
     world_size: int | None = None
+    # nranks of NCCL's rank-table lines: one size, one communicator (no tensor- or pipeline-parallel groups mixed in)
+    comm_sizes: set[int] = field(default_factory=set)
     launcher: launchers.LauncherReading = field(default_factory=launchers.LauncherReading)  # torchrun's agent
     grad_norms: list[tuple[float, LogLine]] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)  # line indexes of resume/restart messages
@@ -214,6 +216,7 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
             rank = int(match_rank["rank"])
             reading.ranks_seen.add(rank)
             reading.world_size = reading.world_size or int(match_rank["n"])
+            reading.comm_sizes.add(int(match_rank["n"]))
             reading.rank_gpus.setdefault(rank, match_rank["dev"])
             if parsed.host:
                 reading.rank_hosts.setdefault(rank, parsed.host)

@@ -71,7 +71,8 @@ _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
 # "RuntimeError: " or "NCCL: " never reads as a host; nor does a kernel driver's "nvidia-nvswitch3: ".
 _HOST_COLON = re.compile(
-    r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:|nvidia-)"
+    r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:"
+    r"|nvidia-(?:nvswitch\d*|modeset|uvm|peermem|drm|fs):)"
     r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}):\s+(?!\d)"
 )
 # After a timestamp: "gpu-f02 kernel: ", "hgx-07 train[99120]: ", "gpu-c12 [stderr] " (a host holds a digit).
@@ -87,7 +88,9 @@ _PID_TAG = re.compile(r"\[\d{1,8}\]\s+(?=\[)")  # "[80746] [rank0]:" from some l
 # Facts named inside the body.
 _NCCL_SOURCE = re.compile(r"(?P<host>[\w.-]+):(?P<pid>\d+):\d+ \[(?P<gpu>\d+)\] ")
 _JSON_RANK = re.compile(r'"(?:rank|global_rank|RANK|process_index)"\s*:\s*"?(?P<rank>\d{1,6})\b')
-_JSON_HOST = re.compile(r'"(?:host|hostname|node|nodename|HOSTNAME)"\s*:\s*"(?P<host>[\w.-]{1,253})"')
+_JSON_HOST = re.compile(
+    r'"(?:host|hostname|node|nodename|HOSTNAME|_HOSTNAME)"\s*:\s*"(?P<host>[\w.-]{1,253})"'
+)
 _JAX_TASK = re.compile(r"/job:[\w-]+/replica:\d+/task:(?P<rank>\d+)")
 _C10D_RANK = re.compile(r"\[(?:PG [^\]]*?)?Rank (?P<rank>\d{1,6})\]")
 _SRUN_TASK = re.compile(r"srun: error: (?P<host>[\w.-]+): tasks? (?P<task>\d{1,6})(?P<more>(?:[-,]\d+)*): ")
