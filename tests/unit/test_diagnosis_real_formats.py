@@ -357,8 +357,9 @@ def test_nccl_invalid_usage_is_the_program_s_not_the_network_s():
 
 
 def test_a_kernel_line_names_the_node_and_the_rank_that_reported_the_fault_there_names_the_rank():
-    """An application-class Xid names a node and a PCI address, not a process; the one rank on that node that
-    reported the same kernel fault (cudaErrorLaunchFailure) is the culprit rank."""
+    """An application-class Xid names a node and a PCI address, not a process; the worker torchrun saw fail first on
+    that node is the culprit rank (its "unspecified launch failure" names no category on its own: it follows
+    application faults and hardware Xids alike)."""
     result = diagnose({}, (PUBLIC / "unspecified_launch_failure_xid13_dmesg.log").read_text())
     assert (result.category, result.restartable) == ("application_error", False), result.summary
     assert result.culprit is not None and (result.culprit.node, result.culprit.rank) == ("gpu-b05", 9)

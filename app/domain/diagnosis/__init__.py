@@ -948,14 +948,20 @@ def _pointed_at(category: str, tally: _Tally, reading: Reading) -> Culprit | Non
 
 
 def _rank_on(node: str, tally: _Tally, reading: Reading) -> int | None:
-    """The one rank on ``node`` whose lines hold the evidence (a kernel line names the node, not the process: the
-    rank that reported the same fault there is it); None when none or several do."""
+    """The rank on ``node`` that a kernel line (which names the node, not the process) points at: the one rank there
+    whose lines hold the same fault's evidence, else the launcher's first failed worker there (torchrun's root
+    cause); None when the log does not single one out."""
     ranks = {
         v.line.rank
         for v in tally.votes
         if v.line.rank is not None and (v.line.host or reading.rank_hosts.get(v.line.rank)) == node
     }
-    return next(iter(ranks)) if len(ranks) == 1 else None
+    if len(ranks) == 1:
+        return next(iter(ranks))
+    root = reading.launcher.root()
+    if not ranks and root is not None and _host(root) == node:
+        return _rank_of(root, reading.launcher)
+    return None
 
 
 # Categories whose evidence names no node, whichever rank logged it. A model that diverges: the rank that logs the
