@@ -451,3 +451,17 @@ def test_a_sub_communicator_s_rank_is_not_read_as_the_job_s_rank_of_a_failed_gpu
     assert one.culprit is not None and (one.culprit.node, one.culprit.rank) == ("gpu-n07", 11)
     mixed = diagnose({}, "\n".join([table.format(rank=1, n=2), table.format(rank=11, n=16), xid]))
     assert mixed.culprit is not None and (mixed.culprit.node, mixed.culprit.rank) == ("gpu-n07", None)
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        # torchtitan: f"loss: {global_avg_loss:7.4f}  grad_norm: {grad_norm:7.4f}" pads NaN to the field's width
+        "[rank0]:[titan] 2026-05-18 16:04:54,191 - root - INFO - step: 21  loss:      nan  grad_norm:     nan",
+        # a tensor printed as it is: print("loss:", loss)
+        "step 21 loss: tensor(nan, device='cuda:0', grad_fn=<NllLossBackward0>)",
+    ],
+)
+def test_a_padded_or_printed_nan_loss_is_divergence_not_progress(line):
+    result = diagnose({}, "\n".join([line, line.replace(" 21 ", " 22 "), line.replace(" 21 ", " 23 ")]))
+    assert (result.category, result.restartable) == ("numerical_divergence", False), result.summary
