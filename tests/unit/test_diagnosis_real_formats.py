@@ -397,6 +397,7 @@ def test_a_loss_still_nan_when_the_run_finishes_was_not_survived():
     [
         ("ray_oom_killer_rollout_worker.log", "host_oom", False),  # Ray's memory monitor, not a Python bug
         ("hf_hub_504_at_startup.log", "object_store_timeout", True),  # the Hub's 504: a retry works
+        ("hub_upload_s3_500_during_training.log", "object_store_timeout", True),  # S3's 500 under the Hub
         (
             "nccl_error2_all_to_all_torch24.log",
             "nccl_network",
