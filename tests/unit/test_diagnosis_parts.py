@@ -37,6 +37,20 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
             "6",
         ),
         ("Mar  3 04:12:55 gpu-a07 kernel: NVRM: Xid (PCI:0000:c1:00): 79, pid=1", None, "gpu-a07", None),
+        # journalctl -o short-precise; RFC 3164 and RFC 5424 syslog with their <PRI> as shippers forward them
+        (
+            "Nov 04 22:37:29.880214 gpu-e03 kernel: NVRM: Xid (PCI:0000:07:00): 48, pid=1",
+            None,
+            "gpu-e03",
+            None,
+        ),
+        ("<4>Jun  2 03:11:09 gpu-n07 kernel: NVRM: Xid (PCI:0000:3b:00): 79, pid=1", None, "gpu-n07", None),
+        (
+            "<4>1 2024-06-02T03:11:09.123456+00:00 gpu-n07 kernel - - - NVRM: Xid (PCI:0000:3b:00): 79",
+            None,
+            "gpu-n07",
+            None,
+        ),
         (
             "2025-02-11T13:01:44+00:00 hgx-07 kernel: NVRM: Xid (PCI:0000:b3:00): 74, pid=9",
             None,

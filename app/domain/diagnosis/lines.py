@@ -38,9 +38,16 @@ _ISO = re.compile(
 _CTIME = re.compile(  # dmesg -T: [Mon Oct 16 09:50:06 2017]
     r"\[(?:\w{3}) (?P<mon>\w{3}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) (?P<y>\d{4})\]\s*"
 )
-_SYSLOG = re.compile(  # Jan  1 12:00:00 gpu-node-07 kernel: ...
-    r"(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d) "
-    r"(?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?:\s*"
+_SYSLOG = (
+    re.compile(  # Jan  1 12:00:00 gpu-node-07 kernel: ... (journalctl -o short-precise: 12:00:00.123456)
+        r"(?:<\d{1,3}>)?(?P<mon>[A-Z][a-z]{2}) +(?P<d>\d+) (?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.\d+)? "
+        r"(?P<host>[\w.-]+) [\w./-]+(?:\[\d+\])?:\s*"
+    )
+)
+# RFC 5424 syslog as shippers forward it: <PRI>1 TIMESTAMP HOST APP PROCID MSGID STRUCTURED-DATA MSG
+_RFC5424 = re.compile(
+    r"<\d{1,3}>1 (?P<y>\d{4})-(?P<mo>\d\d)-(?P<d>\d\d)T(?P<h>\d\d):(?P<mi>\d\d):(?P<s>\d\d)(?:\.\d+)?"
+    r"(?:Z|[+-]\d\d:\d\d) (?P<host>[\w.:-]+|-) \S+ \S+ \S+ (?:-|(?:\[[^\]]*\])+) ?"
 )
 # talosctl dmesg / logs: "192.168.11.119: kern: warning: [2026-04-22T21:27:51.291660856Z]: NVRM: ..." (the node, as
 # talosctl was given it, often an address; the facility; the level, right-aligned; the time)
@@ -142,6 +149,9 @@ def parse_line(index: int, raw: str) -> LogLine:
             when = when or _epoch(int(match["y"]), _MONTHS.get(match["mon"].lower(), 1), match)
         elif host is None and (match := _TALOS.match(rest)):
             host = match["host"]
+        elif match := _RFC5424.match(rest):
+            when = when or _epoch(int(match["y"]), int(match["mo"]), match)
+            host = host or (match["host"] if match["host"] != "-" else None)
         elif match := _SYSLOG.match(rest):
             when = when or _epoch(2000, _MONTHS.get(match["mon"].lower(), 1), match)
             host = host or match["host"]
