@@ -68,6 +68,12 @@ from app.domain.diagnosis.stacks import judge, parse_dumps
         ("/job:jax_worker/replica:0/task:3", 3, None, None),
         ("[rank: 2] Received SIGTERM: 15", 2, None, None),
         ("[1,7]<stderr>:Traceback (most recent call last):", 7, None, None),
+        (
+            "[1,3]<stderr>:[gpu-a02:12345] Signal: Segmentation fault (11)",
+            3,
+            "gpu-a02",
+            None,
+        ),  # Open MPI's handler
         ("[4]<stderr>:RuntimeError: x", 4, None, None),
         ("[2] jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED", 2, None, None),
         ("[    2.123] NVRM: x", None, None, None),

@@ -74,6 +74,8 @@ _ROLE_TAG = re.compile(r"\[(?:default|worker|trainer)(?P<local>\d{1,6})\]:\s*", 
 # node's address where it is given. SkyPilot's rank is the node's (SKYPILOT_NODE_RANK), not a process's: not read.
 _RAY = re.compile(r"\((?:[\w.-]+,? )?(?:rank=\d+, )?pid=\d+(?:, ip=(?P<host>[\w.:-]+))?\)\s*")
 _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
+# Open MPI's (opal) signal handler and error messages: "[gpu-a02:12345] *** Process received signal ***"
+_OMPI_PROC = re.compile(r"\[(?P<host>[A-Za-z][\w.-]{0,62}):\d{1,8}\] ")
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
 # "RuntimeError: " or "NCCL: " never reads as a host; nor does a kernel driver's "nvidia-nvswitch3: ".
@@ -169,7 +171,7 @@ def parse_line(index: int, raw: str) -> LogLine:
             rank = int(match["rank"] or match["mpi"] or match["bare"]) if rank is None else rank
         elif match := _ROLE_TAG.match(rest):
             local_rank = int(match["local"]) if local_rank is None else local_rank
-        elif (match := _RAY.match(rest)) or (match := _POD.match(rest)):
+        elif (match := _RAY.match(rest)) or (match := _POD.match(rest)) or (match := _OMPI_PROC.match(rest)):
             host = host or match["host"]
         elif task is None and rank is None and local_rank is None and (match := _SRUN_LABEL.match(rest)):
             task = int(match["task"])
