@@ -466,3 +466,16 @@ def test_a_sub_communicator_s_rank_is_not_read_as_the_job_s_rank_of_a_failed_gpu
 def test_a_padded_or_printed_nan_loss_is_divergence_not_progress(line):
     result = diagnose({}, "\n".join([line, line.replace(" 21 ", " 22 "), line.replace(" 21 ", " 23 ")]))
     assert (result.category, result.restartable) == ("numerical_divergence", False), result.summary
+
+
+def test_weights_and_biases_own_upload_errors_are_not_the_job_s_object_store():
+    """wandb uploads its files to GCS in the background and retries ("wandb: ERROR Error uploading", a common
+    report): its 503 from storage.googleapis.com is not the job's object store failing."""
+    text = "\n".join(
+        [
+            "{'loss': 1.21, 'learning_rate': 1e-05, 'epoch': 0.5}",
+            'wandb: ERROR Error uploading "output.log": CommError, 503 Server Error: Service Unavailable for url: '
+            "https://storage.googleapis.com/wandb-production.appspot.com/u/p/r/output.log",
+        ]
+    )
+    assert not diagnose({}, text).actionable
