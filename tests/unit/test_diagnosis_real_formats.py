@@ -479,3 +479,11 @@ def test_weights_and_biases_own_upload_errors_are_not_the_job_s_object_store():
         ]
     )
     assert not diagnose({}, text).actionable
+
+
+def test_deepspeed_s_world_info_numbers_a_local_rank_on_one_of_several_hosts():
+    """DeepSpeed's launch.py numbers each host's slots in the world info's order: local rank 3 on the second of
+    three 8-slot hosts is rank 11; pdsh names the host (an address when the hostfile lists addresses)."""
+    result = diagnose({}, (PUBLIC / "deepspeed_pdsh_ip_hosts_sigkill.log").read_text())
+    assert (result.category, result.restartable) == ("host_oom", True), result.summary
+    assert result.culprit is not None and (result.culprit.node, result.culprit.rank) == ("192.168.0.32", 11)

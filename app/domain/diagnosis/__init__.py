@@ -587,12 +587,17 @@ def _launcher_votes(reading: Reading, tallies: dict[str, _Tally]) -> None:
 
 
 def _rank_of(failure: launchers.Failure, launcher: launchers.LauncherReading) -> int | None:
-    """The failure's job rank where the launcher names it (torchrun's summary: ``rank : 1 (local_rank: 0)``); its
-    local rank only where the launcher says the job has one node. With several, local rank 0 is on every node, and
-    one agent's report is no sign of one node: while torchrun restarts, the failed node's agent has reported and
-    the others have not yet."""
+    """The failure's job rank where the launcher names it (torchrun's summary: ``rank : 1 (local_rank: 0)``; DeepSpeed's
+    world info numbers each host's slots in order, so a local rank on a host it names is that host's first rank
+    plus it); its local rank only where the launcher says the job has one node. With several, local rank 0 is on
+    every node, and one agent's report is no sign of one node: while torchrun restarts, the failed node's agent has
+    reported and the others have not yet."""
     if failure.rank is not None:
         return failure.rank
+    if failure.local_rank is not None and failure.host in launcher.first_ranks:
+        return (
+            launcher.first_ranks[failure.host] + failure.local_rank
+        )  # DeepSpeed: the host's first rank + its own
     return failure.local_rank if launcher.nodes == 1 else None
 
 

@@ -203,7 +203,7 @@ def read(lines: Sequence[str], catalogue: SignatureCatalogue) -> Reading:
                     reading.markers.append(Marker(index, match.marker, raw.strip()))
         if agent.reading_all or launchers.CONTEXT.search(probe):
             parsed = parsed or parse_line(index, probe)
-            agent.feed(index, parsed.body, probe)
+            agent.feed(index, parsed.body, probe, parsed.host)
         if not _CONTEXT.search(probe) and parsed is None:
             continue
         parsed = parsed or parse_line(index, probe)

@@ -24,6 +24,7 @@ Exit codes are read both ways: a negative code is the signal (``-9``), a shell's
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -121,6 +122,8 @@ class LauncherReading:
     closed_pids: set[int] = field(default_factory=set)  # workers the agent sent SIGTERM to itself
     unresponsive_pids: set[int] = field(default_factory=set)  # workers that did not answer its SIGTERM
     nodes: int | None = None  # the job's nodes, where the launcher names them (DeepSpeed's world info)
+    # DeepSpeed's world info, host -> its first global rank: launch.py numbers each host's slots in the map's order
+    first_ranks: dict[str, int] = field(default_factory=dict)
     _block: dict[str, object] | None = None
     _in_summary: bool = False
     _root_next: bool = False
@@ -132,8 +135,9 @@ class LauncherReading:
         """Inside a summary every line matters (a traceback's lines hold its exception)."""
         return self._in_summary
 
-    def feed(self, index: int, body: str, line: str = "") -> None:
-        """Read one line body (``line``: the whole line, whose glog prefix names the agent's pid)."""
+    def feed(self, index: int, body: str, line: str = "", host: str | None = None) -> None:
+        """Read one line body (``line``: the whole line, whose glog prefix names the agent's pid; ``host``: the host
+        its prefix names, as pdsh's names the node of a DeepSpeed launcher's line)."""
         if match := _AGENT_FAILED.search(body):
             agent = _AGENT_PID.search(line or body)
             self._add(
@@ -153,6 +157,7 @@ class LauncherReading:
                 Failure(
                     index,
                     local_rank=int(match["local"]),
+                    host=host,
                     exitcode=int(match["code"]),
                     root=first,
                     text=body.strip(),
@@ -185,7 +190,9 @@ class LauncherReading:
             )
             return
         if match := _WORLD_INFO.search(body):
-            self.nodes = _hosts_in(match["info"]) or self.nodes
+            if hosts := _world_info(match["info"]):
+                self.nodes = len(hosts)
+                self.first_ranks = dict(zip(hosts, itertools.accumulate([0, *hosts.values()]), strict=False))
             return
         if match := _DEEPSPEED_KILLING.search(body):
             self.closed_pids.add(int(match["pid"]))
@@ -317,8 +324,9 @@ class LauncherReading:
         return [f for f in self.failures if f.pid is not None and f.pid in self.unresponsive_pids]
 
 
-def _hosts_in(world_info: str) -> int | None:
-    """How many hosts DeepSpeed's ``--world_info`` names (None when it is not base64 JSON of a host map)."""
+def _world_info(world_info: str) -> dict[str, int] | None:
+    """DeepSpeed's ``--world_info``: each host and how many slots (ranks) it runs, in order (None when it is not
+    base64 JSON of a host map)."""
     text = world_info.rstrip("=").replace("+", "-").replace("/", "_")
     try:
         info = json.loads(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
@@ -327,4 +335,6 @@ def _hosts_in(world_info: str) -> int | None:
         RecursionError,
     ):  # not base64 (binascii.Error), not JSON, or nested past Python's limit
         return None
-    return len(info) if isinstance(info, dict) and info else None
+    if not isinstance(info, dict) or not info:
+        return None
+    return {str(host): len(slots) if isinstance(slots, list) else 0 for host, slots in info.items()}

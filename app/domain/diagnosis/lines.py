@@ -78,11 +78,12 @@ _POD = re.compile(r"\[pod/(?P<host>[\w.-]+)/[\w.-]+\]\s*")
 _OMPI_PROC = re.compile(r"\[(?P<host>[A-Za-z][\w.-]{0,62}):\d{1,8}\] ")
 _SRUN_LABEL = re.compile(r"(?P<task>\d{1,6}): ")
 # pdsh / DeepSpeed launcher / syslog-ish "host: " — a host name holds a digit and is lower case, so that
-# "RuntimeError: " or "NCCL: " never reads as a host; nor does a kernel driver's "nvidia-nvswitch3: ".
+# "RuntimeError: " or "NCCL: " never reads as a host; nor does a kernel driver's "nvidia-nvswitch3: ". An IPv4
+# address is a host too (pdsh's prefix when DeepSpeed's hostfile lists addresses).
 _HOST_COLON = re.compile(
     r"(?!(?:fp|bf|int|uint|float|sm|cuda|zero|stage|gpt|rank|step|epoch|iter)\d+:"
     r"|nvidia-(?:nvswitch\d*|modeset|uvm|peermem|drm|fs):)"
-    r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}):\s+(?!\d)"
+    r"(?P<host>(?=[a-z0-9.-]*\d)[a-z][a-z0-9.-]{1,62}|\d{1,3}(?:\.\d{1,3}){3}):\s+(?!\d)"
 )
 # After a timestamp: "gpu-f02 kernel: ", "hgx-07 train[99120]: ", "gpu-c12 [stderr] " (a host holds a digit).
 _HOST_PROG = re.compile(
