@@ -407,6 +407,7 @@ def test_a_loss_still_nan_when_the_run_finishes_was_not_survived():
         ("k8s_node_shutdown_spot_exit137.log", BENIGN, False),  # the SIGKILL ending a shutdown's grace
         ("cuda_error_802_fabric_manager.log", "gpu_hardware", True),  # CUDA cannot start on the node
         ("ibv_reg_mr_memlock_nccl.log", "nccl_network", True),  # ibv_reg_mr's ENOMEM: the memlock limit
+        ("torch_shm_unable_to_write_enospc.log", "host_oom", False),  # </torch_N_M>: /dev/shm, not a disk
     ],
 )
 def test_service_and_shutdown_texts_are_not_read_as_program_bugs_or_kills(log, category, restartable):
