@@ -496,12 +496,13 @@ class FleetHolds:
         kept: at most :data:`MAX_HISTORY` a cause), each with up to ``limit`` of its job incidents (state, why)."""
         with self.deps.store.read() as conn:
             stored = records.controls_with_prefix(conn, PREFIX)
-            found = [fleet.FleetRecord.from_json(k, v) for k, v in stored.items() if isinstance(v, dict)]
-            current = {id(r) for r in found}
-            found += _history(conn)
-            found.sort(key=lambda r: r.opened_at, reverse=True)
+            found = [
+                (fleet.FleetRecord.from_json(k, v), True) for k, v in stored.items() if isinstance(v, dict)
+            ]
+            found += [(record, False) for record in _history(conn)]
+            found.sort(key=lambda pair: pair[0].opened_at, reverse=True)
             out = []
-            for record in found[:limit]:
+            for record, current in found[:limit]:
                 members = []
                 for incident_id in record.incidents[:limit]:
                     row = records.get_incident(conn, incident_id)
@@ -519,7 +520,7 @@ class FleetHolds:
                 out.append(
                     {
                         **record.as_json(),
-                        "current": id(record) in current,
+                        "current": current,
                         "members": members,
                         "member_count": len(record.incidents),
                     }
