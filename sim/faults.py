@@ -24,14 +24,15 @@ job runs clean, as it does after a real transient fault: ``hang``, ``nan``, ``co
 crash faults of :data:`CRASH_FAULTS`.
 
 Real faults in the real ``torch.distributed`` jobs (:mod:`sim.torch_trainer`), found through the status file each
-worker writes: :func:`signal_rank` (SIGKILL as the OOM killer or a lost node ends a rank, SIGSTOP for a rank that
-stops answering), :func:`inject_rank_fault` (acted on inside the rank at its next step, once: a Python
-exception, NaN inputs, allocation until the memory cap), :func:`limit_rank` (a memory cap or CPU quota on the
-worker's cgroup, :mod:`sim.cgroups`), :func:`lose_node` (a node gone: its worker and its launcher killed at
-once; on the first node, the rendezvous host), :func:`truncate_checkpoint` (a DCP shard or a ``torch.save``
-file cut short) and the checkpoint file system filling up: :func:`small_filesystem` mounts a small tmpfs as a
-job's checkpoint directory, :func:`fill_filesystem` writes another tenant's ballast into it until a save no longer
-fits (the save fails with ENOSPC), :func:`release_filesystem` unmounts it.
+worker writes: :func:`signal_rank` (SIGKILL as the OOM killer or a lost node ends a rank), :func:`stop_rank`
+(SIGSTOP for a rank that stops answering, while training or inside a checkpoint save), :func:`inject_rank_fault`
+(acted on inside the rank at its next step, once: a Python exception, NaN inputs, allocation until the memory cap),
+:func:`limit_rank` (a memory cap or CPU quota on the worker's cgroup, :mod:`sim.cgroups`), :func:`lose_node` (a
+node gone: its worker and its launcher killed at once; on the first node, the rendezvous host),
+:func:`truncate_checkpoint` (a DCP shard or a ``torch.save`` file cut short) and the checkpoint file system filling
+up: :func:`small_filesystem` mounts a small tmpfs as a job's checkpoint directory, :func:`fill_filesystem` writes
+another tenant's ballast into it until a save no longer fits (the save fails with ENOSPC),
+:func:`release_filesystem` unmounts it.
 """
 
 from __future__ import annotations
@@ -273,10 +274,49 @@ def signal_rank(
     state_dir: Path, job: str, signum: int, node: str | None = None, rank: int | None = None
 ) -> int:
     """Send ``signum`` to the worker of ``job`` on ``node`` (or of ``rank``): SIGKILL as the OOM killer or a lost
-    node ends it, SIGSTOP for a rank that stops answering (a silent hang). The pid signalled."""
+    node ends it (:func:`stop_rank` stops one, in or out of a checkpoint save). The pid signalled."""
     pid = rank_process(state_dir, job, node, rank)
     os.kill(pid, signum)
     return pid
+
+
+def stop_rank(state_dir: Path, job: str, node: str, saving: bool, timeout: float = 60.0) -> int:
+    """SIGSTOP the worker of ``job`` on ``node`` inside a checkpoint save (``saving``) or outside one: a rank that
+    hangs while training, or inside DCP's collective save, which leaves the others in the save. The worker's status
+    (``saving``, written as a save begins and ends) is read once the process is stopped; a stop that landed in the
+    other case is undone (SIGCONT) and tried again, for up to ``timeout`` seconds. The pid stopped."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pid = rank_process(state_dir, job, node)
+        if _saving(state_dir, pid) == saving:
+            os.kill(pid, signal.SIGSTOP)
+            if _stopped(pid, deadline) and _saving(state_dir, pid) == saving:
+                return pid
+            os.kill(pid, signal.SIGCONT)
+        time.sleep(0.01)
+    raise TimeoutError(
+        f"no stop of {job}'s worker on {node} {'inside' if saving else 'outside'} a save in {timeout}s"
+    )
+
+
+def _saving(state_dir: Path, pid: int) -> bool | None:
+    """Whether the torch worker ``pid`` is inside a checkpoint save, per its status (None: no status of it)."""
+    for status in statedir.read_trainers(state_dir):
+        if status.get("pid") == pid:
+            return bool(status.get("saving"))
+    return None
+
+
+def _stopped(pid: int, deadline: float) -> bool:
+    """Wait (until ``deadline``) for ``pid`` to be in the stopped state ("T"), so that its status is final."""
+    while time.monotonic() < deadline:
+        fields = _proc_stat(pid)
+        if not fields:
+            return False
+        if fields[0] in ("T", "t"):
+            return True
+        time.sleep(0.005)
+    return False
 
 
 def lose_node(state_dir: Path, job: str, node: str) -> list[int]:
@@ -296,11 +336,17 @@ def lose_node(state_dir: Path, job: str, node: str) -> list[int]:
 
 def _parent(pid: int) -> int:
     """The parent pid of ``pid`` (0 when it is gone)."""
+    fields = _proc_stat(pid)
+    return int(fields[1]) if fields else 0
+
+
+def _proc_stat(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command's name (state, ppid, ...); empty when it is gone."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
-        return 0
-    return int(stat.rsplit(")", 1)[1].split()[1])
+        return []
+    return stat.rsplit(")", 1)[1].split()
 
 
 def limit_rank(

@@ -152,6 +152,7 @@ class Worker:
         self.nan_steps = 0
         self.checkpoint_asked = False  # whether any rank was asked to checkpoint in the last step
         self.phase = "starting"
+        self.saving = False  # inside a checkpoint save (sim.faults.stop_rank stops a rank in or out of one)
         self.debug_server: Any = None
 
     @classmethod
@@ -172,17 +173,27 @@ class Worker:
                 "name": self.name, "hostname": self.node, "slurm_job_id": self.slurm_job_id, "namespace": "",
                 "pod": "", "rank": self.rank, "world_size": self.world_size, "pid": os.getpid(),
                 "port": self.port, "checkpoint_dir": str(self.checkpoint_dir), "phase": self.phase,
-                "step": self.step, "updated": now, "heartbeat": now, "trainer": "torch",
+                "step": self.step, "saving": self.saving, "updated": now, "heartbeat": now, "trainer": "torch",
             },
         )  # fmt: skip
 
     # -- checkpoints ------------------------------------------------------------------------------------------
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, loss: float) -> None:
         path = self.checkpoint_dir / f"step-{self.step}"
-        with self.progress.checkpointing():
-            model_state, optim_state = get_state_dict(model, optimizer)
-            state = {"model": model_state, "optim": optim_state, "train": {"step": self.step, "loss": loss}}
-            dcp.save(state, checkpoint_id=path)
+        self.saving = True
+        self.status()
+        try:
+            with self.progress.checkpointing():
+                model_state, optim_state = get_state_dict(model, optimizer)
+                state = {
+                    "model": model_state,
+                    "optim": optim_state,
+                    "train": {"step": self.step, "loss": loss},
+                }
+                dcp.save(state, checkpoint_id=path)
+        finally:
+            self.saving = False
+            self.status()
         log.info("saved checkpoint %s (step %d, loss %.4f)", path, self.step, loss)
 
     def resume(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:

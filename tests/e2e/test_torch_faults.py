@@ -11,6 +11,8 @@ hits a real process, and Nightshift must make of it one job incident with the ri
 - ``hang``: the rank on node2 is SIGSTOPped (a silent hang). node1's rank waits in the all-reduce, the step
   counter stops. → stacks and Flight Recorders collected (py-spy cannot suspend rank 1, its debug socket does not
   answer), rank 1 on node2 named, the job requeued off node2, running again from its checkpoint.
+- ``hang_in_save``: the same stop, inside a checkpoint save (DCP's collectives): node1's rank waits in the save,
+  its checkpoint gauge at 1 for good, which suppresses TrainingHang only up to the rules' bound. → the same.
 - ``exception``: rank 1 raises a Python error in its training step. → an application bug: no restart, a person.
 - ``xid``: Xid 79 on node2 and the rank there dies with it (SIGKILL). → requeued off node2, node2 drained.
 - ``scancel``: the owner cancels the job (SIGTERM, tracebacks in every rank). → nothing: no action.
@@ -63,10 +65,18 @@ def sigkill(stack: Stack) -> Scenario:
 @pytest.fixture(scope="module")
 def hang(stack: Stack) -> Scenario:
     def stop(scenario: Scenario) -> None:
-        faults.signal_rank(stack.sim.state_dir, scenario.name, signal.SIGSTOP, node=CULPRIT)
+        faults.stop_rank(stack.sim.state_dir, scenario.name, CULPRIT, saving=False)
 
     # gloo's timeout as long as PyTorch's default (30 min): the hang, not the peer's timeout, is what Nightshift sees.
     return scenarios.run(stack, "torch-hang", stop, recovers=True, collective_timeout=1800)
+
+
+@pytest.fixture(scope="module")
+def hang_in_save(stack: Stack) -> Scenario:
+    def stop_in_save(scenario: Scenario) -> None:
+        faults.stop_rank(stack.sim.state_dir, scenario.name, CULPRIT, saving=True)
+
+    return scenarios.run(stack, "torch-hang-save", stop_in_save, recovers=True, collective_timeout=1800)
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +117,18 @@ def test_hang_names_the_stopped_rank_and_requeues_off_its_node(hang: Scenario) -
 
 def test_hang_resumes_from_the_checkpoint(hang: Scenario) -> None:
     scenarios.assert_resumed_from_checkpoint(hang)
+
+
+def test_hang_inside_a_checkpoint_save_is_a_hang_requeued_off_its_node(hang_in_save: Scenario) -> None:
+    """Rank 1 stops inside DCP's save: rank 0 waits in the save's collective with its checkpoint gauge at 1 for
+    good. A save is no excuse past the rules' bound (30s in the fast rules): the same hang, the same culprit, and a
+    resume from the newest complete checkpoint (the interrupted one has no ``.metadata``)."""
+    diagnosis = scenarios.diagnosis(hang_in_save)
+    assert diagnosis.get("category") == "hang", diagnosis
+    culprit = diagnosis.get("culprit") or {}
+    assert (culprit.get("rank"), culprit.get("node")) == (1, CULPRIT), diagnosis
+    scenarios.assert_recovered_off(hang_in_save, CULPRIT)
+    scenarios.assert_resumed_from_checkpoint(hang_in_save)
 
 
 def test_exception_goes_to_a_person_without_a_restart(exception: Scenario) -> None:
