@@ -157,7 +157,8 @@ class SshRunner:
         return stdout, stderr, exit_code, time.monotonic() - started
 
     def _start(self, command: str) -> paramiko.Channel:
-        """A new channel running ``command``; :class:`Unavailable` when it could not start."""
+        """A new channel running ``command``; :class:`Unavailable` when it could not start, :class:`OutcomeUnknown`
+        when the connection was lost once the request was sent (paramiko raises the transport's ``EOFError``)."""
         channel = self._open_channel()
         try:
             channel.exec_command(command)
@@ -165,6 +166,12 @@ class SshRunner:
             channel.close()
             # The server refused or never acknowledged the exec request: the command did not start.
             raise Unavailable(f"ssh {self.target}: could not start command: {exc}") from None
+        except EOFError:
+            channel.close()
+            # The connection ended between the request and its answer: sshd may have started the command.
+            raise OutcomeUnknown(
+                f"ssh {self.target}: connection lost while starting, it may have run: {command}"
+            ) from None
         return channel
 
     def run_all(self, argvs: Sequence[Sequence[str]], timeout: float | None = None) -> list[CommandResult]:

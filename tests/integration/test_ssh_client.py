@@ -10,6 +10,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import paramiko
 import pytest
 
 from app.clients import Clients
@@ -97,6 +98,27 @@ def test_command_timeout_is_an_unknown_outcome(runner: SshRunner) -> None:
         runner.run(["sleep", "5"], timeout=1)
 
     assert time.monotonic() - started < 4
+    assert runner.run(["echo", "still usable"]).stdout == "still usable\n"
+
+
+def test_a_connection_lost_while_a_command_starts_is_an_unknown_outcome(
+    runner: SshRunner, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """paramiko answers an exec request whose connection then ends with the transport's EOFError (seen: the Slurm
+    discovery refresh, as the test's sshd went away). The request was sent, so the command may have run: an
+    unknown outcome, never an exception outside the backend errors. The runner stays usable."""
+    runner.run(["true"])
+
+    def lost(channel: paramiko.Channel, command: str) -> None:
+        raise EOFError()  # what Channel._wait_for_event raises once the transport's reader saw the end
+
+    with monkeypatch.context() as patch:
+        patch.setattr(paramiko.Channel, "exec_command", lost)
+        with pytest.raises(OutcomeUnknown, match="connection lost while starting, it may have run"):
+            runner.run(["scontrol", "requeue", "42"])
+        with pytest.raises(OutcomeUnknown):
+            runner.run_all([["squeue"], ["sinfo"]])
+
     assert runner.run(["echo", "still usable"]).stdout == "still usable\n"
 
 
